@@ -1,0 +1,35 @@
+"""Errors a user can cause (a file, a config, an argument).
+
+They are caught where the input enters and carry *where* it was wrong, so the CLI can print
+one line and exit with code 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class MemrlInputError(ValueError):
+    """Bad user input: names what was wrong and where (file, line/row, key)."""
+
+    def __init__(self, message: str, *, location: str | None = None) -> None:
+        self.message = message
+        self.location = location
+        super().__init__(f"{location}: {message}" if location else message)
+
+
+class MissingDependencyError(ImportError):
+    """An optional extra is needed for this feature but is not installed."""
+
+    def __init__(self, package: str, extra: str, feature: str) -> None:
+        super().__init__(
+            f"{feature} needs the '{package}' package: pip install 'memrl[{extra}]'"
+        )
+
+
+def require(module: str, *, extra: str, feature: str):
+    """Import an optional dependency lazily, or raise a clear MissingDependencyError."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(module.split(".")[0], extra, feature) from exc

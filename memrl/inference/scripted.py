@@ -1,0 +1,37 @@
+"""A Generator whose answers come from a Python function: for tests and dry runs.
+
+It goes through the real tokenizer (prompts are decoded, responses encoded), so everything
+downstream sees exactly the token ids a model would have produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from memrl.inference.base import Generation, SamplingParams
+
+
+class ScriptedGenerator:
+    """Respond to each prompt with `respond(prompt_text)`, truncated to max_new_tokens."""
+
+    def __init__(self, tokenizer: Any, respond: Callable[[str], str]) -> None:
+        self.tokenizer = tokenizer
+        self.respond = respond
+        self.calls: list[int] = []
+        """Batch size of every generate() call, so tests can check batching."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        self.calls.append(len(prompts))
+        out = []
+        for prompt in prompts:
+            text = self.respond(self.tokenizer.decode(list(prompt), skip_special_tokens=False))
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            finish = "stop"
+            if len(ids) > params.max_new_tokens:
+                ids, finish = ids[: params.max_new_tokens], "length"
+                text = self.tokenizer.decode(ids)
+            out.append(Generation(ids, [0.0] * len(ids), text, finish))
+        return out

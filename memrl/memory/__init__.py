@@ -1,0 +1,1 @@
+"""memrl.memory"""

@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny model built once per session, and the location of shared data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path | None:
+    """`$MEMRL_SHARED_DATA` or `../shared/data` beside the project root, if present."""
+    env = os.environ.get("MEMRL_SHARED_DATA")
+    candidates = [Path(env)] if env else []
+    candidates.append(PROJECT_ROOT.parent / "shared" / "data")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    d = shared_data_dir()
+    if d is None:
+        pytest.skip("shared data not found: set MEMRL_SHARED_DATA or place it at ../shared/data")
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 model + tokenizer, built once for the whole test session."""
+    from memrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
