@@ -1,0 +1,5 @@
+import sys
+
+from memrl.cli import main
+
+sys.exit(main())

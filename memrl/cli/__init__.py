@@ -1,0 +1,56 @@
+"""`memrl` command line: thin wrappers that parse, load, and call one library function.
+
+Errors a user can cause (MemrlInputError) are printed as one line on stderr with exit code 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from memrl.cli.app import app
+from memrl.errors import MemrlInputError, MissingDependencyError
+
+
+def _register_commands() -> None:
+    # Importing the modules attaches their commands to the apps in memrl.cli.app.
+    import importlib
+
+    for name in ("prepare", "models", "evaluate"):
+        try:
+            importlib.import_module(f"memrl.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"memrl.cli.{name}":
+                raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `memrl` script; returns the process exit code."""
+    _register_commands()
+    try:
+        app(args=argv, standalone_mode=False)
+    except MemrlInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except MissingDependencyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    except Exception as exc:
+        # Usage errors from typer's bundled click (bad option, missing argument) carry
+        # their own message and exit code (2); show them like click would, without traceback.
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
+            exc.show()
+            return int(exc.exit_code)
+        if type(exc).__name__ == "Abort":
+            print("Aborted.", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+
+def run() -> None:
+    """Console-script wrapper: exit with main()'s code."""
+    sys.exit(main())
