@@ -24,11 +24,36 @@ def _register_commands() -> None:
                 raise
 
 
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs"})
+"""Options that take several space-separated values (`--num-docs 50 100 200`)."""
+
+
+def expand_multi_value_options(argv: list[str]) -> list[str]:
+    """Rewrite `--opt a b c` as `--opt a --opt b --opt c`, the form typer/click accept.
+
+    Values end at the next token that starts with `-` (negative numbers are not values here).
+    """
+    out: list[str] = []
+    current: str | None = None
+    for token in argv:
+        if token.startswith("-"):
+            current = token if token in MULTI_VALUE_OPTIONS else None
+            if current is None:
+                out.append(token)
+            continue
+        if current is not None:
+            out.extend([current, token])
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `memrl` script; returns the process exit code."""
     _register_commands()
+    args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=args, standalone_mode=False)
     except MemrlInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
