@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project virtualenv .venv and install memrl with the given extras.
+# Usage: source scripts/setup_env.sh [EXTRAS]   e.g. EXTRAS=test
+# Torch: CPU machines get torch==2.13.0 by default; GPU users set MEMRL_TORCH_SPEC
+# (e.g. MEMRL_TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128")
+# or install torch into .venv themselves first: an importable torch is kept as it is.
+set -euo pipefail
+extras="${1:-}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${MEMRL_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "==> creating virtualenv $venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+fi
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  echo "==> installing ${MEMRL_TORCH_SPEC:-torch==2.13.0}"
+  # shellcheck disable=SC2086
+  "$venv/bin/python" -m pip install --quiet ${MEMRL_TORCH_SPEC:-torch==2.13.0}
+fi
+spec="$root"
+[ -n "$extras" ] && spec="$root[$extras]"
+echo "==> installing memrl ($spec)"
+"$venv/bin/python" -m pip install --quiet -e "$spec"
+"$venv/bin/python" -c "import memrl"
+export PATH="$venv/bin:$PATH"

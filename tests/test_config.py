@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memrl.config import (
+    StrictModel,
+    apply_overrides,
+    config_to_yaml,
+    load_config,
+    parse_override,
+)
+from memrl.errors import MemrlInputError
+
+
+class Inner(StrictModel):
+    chunk_size: int = 5000
+    name: str = "x"
+
+
+class Outer(StrictModel):
+    seed: int = 0
+    inner: Inner = Inner()
+    ratios: list[float] = [0.2]
+
+
+def test_yaml_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("seed: 3\ninner:\n  chunk_size: 100\n")
+    cfg = load_config(Outer, p, ["inner.name=abc", "ratios=[0.1, 0.3]"])
+    assert cfg.seed == 3 and cfg.inner.chunk_size == 100 and cfg.inner.name == "abc"
+    assert cfg.ratios == [0.1, 0.3]
+
+
+def test_unknown_key_is_error_with_dotted_path(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("inner:\n  chunk_sise: 1\n")
+    with pytest.raises(MemrlInputError, match=r"inner\.chunk_sise: unknown key"):
+        load_config(Outer, p)
+    with pytest.raises(MemrlInputError, match=r"inner\.bogus: unknown key"):
+        load_config(Outer, None, ["inner.bogus=1"])
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(MemrlInputError, match=r"inner\.chunk_size"):
+        load_config(Outer, None, ["inner.chunk_size=abc"])
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("seed: 1\ninner: [unclosed\n")
+    with pytest.raises(MemrlInputError, match=r"bad\.yaml:\d+"):
+        load_config(Outer, p)
+
+
+def test_non_mapping_and_missing_file(tmp_path):
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(MemrlInputError, match="mapping"):
+        load_config(Outer, p)
+    with pytest.raises(MemrlInputError, match="not found"):
+        load_config(Outer, tmp_path / "nope.yaml")
+
+
+def test_override_into_value_is_error():
+    with pytest.raises(MemrlInputError, match="is a value"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+
+
+@pytest.mark.parametrize("bad", ["noequals", "=3", "a..b=1"])
+def test_malformed_override(bad):
+    with pytest.raises(MemrlInputError):
+        parse_override(bad)
+
+
+def test_round_trip(tmp_path):
+    cfg = load_config(Outer, None, ["seed=7", "inner.chunk_size=12"])
+    p = tmp_path / "out.yaml"
+    p.write_text(config_to_yaml(cfg))
+    assert load_config(Outer, p) == cfg
+
+
+@given(st.text())
+def test_parse_override_never_crashes(text):
+    try:
+        parts, _ = parse_override(text)
+        assert all(parts)
+    except MemrlInputError:
+        pass
