@@ -16,7 +16,7 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "models", "evaluate"):
+    for name in ("prepare", "models", "evaluate", "train", "export"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:

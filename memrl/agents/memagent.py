@@ -1,0 +1,308 @@
+"""MemAgent: read a long context chunk by chunk, overwrite a bounded memory, answer from it.
+
+One episode (one record, one sample) is:
+
+    memory = "No previous memory"
+    for chunk in chunks(context):                 # chunk_size tokens each
+        memory = model(update_prompt(question, memory, chunk))      # overwrite
+    response = model(final_prompt(question, memory))
+    answer = last \\boxed{...} in response
+
+Every model call is one independent conversation (a single user message through the chat
+template) and becomes one Turn. Episodes run in lockstep: step k of every episode that still
+has a k-th chunk goes to the generator in ONE `generate` call, and the final turns of all
+episodes go in one last call once every episode has read all its chunks (as MemAgent does;
+the final turn has its own `max_new_tokens`, and SamplingParams is per call). So a batch
+whose longest context has K chunks makes K + 1 generate calls.
+
+The agent does not score: rewards and evaluation read `Trajectory.answer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from memrl.agents.prompts import MemAgentPrompts, encode_chat, resolve_prompts
+from memrl.agents.trajectory import Trajectory, Turn
+from memrl.data.records import QARecord
+from memrl.inference.base import Generation, Generator, SamplingParams
+from memrl.rewards.qa import extract_boxed
+
+
+class MemAgentConfig(BaseModel):
+    """How the agent chunks, how long its memory and answer may be, and how it samples.
+
+    Defaults follow MemAgent's published RULER-HQA evaluation: 5000-token chunks, 1024 new
+    tokens per call (memory and final answer alike), temperature 0.7, top-p 0.95.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunk_size: int = Field(5000, ge=1)
+    """Context tokens per chunk."""
+    max_chunks: int | None = Field(None, ge=1)
+    """Read at most this many chunks (the first ones); None reads the whole context."""
+    max_memory_tokens: int = Field(1024, ge=1)
+    """New tokens allowed per memory update: this is what bounds the memory."""
+    max_final_tokens: int = Field(1024, ge=1)
+    """New tokens allowed for the final answer."""
+    temperature: float = Field(0.7, ge=0)
+    """0 means greedy decoding."""
+    top_p: float = Field(0.95, gt=0, le=1)
+    seed: int | None = None
+    """Base sampling seed; generate call i uses seed + i, so runs are reproducible."""
+    prompts: str | MemAgentPrompts = "memagent"
+    """A preset name (see PROMPT_PRESETS) or custom templates."""
+
+    @field_validator("prompts")
+    @classmethod
+    def _known_prompts(cls, prompts: str | MemAgentPrompts) -> str | MemAgentPrompts:
+        resolve_prompts(prompts)  # raises on an unknown preset name
+        return prompts
+
+    @property
+    def resolved_prompts(self) -> MemAgentPrompts:
+        return resolve_prompts(self.prompts)
+
+
+@dataclass(frozen=True)
+class ContextChunks:
+    """A context cut into consecutive token chunks, kept as the decoded chunk texts.
+
+    Only the texts are kept (token ids of a million-token context would take ~36 MB as
+    Python ints, per record); prompts are built from the texts anyway.
+    """
+
+    texts: list[str]
+    token_counts: list[int]
+    """Tokens in each chunk (chunk_size, except possibly the last)."""
+    context_tokens: int
+    """Tokens in the whole context, including any chunks dropped by max_chunks."""
+    capped: bool
+    """True when max_chunks dropped the tail of the context."""
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.texts)
+
+
+def split_token_ids(
+    ids: Sequence[int], chunk_size: int, max_chunks: int | None = None
+) -> tuple[list[list[int]], bool]:
+    """Consecutive `chunk_size` pieces of `ids` (the last may be shorter), the first
+    `max_chunks` of them; also whether max_chunks dropped any."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    num = -(-len(ids) // chunk_size)
+    capped = max_chunks is not None and num > max_chunks
+    if capped:
+        num = max_chunks
+    return [list(ids[i * chunk_size : (i + 1) * chunk_size]) for i in range(num)], capped
+
+
+def chunk_context(
+    tokenizer: Any, text: str, chunk_size: int, max_chunks: int | None = None
+) -> ContextChunks:
+    """Tokenize `text` without special tokens, split it with `split_token_ids`, and decode
+    each chunk back to text, as MemAgent does (a chunk boundary inside a multi-byte character
+    decodes to U+FFFD there too).
+    """
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    pieces, capped = split_token_ids(ids, chunk_size, max_chunks)
+    texts = [tokenizer.decode(piece, skip_special_tokens=False) for piece in pieces]
+    return ContextChunks(texts, [len(piece) for piece in pieces], len(ids), capped)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """What the agent reports while it runs, for progress bars.
+
+    kind "start": `episodes` and `chunks` are the totals this run will process.
+    kind "chunks": `chunks` memory updates just finished (one lockstep step).
+    kind "final": `episodes` episodes just finished (the final call).
+    """
+
+    kind: Literal["start", "chunks", "final"]
+    episodes: int = 0
+    chunks: int = 0
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+def rich_progress_callback(progress: Any, description: str = "") -> ProgressCallback:
+    """Drive two bars of a `rich.progress.Progress`: episodes and chunks.
+
+    Totals grow with every "start" event, so one callback can serve several runs.
+    """
+    prefix = f"{description} " if description else ""
+    episodes = progress.add_task(f"{prefix}episodes", total=0)
+    chunks = progress.add_task(f"{prefix}chunks", total=0)
+
+    def on_event(event: ProgressEvent) -> None:
+        if event.kind == "start":
+            for task, extra in ((episodes, event.episodes), (chunks, event.chunks)):
+                total = progress.tasks[_task_index(progress, task)].total or 0
+                progress.update(task, total=total + extra)
+        elif event.kind == "chunks":
+            progress.advance(chunks, event.chunks)
+        elif event.kind == "final":
+            progress.advance(episodes, event.episodes)
+
+    return on_event
+
+
+def _task_index(progress: Any, task_id: Any) -> int:
+    return next(i for i, t in enumerate(progress.tasks) if t.id == task_id)
+
+
+@dataclass
+class _Episode:
+    record: QARecord
+    sample_index: int
+    chunks: ContextChunks
+    memory: str
+    memories: list[str] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+
+
+class MemAgent:
+    """The recurrent memory agent, run in lockstep over many episodes."""
+
+    def __init__(self, generator: Generator, config: MemAgentConfig | None = None) -> None:
+        self.generator = generator
+        self.config = config or MemAgentConfig()
+        self.prompts = self.config.resolved_prompts
+        self._calls = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.generator.tokenizer
+
+    def chunk(self, record: QARecord) -> ContextChunks:
+        """The chunks this agent reads for `record`."""
+        return chunk_context(
+            self.tokenizer, record.render_context(), self.config.chunk_size, self.config.max_chunks
+        )
+
+    def update_prompt_ids(self, question: str, memory: str, chunk: str) -> list[int]:
+        return encode_chat(
+            self.tokenizer, self.prompts.update_text(prompt=question, memory=memory, chunk=chunk)
+        )
+
+    def final_prompt_ids(self, question: str, memory: str) -> list[int]:
+        return encode_chat(self.tokenizer, self.prompts.final_text(prompt=question, memory=memory))
+
+    def run(
+        self,
+        records: Sequence[QARecord],
+        num_samples: int = 1,
+        progress: ProgressCallback | None = None,
+        *,
+        keep_token_ids: bool = True,
+    ) -> list[Trajectory]:
+        """One trajectory per (record, sample), ordered record by record, samples 0..n-1.
+
+        `keep_token_ids=False` leaves the turns' prompt_ids / response_ids / logprobs empty
+        (their lengths stay in `turn.meta`): evaluation over millions of context tokens does
+        not need them, and keeping every prompt would take gigabytes. Training needs them.
+        """
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        report = progress or (lambda event: None)
+        episodes: list[_Episode] = []
+        for record in records:
+            chunks = self.chunk(record)
+            for s in range(num_samples):
+                episodes.append(_Episode(record, s, chunks, self.prompts.no_memory))
+        if not episodes:
+            return []
+        report(
+            ProgressEvent(
+                "start", episodes=len(episodes), chunks=sum(e.chunks.num_chunks for e in episodes)
+            )
+        )
+
+        # Memory updates: step k of every episode that has a k-th chunk, in one call.
+        num_steps = max(e.chunks.num_chunks for e in episodes)
+        for k in range(num_steps):
+            active = [e for e in episodes if k < e.chunks.num_chunks]
+            prompts = [
+                self.update_prompt_ids(e.record.question, e.memory, e.chunks.texts[k])
+                for e in active
+            ]
+            generations = self._generate(prompts, self.config.max_memory_tokens)
+            for episode, prompt, gen in zip(active, prompts, generations, strict=True):
+                episode.turns.append(_turn("memory_update", prompt, gen, k, keep_token_ids))
+                # Overwrite. An empty response leaves an empty memory (as in MemAgent, which
+                # only uses "No previous memory" before the first chunk).
+                episode.memory = self._clean_text(gen)
+                episode.memories.append(episode.memory)
+            report(ProgressEvent("chunks", chunks=len(active)))
+
+        # Final answers for every episode, in one call.
+        prompts = [self.final_prompt_ids(e.record.question, e.memory) for e in episodes]
+        generations = self._generate(prompts, self.config.max_final_tokens)
+        trajectories = []
+        for episode, prompt, gen in zip(episodes, prompts, generations, strict=True):
+            final_text = self._clean_text(gen)
+            episode.turns.append(_turn("final", prompt, gen, None, keep_token_ids))
+            trajectories.append(
+                Trajectory(
+                    record_id=episode.record.id,
+                    sample_index=episode.sample_index,
+                    turns=episode.turns,
+                    answer=extract_boxed(final_text),
+                    info={
+                        "memories": episode.memories,
+                        "num_chunks": episode.chunks.num_chunks,
+                        "context_tokens": episode.chunks.context_tokens,
+                        "capped": episode.chunks.capped,
+                        "final_response": final_text,
+                    },
+                )
+            )
+        report(ProgressEvent("final", episodes=len(episodes)))
+        return trajectories
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+        seed = None if self.config.seed is None else self.config.seed + self._calls
+        self._calls += 1
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            seed=seed,
+        )
+        generations = self.generator.generate(prompts, params)
+        if len(generations) != len(prompts):
+            raise RuntimeError(
+                f"generator returned {len(generations)} generations for {len(prompts)} prompts"
+            )
+        return generations
+
+    def _clean_text(self, gen: Generation) -> str:
+        """The response as text without EOS / special tokens: what the next prompt sees."""
+        return self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
+
+
+def _turn(
+    kind: str, prompt: list[int], gen: Generation, chunk_index: int | None, keep_ids: bool
+) -> Turn:
+    return Turn(
+        kind=kind,
+        prompt_ids=prompt if keep_ids else [],
+        response_ids=list(gen.token_ids) if keep_ids else [],
+        response_logprobs=list(gen.logprobs) if keep_ids else [],
+        response_text=gen.text,
+        finish_reason=gen.finish_reason,
+        meta={
+            "chunk_index": chunk_index,
+            "prompt_tokens": len(prompt),
+            "response_tokens": len(gen.token_ids),
+        },
+    )

@@ -1,0 +1,125 @@
+"""MemAgent prompt templates and how they become token ids.
+
+The `memagent` preset reproduces the published MemAgent prompts byte for byte, so a model
+trained by MemAgent (or by memrl) sees exactly the text it was trained on. Templates are
+filled in one regex pass over the named placeholders (never `str.format`), so braces inside
+documents, questions or memories are kept as they are and a value that happens to contain
+`{memory}` is not substituted again.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from memrl.errors import MemrlInputError
+
+MEMAGENT_UPDATE_TEMPLATE = (
+    "You are presented with a problem, a section of an article that may contain the answer to "
+    "the problem, and a previous memory. Please read the provided section carefully and update "
+    "the memory with the new information that helps to answer the problem. Be sure to retain "
+    "all relevant details from the previous memory while adding any new, useful information."
+    "\n\n<problem> \n{prompt}\n</problem>\n\n<memory>\n{memory}\n</memory>\n\n"
+    "<section>\n{chunk}\n</section>\n\nUpdated memory:\n"
+)
+"""MemAgent's memory-update prompt (`TEMPLATE` in recurrent/impls/memory.py)."""
+
+MEMAGENT_FINAL_TEMPLATE = (
+    "You are presented with a problem and a previous memory. Please answer the problem based "
+    "on the previous memory and put the answer in \\boxed{}.\n\n<problem> \n{prompt}\n"
+    "</problem>\n\n<memory>\n{memory}\n</memory>\n\nYour answer:\n"
+)
+"""MemAgent's final-answer prompt (`TEMPLATE_FINAL_BOXED`, after its `{{}}` is formatted)."""
+
+MEMAGENT_NO_MEMORY = "No previous memory"
+"""What the memory slot holds before the first chunk."""
+
+UPDATE_PLACEHOLDERS = ("prompt", "memory", "chunk")
+FINAL_PLACEHOLDERS = ("prompt", "memory")
+_PLACEHOLDER = re.compile(r"\{(prompt|memory|chunk)\}")
+
+
+def fill_template(template: str, **values: str) -> str:
+    """Replace `{prompt}`, `{memory}`, `{chunk}` in one pass; every other brace stays literal.
+
+    A placeholder with no value given is left as it is.
+    """
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return values[name] if name in values else match.group(0)
+
+    return _PLACEHOLDER.sub(substitute, template)
+
+
+class MemAgentPrompts(BaseModel):
+    """The three strings that define a MemAgent prompt format."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    update_template: str = MEMAGENT_UPDATE_TEMPLATE
+    """Memory update prompt; must contain {prompt}, {memory} and {chunk}."""
+    final_template: str = MEMAGENT_FINAL_TEMPLATE
+    """Final answer prompt; must contain {prompt} and {memory}."""
+    no_memory: str = MEMAGENT_NO_MEMORY
+    """Initial memory before the first chunk."""
+
+    @model_validator(mode="after")
+    def _has_placeholders(self) -> MemAgentPrompts:
+        for field, required in (
+            ("update_template", UPDATE_PLACEHOLDERS),
+            ("final_template", FINAL_PLACEHOLDERS),
+        ):
+            text = getattr(self, field)
+            missing = [f"{{{name}}}" for name in required if f"{{{name}}}" not in text]
+            if missing:
+                raise ValueError(f"{field} is missing placeholder(s) {', '.join(missing)}")
+        return self
+
+    def update_text(self, *, prompt: str, memory: str, chunk: str) -> str:
+        """The memory-update message for one chunk."""
+        return fill_template(self.update_template, prompt=prompt, memory=memory, chunk=chunk)
+
+    def final_text(self, *, prompt: str, memory: str) -> str:
+        """The final-answer message."""
+        return fill_template(self.final_template, prompt=prompt, memory=memory)
+
+
+PROMPT_PRESETS: dict[str, MemAgentPrompts] = {"memagent": MemAgentPrompts()}
+"""Named prompt formats; `memagent` is the published one."""
+
+
+def resolve_prompts(prompts: str | MemAgentPrompts | dict[str, Any]) -> MemAgentPrompts:
+    """A preset name, a MemAgentPrompts, or a dict of its fields -> MemAgentPrompts."""
+    if isinstance(prompts, MemAgentPrompts):
+        return prompts
+    if isinstance(prompts, str):
+        if prompts not in PROMPT_PRESETS:
+            raise MemrlInputError(
+                f"unknown prompt preset {prompts!r}; known: {', '.join(sorted(PROMPT_PRESETS))}",
+                location="prompts",
+            )
+        return PROMPT_PRESETS[prompts]
+    try:
+        return MemAgentPrompts.model_validate(prompts)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise MemrlInputError(first["msg"], location="prompts") from exc
+
+
+def render_chat(tokenizer: Any, text: str) -> str:
+    """`text` as one user message through the tokenizer's chat template, ready for the reply."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def encode_chat(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `render_chat(text)`; the template already holds every special token.
+
+    (transformers 5 returns a dict from `apply_chat_template(tokenize=True)`, so we render
+    to text and encode it ourselves.)
+    """
+    return list(tokenizer.encode(render_chat(tokenizer, text), add_special_tokens=False))

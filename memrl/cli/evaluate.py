@@ -1,0 +1,108 @@
+"""`memrl eval ...`: evaluate a model with a memory agent (no learning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from memrl.cli.app import eval_app
+from memrl.errors import MemrlInputError
+
+
+def _agent_config(**fields):
+    """MemAgentConfig from CLI values; a bad value is a one-line user error."""
+    from memrl.agents.memagent import MemAgentConfig
+
+    try:
+        return MemAgentConfig(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        option = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "config"
+        raise MemrlInputError(err["msg"], location=option) from exc
+
+
+@eval_app.command("ruler-hqa")
+def ruler_hqa(
+    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
+    data: Annotated[Path, typer.Option("--data", help="Directory holding eval_{N}.json files.")],
+    num_docs: Annotated[
+        list[int], typer.Option("--num-docs", help="Numbers of documents N, e.g. 50 100 200.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Evaluate the first K records per N.")
+    ] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
+    chunk_size: Annotated[int, typer.Option(help="Context tokens per chunk.")] = 5000,
+    max_chunks: Annotated[
+        int | None, typer.Option(help="Read at most this many chunks per context.")
+    ] = None,
+    max_memory_tokens: Annotated[int, typer.Option(help="New tokens per memory update.")] = 1024,
+    max_final_tokens: Annotated[int, typer.Option(help="New tokens for the final answer.")] = 1024,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.7,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 0.95,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
+    ] = 32,
+    device: Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
+) -> None:
+    """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
+    from memrl.data.ruler_hqa import ruler_hqa_path
+    from memrl.eval.ruler_hqa import evaluate_ruler_hqa
+
+    if not model.is_dir():
+        raise MemrlInputError("model directory not found", location=f"--model {model}")
+    if not (model / "config.json").is_file():
+        raise MemrlInputError(
+            "not a Hugging Face model directory (no config.json)", location=f"--model {model}"
+        )
+    if not data.is_dir():
+        raise MemrlInputError("data directory not found", location=f"--data {data}")
+    for n in num_docs:
+        if not ruler_hqa_path(data, n).is_file():
+            raise MemrlInputError(
+                f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
+                location=str(ruler_hqa_path(data, n)),
+            )
+    config = _agent_config(
+        chunk_size=chunk_size,
+        max_chunks=max_chunks,
+        max_memory_tokens=max_memory_tokens,
+        max_final_tokens=max_final_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
+    import torch
+
+    if device is not None:
+        try:
+            torch.device(device)
+        except RuntimeError as exc:
+            raise MemrlInputError(str(exc), location="--device") from exc
+    if seed is not None:
+        torch.manual_seed(seed)
+
+    from memrl.inference.hf import HFGenerator
+
+    generator = HFGenerator.from_pretrained(
+        str(model), device=device, dtype=dtype, max_batch_size=batch_size
+    )
+    evaluate_ruler_hqa(
+        generator,
+        data,
+        num_docs,
+        config=config,
+        out_dir=out,
+        limit=limit,
+        num_samples=samples,
+        model_name=str(model),
+        show_progress=not quiet,
+    )
+    typer.echo(f"results written to {out}")

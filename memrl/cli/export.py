@@ -1,0 +1,38 @@
+"""`memrl export CHECKPOINT OUT_DIR`: a training checkpoint as a plain Hugging Face model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memrl.cli.app import app
+
+
+@app.command("export")
+def export(
+    checkpoint: Annotated[
+        Path,
+        typer.Argument(
+            help="A checkpoint dir (step_*), a checkpoints root, or a training run dir "
+            "(the latest checkpoint is taken)."
+        ),
+    ],
+    out_dir: Annotated[Path, typer.Argument(help="New directory for the exported model.")],
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model",
+            help="Base model of a LoRA checkpoint (default: model.path of its config.yaml).",
+        ),
+    ] = None,
+) -> None:
+    """Write a model directory loadable by AutoModelForCausalLM (LoRA adapters merged)."""
+    from memrl.rl.checkpoint import export_checkpoint, read_checkpoint_marker, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    fmt = read_checkpoint_marker(ckpt)["format"]
+    out = export_checkpoint(ckpt, out_dir, base_model_path=base_model)
+    how = "LoRA merged into its base model" if fmt == "lora" else "full model"
+    typer.echo(f"exported {ckpt} ({how}) to {out}")

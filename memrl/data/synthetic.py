@@ -1,0 +1,190 @@
+"""Synthetic two-hop questions over fictional entities: the offline default data set.
+
+Each question needs two facts from two paragraphs ("Kovan Drel was born in Brastor." and
+"Brastor is a city in Zarnia." → "In which country was Kovan Drel born?" → "Zarnia").
+Every person, city and company name is invented from syllables and used once per call, so
+distractors (about other invented entities) never contradict a gold fact, also when
+`build_ruler_hqa` mixes paragraphs of different questions. Answers are single words; the
+countries, rivers and languages come from small closed lists, so a tiny model can learn them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from memrl.data.records import Document, QARecord, render_documents
+from memrl.errors import MemrlInputError
+
+COUNTRIES = ("Zarnia", "Quellor", "Vintara", "Orlesk", "Dunmira", "Kavosh",
+             "Pellune", "Estravo", "Myrrden", "Talvasse", "Ombrisk", "Galdune")
+RIVERS = ("Aldra", "Fennis", "Korrow", "Liriel", "Mossa", "Nerith", "Pallin", "Quorra",
+          "Seffra", "Tuvin")
+LANGUAGES = ("Zarnish", "Quellic", "Vintaran", "Orleskan", "Dunmiri", "Kavoshi",
+             "Pellunic", "Estravan")
+
+_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r",
+           "s", "st", "t", "tr", "v", "z", "th", "sh", "j")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ea")
+_CODAS = ("", "", "", "n", "r", "l", "s", "m", "nd")
+_COMPANY_KINDS = ("Works", "Mills", "Traders", "Foundry", "Press", "Shipping", "Bakery")
+_JOBS = ("painter", "sailor", "teacher", "weaver", "merchant", "poet", "builder", "farmer",
+         "singer", "clockmaker")
+_ADJECTIVES = ("quiet", "famous", "young", "patient", "cheerful", "careful", "restless")
+_CITY_FEATURES = ("old bridges", "markets", "gardens", "towers", "harbour", "festivals",
+                  "libraries", "stone walls")
+_COMPANY_GOODS = ("ropes", "lamps", "paper", "glass", "boats", "bread", "tools", "cloth")
+
+
+class _Names:
+    """Invented names, each handed out once (so no fact about an entity is ever repeated)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.used: set[str] = {w.lower() for w in (*COUNTRIES, *RIVERS, *LANGUAGES)}
+
+    def word(self) -> str:
+        while True:
+            n = 2 if self.rng.random() < 0.8 else 3
+            w = "".join(
+                self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+                for _ in range(n)
+            )
+            if 4 <= len(w) <= 10 and w not in self.used:
+                self.used.add(w)
+                return w.capitalize()
+
+    def person(self) -> str:
+        return f"{self.word()} {self.word()}"
+
+    def company(self) -> str:
+        return f"{self.word()} {self.rng.choice(_COMPANY_KINDS)}"
+
+
+def _person_text(rng: random.Random, person: str, fact: str) -> str:
+    first = person.split()[0]
+    return f"{fact} {first} is a {rng.choice(_ADJECTIVES)} {rng.choice(_JOBS)}."
+
+
+def _city_text(rng: random.Random, fact: str) -> str:
+    a, b = rng.sample(_CITY_FEATURES, 2)
+    return f"{fact} The city is known for its {a} and {b}."
+
+
+def _company_text(rng: random.Random, fact: str) -> str:
+    return f"{fact} The company makes {rng.choice(_COMPANY_GOODS)}."
+
+
+# A template makes (gold documents, question, answer) from fresh names.
+_Template = Callable[[random.Random, _Names], tuple[list[Document], str, str]]
+
+
+def _born_in(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
+    person, city, country = names.person(), names.word(), rng.choice(COUNTRIES)
+    docs = [
+        Document(title=person, text=_person_text(rng, person, f"{person} was born in {city}."),
+                 is_supporting=True),
+        Document(title=city, text=_city_text(rng, f"{city} is a city in {country}."),
+                 is_supporting=True),
+    ]
+    return docs, f"In which country was {person} born?", country
+
+
+def _river(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
+    person, city, river = names.person(), names.word(), rng.choice(RIVERS)
+    docs = [
+        Document(title=person, text=_person_text(rng, person, f"{person} lives in {city}."),
+                 is_supporting=True),
+        Document(title=city, text=_city_text(rng, f"{city} lies on the {river} river."),
+                 is_supporting=True),
+    ]
+    return docs, f"On which river lies the city where {person} lives?", river
+
+
+def _language(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
+    person, city, language = names.person(), names.word(), rng.choice(LANGUAGES)
+    docs = [
+        Document(title=person, text=_person_text(rng, person, f"{person} grew up in {city}."),
+                 is_supporting=True),
+        Document(title=city, text=_city_text(rng, f"The people of {city} speak {language}."),
+                 is_supporting=True),
+    ]
+    return docs, f"Which language is spoken in the city where {person} grew up?", language
+
+
+def _employer_city(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
+    person, company, city = names.person(), names.company(), names.word()
+    docs = [
+        Document(title=person, text=_person_text(rng, person, f"{person} works for {company}."),
+                 is_supporting=True),
+        Document(title=company,
+                 text=_company_text(rng, f"{company} has its headquarters in {city}."),
+                 is_supporting=True),
+    ]
+    question = f"In which city does the company that employs {person} have its headquarters?"
+    return docs, question, city
+
+
+TEMPLATES: tuple[_Template, ...] = (_born_in, _river, _language, _employer_city)
+
+
+def _distractor(rng: random.Random, names: _Names) -> Document:
+    """One paragraph about entities that appear nowhere else."""
+    kind = rng.randrange(8)
+    if kind < 4:
+        person = names.person()
+        fact = (
+            f"{person} was born in {names.word()}.",
+            f"{person} lives in {names.word()}.",
+            f"{person} grew up in {names.word()}.",
+            f"{person} works for {names.company()}.",
+        )[kind]
+        return Document(title=person, text=_person_text(rng, person, fact), is_supporting=False)
+    if kind < 7:
+        city = names.word()
+        fact = (
+            f"{city} is a city in {rng.choice(COUNTRIES)}.",
+            f"{city} lies on the {rng.choice(RIVERS)} river.",
+            f"The people of {city} speak {rng.choice(LANGUAGES)}.",
+        )[kind - 4]
+        return Document(title=city, text=_city_text(rng, fact), is_supporting=False)
+    company = names.company()
+    return Document(title=company,
+                    text=_company_text(rng, f"{company} has its headquarters in {names.word()}."),
+                    is_supporting=False)
+
+
+def make_synthetic_records(num_questions: int, num_docs: int = 10, seed: int = 0) -> list[QARecord]:
+    """`num_questions` two-hop questions, each over `num_docs` paragraphs (2 gold, shuffled).
+
+    Same arguments → identical records. Ids are `syn-{seed}-{i}`.
+    """
+    if isinstance(num_questions, bool) or not isinstance(num_questions, int) or num_questions < 1:
+        raise MemrlInputError(f"num_questions must be a positive integer, got {num_questions!r}")
+    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or num_docs < 2:
+        raise MemrlInputError(
+            f"num_docs must be an integer of at least 2 (the two gold paragraphs), got {num_docs!r}"
+        )
+    rng = random.Random(seed)
+    names = _Names(rng)
+    records = []
+    for i in range(num_questions):
+        gold, question, answer = TEMPLATES[i % len(TEMPLATES)](rng, names)
+        documents = gold + [_distractor(rng, names) for _ in range(num_docs - len(gold))]
+        rng.shuffle(documents)
+        records.append(QARecord(id=f"syn-{seed}-{i}", question=question, answers=[answer],
+                                documents=documents, num_docs=num_docs))
+    return records
+
+
+def synthetic_corpus(seed: int, n: int) -> list[str]:
+    """`n` sample texts (context, question, answer) in the synthetic data's vocabulary,
+    e.g. to train the tiny test tokenizer."""
+    if n < 0:
+        raise MemrlInputError(f"n must be non-negative, got {n}")
+    if n == 0:
+        return []
+    return [
+        f"{render_documents(r.documents)}\n\nQuestion: {r.question}\nAnswer: {r.answers[0]}"
+        for r in make_synthetic_records(n, num_docs=4, seed=seed)
+    ]

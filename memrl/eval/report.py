@@ -1,0 +1,140 @@
+"""Writers every evaluation shares: results JSON, trajectories JSONL, tables, score plots.
+
+They know nothing about a benchmark: callers pass rows and columns. Files are written to a
+temporary name and renamed, so an interrupted run never leaves a half-written results file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _json_default(obj: Any) -> Any:
+    """Serialise the few non-JSON types results carry (pydantic models, paths, sets)."""
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot write {type(obj).__name__} as JSON")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Pretty JSON (UTF-8, non-ASCII kept)."""
+    path = Path(path)
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=_json_default)
+    _atomic_write(path, text + "\n")
+    return path
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """One JSON object per line."""
+    path = Path(path)
+    lines = [json.dumps(row, ensure_ascii=False, default=_json_default) for row in rows]
+    _atomic_write(path, "".join(line + "\n" for line in lines))
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read back what write_jsonl wrote (blank lines ignored)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def format_cell(value: Any, digits: int = 1) -> str:
+    """Floats rounded to `digits`, None as '-', everything else str()."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 1) -> str:
+    """A GitHub-flavoured Markdown table, for results files people read."""
+    cells = [[format_cell(v, digits) for v in row] for row in rows]
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+        *("| " + " | ".join(row) + " |" for row in cells),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def rich_table(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 1
+):
+    """A rich Table with right-aligned columns, for the terminal."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(format_cell(v, digits) for v in row))
+    return table
+
+
+def plot_scores(
+    path: str | Path,
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    labels: Sequence[str] | None = None,
+    logx: bool = True,
+    ylim: tuple[float, float] | None = (0.0, 100.0),
+) -> Path:
+    """Line plot of several score series against one x axis (PNG, headless Agg backend).
+
+    `labels` annotate each x point (e.g. "N=50").
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    try:
+        for name, ys in series.items():
+            ax.plot(list(x), list(ys), marker="o", label=name)
+        if logx and all(v > 0 for v in x):
+            ax.set_xscale("log")
+        if labels is not None:
+            for xi, label in zip(x, labels, strict=True):
+                ax.annotate(
+                    label, (xi, ylim[0] if ylim else 0), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=7, color="gray",
+                )
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        if title:
+            ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return path

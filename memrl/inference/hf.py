@@ -1,0 +1,262 @@
+"""In-process generation with a Hugging Face causal LM: the default Generator.
+
+A plain decoding loop with a KV cache rather than `model.generate`, because RL needs exact
+control over three things `generate` hides: the log-probability of every sampled token
+(under the same temperature the sampler used), a seeded RNG that leaves the global one
+alone, and stop strings that end one row of a batch without ending the others.
+
+Conventions (see `Generation`):
+- `token_ids` are the sampled tokens, with no padding. If the model emits EOS, the EOS
+  token is the last id (and has a logprob): the policy chose to stop, and training must
+  be able to reinforce that choice. Nothing after EOS is generated.
+- `logprobs[i]` = log_softmax(logits / temperature)[token_ids[i]]; with temperature 0
+  (greedy) the raw logits are used. Top-p filtering only changes which tokens *can* be
+  drawn; the logprob is taken before it, as verl / vLLM report them, so it matches a
+  teacher-forced forward pass of the same model (what the RL losses recompute).
+- A stop string ends its row after the token that completes it. `text` is cut just after
+  the first stop string (which is kept); `token_ids` keep that whole last token, whose
+  text may reach past the stop string.
+- `text` is the decode of `token_ids` without special tokens (EOS never appears in it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memrl.errors import MemrlInputError
+from memrl.inference.base import Generation, SamplingParams
+
+_STOP_WINDOW_TOKENS_PER_CHAR = 4
+"""A character is at most 4 byte-level tokens: how far back to look for a new stop string."""
+
+
+class HFGenerator:
+    """Batched sampling from an in-memory Hugging Face causal LM.
+
+    It wraps the module it is given (no copy), so a trainer can generate with the very
+    weights it is updating. Prompts are sorted by length and run in left-padded
+    micro-batches of at most `max_batch_size`; results come back in input order.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = min(self.eos_token_ids) if self.eos_token_ids else 0
+        self.pad_token_id: int = int(pad)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: Any = None,
+        dtype: Any = None,
+        max_batch_size: int = 32,
+        **kw: Any,
+    ) -> HFGenerator:
+        """Load model + tokenizer from a directory (or hub id already in the local cache).
+
+        Defaults: CUDA with bfloat16 when a GPU is available, else CPU with float32.
+        Extra keyword arguments go to `AutoModelForCausalLM.from_pretrained`.
+        """
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        elif isinstance(dtype, str):
+            resolved = getattr(torch, dtype, None)
+            if not isinstance(resolved, torch.dtype):
+                raise MemrlInputError(f"unknown torch dtype {dtype!r}", location="dtype")
+            dtype = resolved
+        # transformers renamed `torch_dtype` to `dtype` in 4.56.
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+        dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: dtype}, **kw)
+        except OSError as exc:
+            raise MemrlInputError(
+                f"cannot load a model and tokenizer from it: {exc}", location=str(path)
+            ) from exc
+        model.to(device)
+        model.eval()
+        return cls(model, tokenizer, max_batch_size=max_batch_size)
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        """One Generation per prompt, in input order.
+
+        With `params.seed` set, the same prompts, params and `max_batch_size` give the same
+        samples (the seed drives a private torch.Generator; the global RNG is untouched).
+        """
+        import torch
+
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+        if not prompts:
+            return []
+        rng = None
+        if params.seed is not None:
+            rng = torch.Generator(device=self.device)
+            rng.manual_seed(params.seed)
+        # Longest first: similar lengths share a micro-batch, so little padding.
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), self.max_batch_size):
+                    chunk = order[start : start + self.max_batch_size]
+                    outs = self._generate_batch([list(prompts[i]) for i in chunk], params, rng)
+                    for i, gen in zip(chunk, outs, strict=True):
+                        results[i] = gen
+        finally:
+            self.model.train(was_training)
+        return [g for g in results if g is not None]
+
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, rng: Any
+    ) -> list[Generation]:
+        import torch
+
+        device = self.device
+        batch, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        # Positions count real tokens only, so a left-padded row sees the same positions
+        # as it would alone.
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        next_position = mask.sum(-1, keepdim=True)
+
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        finish: list[str | None] = [None] * batch
+        stops = tuple(s for s in params.stop if s)
+        stop_window = _STOP_WINDOW_TOKENS_PER_CHAR * max((len(s) for s in stops), default=0)
+
+        for step in range(params.max_new_tokens):
+            next_tokens, next_logprobs = _sample(out.logits[:, -1, :], params, rng)
+            for row, (tok, lp) in enumerate(
+                zip(next_tokens.tolist(), next_logprobs.tolist(), strict=True)
+            ):
+                if finish[row] is not None:
+                    continue
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                if tok in self.eos_token_ids or (
+                    stops and self._ends_with_stop(tokens[row], stops, stop_window)
+                ):
+                    finish[row] = "stop"
+            if all(f is not None for f in finish) or step == params.max_new_tokens - 1:
+                break
+            # Finished rows keep being fed (padding) so the batch stays rectangular;
+            # their outputs are ignored.
+            done = torch.tensor([f is not None for f in finish], device=device)
+            feed = torch.where(done, self.pad_token_id, next_tokens).unsqueeze(-1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            out = self.model(
+                input_ids=feed,
+                attention_mask=mask,
+                position_ids=next_position,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            next_position = next_position + 1
+
+        results = []
+        for row in range(batch):
+            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
+            cut = _first_stop_end(text, stops)
+            if cut is not None:
+                text = text[:cut]
+            results.append(Generation(tokens[row], logprobs[row], text, finish[row] or "length"))
+        return results
+
+    def _ends_with_stop(self, ids: list[int], stop: tuple[str, ...], window: int) -> bool:
+        """Whether the newest token completed a stop string (only the tail is decoded)."""
+        tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stop)
+
+
+def _sample(logits: Any, params: SamplingParams, rng: Any) -> tuple[Any, Any]:
+    """Next token per row and its logprob under softmax(logits / T), taken before top-p."""
+    import torch
+
+    logits = logits.float()
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logits.argmax(dim=-1)
+    else:
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        probs = logp.exp()
+        if params.top_p < 1.0:
+            probs = _top_p_filter(probs, params.top_p)
+        tokens = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _top_p_filter(probs: Any, top_p: float) -> Any:
+    """Zero every token outside the smallest most-likely set whose mass reaches top_p.
+
+    A token is kept when the mass of the tokens ranked above it is still below top_p, so
+    the most likely token is always kept. The result is unnormalised (multinomial doesn't
+    mind).
+    """
+    import torch
+
+    sorted_probs, sorted_idx = probs.sort(dim=-1, descending=True)
+    mass_above = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_above >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, sorted_idx, sorted_probs)
+
+
+def _first_stop_end(text: str, stop: Sequence[str]) -> int | None:
+    """End index of the stop string occurrence that ends first in `text`, if any."""
+    ends = [text.find(s) + len(s) for s in stop if s and s in text]
+    return min(ends) if ends else None
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from the tokenizer and the model's generation config (Qwen has two)."""
+    ids: set[int] = set()
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(int(tok_eos))
+    gen_config = getattr(model, "generation_config", None)
+    gen_eos = getattr(gen_config, "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos is not None:
+        ids.update(int(i) for i in gen_eos)
+    return frozenset(ids)

@@ -1,0 +1,172 @@
+"""Outcome advantages: one scalar per trajectory, computed within its group.
+
+A *group* is every trajectory sampled for the same question (``Trajectory.record_id``).
+Groups are found by id, never by reshaping the batch to a fixed width: groups may have
+different sizes (a failed rollout, a filtered sample, a batch that mixes ``n`` values).
+
+All functions take ``rewards`` of shape ``(num_trajectories,)`` and a parallel sequence of
+hashable group ids, and return a tensor of the same shape and float dtype. The caller gives
+each conversation (Turn) of a trajectory that trajectory's advantage.
+
+Conventions shared by every estimator here (and where they differ from verl):
+- A group of size 1 gets advantage exactly 0: it has no baseline to compare against.
+  (verl's GRPO uses mean 0 and std 1 for such groups, i.e. it trains on the raw reward;
+  its RLOO leaves the raw reward too.)
+- A group whose rewards are all equal gets advantage exactly 0. Mathematically it already
+  is, but ``r - mean(r)`` in floating point can leave a 1-ulp residue that the GRPO
+  division by ``std + eps`` would blow up to a visible number (e.g. 0.007 in float32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "GroupStats",
+    "dynamic_sampling_keep",
+    "grpo_advantages",
+    "group_stats",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-trajectory view of its group's statistics (every field has shape (n,))."""
+
+    index: Tensor
+    """Group number of each trajectory (0..num_groups-1, in order of first appearance)."""
+    size: Tensor
+    """Number of trajectories in the group (long)."""
+    mean: Tensor
+    """Group mean reward."""
+    std: Tensor
+    """Unbiased group std (as torch.std, Bessel-corrected); 0 for a group of size 1."""
+    all_equal: Tensor
+    """True where every reward of the group is the same (always true for size 1)."""
+
+
+def _as_rewards(rewards: Tensor | Sequence[float]) -> Tensor:
+    r = rewards if isinstance(rewards, Tensor) else torch.as_tensor(rewards)
+    if not torch.is_floating_point(r):
+        r = r.to(torch.float32)
+    if r.dim() != 1:
+        raise ValueError(f"rewards must have shape (num_trajectories,), got {tuple(r.shape)}")
+    if not torch.isfinite(r).all():
+        raise ValueError(f"rewards must be finite, got {r.tolist()}")
+    return r
+
+
+def group_stats(rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable]) -> GroupStats:
+    """Mean, unbiased std and size of each trajectory's group, gathered back per trajectory."""
+    r = _as_rewards(rewards)
+    if len(group_ids) != r.shape[0]:
+        raise ValueError(f"{r.shape[0]} rewards but {len(group_ids)} group ids")
+    number: dict[Hashable, int] = {}
+    index = torch.tensor(
+        [number.setdefault(g, len(number)) for g in group_ids], dtype=torch.long, device=r.device
+    )
+    g = len(number)
+    size = torch.zeros(g, dtype=torch.long, device=r.device).index_add_(
+        0, index, torch.ones_like(index)
+    )
+    mean = torch.zeros(g, dtype=r.dtype, device=r.device).index_add_(0, index, r) / size
+    dev = r - mean[index]
+    sq = torch.zeros(g, dtype=r.dtype, device=r.device).index_add_(0, index, dev * dev)
+    var = torch.where(size > 1, sq / (size - 1).clamp(min=1), torch.zeros_like(sq))
+    gmax = torch.full((g,), -torch.inf, dtype=r.dtype, device=r.device)
+    gmax = gmax.scatter_reduce(0, index, r, reduce="amax")
+    gmin = torch.full((g,), torch.inf, dtype=r.dtype, device=r.device)
+    gmin = gmin.scatter_reduce(0, index, r, reduce="amin")
+    return GroupStats(
+        index=index,
+        size=size[index],
+        mean=mean[index],
+        std=var.sqrt()[index],
+        all_equal=(gmax == gmin)[index],
+    )
+
+
+# GRPO outcome advantage, DeepSeekMath (Shao et al. 2024, arXiv:2402.03300) eq. in §4.1.2:
+#   A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
+# Dr.GRPO (Liu et al. 2025, arXiv:2503.20783) drops the std division: A_i = r_i - mean(r_group);
+# that is also MemAgent's published setting (norm_by_std=False).
+# Matches verl `compute_grpo_outcome_advantage` (std unbiased as torch.std, eps=1e-6), except
+# size-1 and all-equal groups are exactly 0 (see module docstring).
+def grpo_advantages(
+    rewards: Tensor | Sequence[float],
+    group_ids: Sequence[Hashable],
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """GRPO advantage of each trajectory relative to the others of its group."""
+    r = _as_rewards(rewards)
+    st = group_stats(r, group_ids)
+    adv = r - st.mean
+    if norm_by_std:
+        adv = adv / (st.std + eps)
+    return torch.where(st.all_equal, torch.zeros_like(adv), adv)
+
+
+# RLOO, leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740):
+#   A_i = r_i - 1/(n-1) * sum_{j != i} r_j  =  n/(n-1) * (r_i - mean(r_group))
+# Matches verl `compute_rloo_outcome_advantage` for n > 1; size-1 groups get 0 (verl keeps r_i).
+def rloo_advantages(rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable]) -> Tensor:
+    """Reward minus the mean reward of the *other* trajectories of the group."""
+    r = _as_rewards(rewards)
+    st = group_stats(r, group_ids)
+    n = st.size.to(r.dtype)
+    others_mean = (st.mean * n - r) / (n - 1).clamp(min=1)
+    adv = r - others_mean
+    return torch.where(st.all_equal, torch.zeros_like(adv), adv)
+
+
+# REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262):
+#   c_i = r_i - mean(r_group);  A_i = (c_i - mean_B(c)) / sqrt(var_B(c) + 1e-8)
+# i.e. subtract the group mean, then whiten over the whole batch B. verl
+# (`compute_reinforce_plus_plus_baseline_outcome_advantage` + `masked_whiten`) whitens over
+# *tokens*, so a trajectory weighs in proportion to its response length; here the statistics
+# are over *trajectories* (each counts once). Pass `token_counts` (response tokens of each
+# trajectory, all its turns together) to weigh by tokens and reproduce verl exactly: the
+# advantage is constant over a trajectory's tokens, so token-level whitening equals this
+# weighted trajectory-level one. var_B is unbiased (W/(W-1), W = total weight) as in verl.
+def reinforce_pp_baseline_advantages(
+    rewards: Tensor | Sequence[float],
+    group_ids: Sequence[Hashable],
+    *,
+    token_counts: Tensor | Sequence[int] | None = None,
+) -> Tensor:
+    """Group-mean baseline, then batch whitening (trajectory-level or token-weighted)."""
+    r = _as_rewards(rewards)
+    st = group_stats(r, group_ids)
+    centred = torch.where(st.all_equal, torch.zeros_like(r), r - st.mean)
+    if token_counts is None:
+        w = torch.ones_like(r)
+    else:
+        w = torch.as_tensor(token_counts, device=r.device).to(r.dtype)
+        if w.shape != r.shape or (w < 0).any():
+            raise ValueError(f"token_counts must be {tuple(r.shape)} non-negative numbers")
+    total = w.sum()
+    if total <= 1:
+        # One weighted item has no spread: nothing to whiten (its centred value is 0 anyway).
+        return torch.zeros_like(r)
+    mean = (w * centred).sum() / total
+    var = (w * (centred - mean) ** 2).sum() / total * (total / (total - 1))
+    return (centred - mean) * torch.rsqrt(var + 1e-8)
+
+
+# DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476 §3.2; the constraint
+# 0 < |{o_i : is_equivalent(a, o_i)}| < G of the DAPO objective): keep only groups whose
+# rewards are not all equal, since such groups have zero advantage and only dilute the batch.
+# Expressed as std > 0, tested exactly as max != min. A group of size 1 is all-equal: dropped.
+def dynamic_sampling_keep(
+    rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable]
+) -> Tensor:
+    """Bool mask of trajectories whose group has reward std > 0."""
+    return ~group_stats(rewards, group_ids).all_equal

@@ -1,0 +1,529 @@
+"""Training checkpoints: atomic saves, resume into the live model, keep-last-K, HF export.
+
+Layout of one checkpoint, `ROOT/step_00000012/`:
+    model/              save_pretrained of the policy (full weights, or only the LoRA adapter)
+    model/memrl_model.json   which of the two it is, and the base model of an adapter
+    tokenizer/          save_pretrained of the tokenizer
+    optimizer.pt  scheduler.pt  rng.pt  trainer_state.json  config.yaml
+and `ROOT/latest` names the newest complete one.
+
+A checkpoint is written into `ROOT/.tmp-step_.../` and renamed into place, so a `step_*`
+directory is always complete: a run killed mid-save leaves only a `.tmp-*` leftover, which
+readers ignore and the next save deletes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from memrl.errors import MemrlInputError, require
+
+LATEST_FILE = "latest"
+MODEL_DIR = "model"
+TOKENIZER_DIR = "tokenizer"
+MODEL_MARKER = "memrl_model.json"
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+RNG_FILE = "rng.pt"
+CONFIG_FILE = "config.yaml"
+TMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any | None,
+    tokenizer: Any | None,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    keep_last: int,
+) -> Path:
+    """Write `root/step_{step:08d}/` atomically, point `root/latest` at it, prune old ones.
+
+    The RNG states are captured on entry and restored on exit, so saving draws nothing from
+    any generator: a run with checkpoints continues exactly like one without.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    rng = get_rng_state()
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
+
+    final = root / step_dir_name(step)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}-", dir=root))
+    try:
+        _write_model(tmp / MODEL_DIR, model)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
+        torch.save(rng, tmp / RNG_FILE)
+        from memrl.metrics import scrub_env_secrets
+
+        (tmp / CONFIG_FILE).write_text(scrub_env_secrets(config_yaml), encoding="utf-8")
+        state = {**trainer_state, "step": step}
+        (tmp / TRAINER_STATE).write_text(
+            json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        _fsync_tree(tmp)
+        if final.exists():
+            # Saving the same step again (e.g. the end-of-training save after a periodic one):
+            # move the old copy aside first; rename cannot replace a non-empty directory.
+            aside = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{final.name}-", dir=root))
+            os.rename(final, aside / final.name)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(root)
+    _write_text_atomic(root / LATEST_FILE, final.name + "\n")
+    _prune(root, keep_last=keep_last, newest=final)
+    _remove_leftovers(root)
+    set_rng_state(rng)
+    return final
+
+
+def _write_model(out: Path, model: torch.nn.Module) -> None:
+    model = _unwrap(model)
+    if _is_peft(model):
+        model.save_pretrained(out)
+        base = _peft_base_path(model)
+        marker = {"format": "lora", "base_model": base}
+    else:
+        model.save_pretrained(out)
+        marker = {"format": "full", "base_model": None}
+    (out / MODEL_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module under a DistributedDataParallel wrapper (its `state_dict` adds `module.`)."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    # Checked by module name so that full-model training never imports peft.
+    return type(model).__module__.startswith("peft.")
+
+
+def _peft_base_path(model: Any) -> str | None:
+    cfg = model.peft_config.get(model.active_adapter)
+    return getattr(cfg, "base_model_name_or_path", None) or None
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush every file and directory under `path` to disk before it is renamed into place."""
+    for dirpath, _dirnames, filenames in os.walk(path):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete `.tmp-*` files and directories left by a save that was killed."""
+    for p in root.glob(f"{TMP_PREFIX}*"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _prune(root: Path, *, keep_last: int, newest: Path) -> None:
+    """Delete the oldest complete checkpoints so that `keep_last` remain, never `newest`."""
+    others = [d for _, d in _complete_checkpoints(root) if d.name != newest.name]
+    doomed = others[: max(0, len(others) - (keep_last - 1))]
+    for d in doomed:
+        # Rename first: a kill during rmtree must not leave a half-deleted `step_*` directory.
+        trash = root / f"{TMP_PREFIX}del-{d.name}"
+        os.rename(d, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- finding
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    return (path / TRAINER_STATE).is_file() and (path / MODEL_DIR).is_dir()
+
+
+def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete `step_*` directories of `root`, oldest step first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir() and is_complete_checkpoint(d):
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The checkpoint named by `root/latest`, else the highest complete step; None if none."""
+    root = Path(root)
+    latest = root / LATEST_FILE
+    if latest.is_file():
+        name = latest.read_text(encoding="utf-8").strip()
+        if _STEP_DIR.match(name) and is_complete_checkpoint(root / name):
+            return root / name
+    found = _complete_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from a checkpoint, a checkpoints root, or a training run dir."""
+    p = Path(path)
+    if not p.exists():
+        raise MemrlInputError("no such checkpoint or run directory", location=str(p))
+    if not p.is_dir():
+        raise MemrlInputError("a checkpoint must be a directory", location=str(p))
+    if is_complete_checkpoint(p):
+        return p
+    for root in (p, p / "checkpoints"):
+        found = latest_checkpoint(root)
+        if found is not None:
+            return found
+    raise MemrlInputError(
+        f"not a checkpoint (no {TRAINER_STATE} and {MODEL_DIR}/), and no complete "
+        "checkpoint below it or below its checkpoints/",
+        location=str(p),
+    )
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+) -> dict[str, Any]:
+    """Load a checkpoint into live objects and return its trainer state.
+
+    Weights are copied into the existing parameters (never replaced), so an optimizer built
+    over them stays valid. Then optimizer, scheduler and RNG states are restored.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise MemrlInputError("checkpoint directory not found", location=str(path))
+    state = _read_trainer_state(path)
+    _load_model(path / MODEL_DIR, _unwrap(model))
+    if optimizer is not None:
+        optimizer.load_state_dict(_torch_load(path / OPTIMIZER_FILE))
+    if scheduler is not None:
+        scheduler.load_state_dict(_torch_load(path / SCHEDULER_FILE))
+    set_rng_state(_torch_load(path / RNG_FILE))
+    return state
+
+
+def read_checkpoint_marker(path: str | Path) -> dict[str, Any]:
+    """`model/memrl_model.json` of a checkpoint: {"format": "full"|"lora", "base_model": ...}."""
+    marker = Path(path) / MODEL_DIR / MODEL_MARKER
+    data = _read_json(marker)
+    if data.get("format") not in ("full", "lora"):
+        raise MemrlInputError(
+            f"unknown model format {data.get('format')!r}", location=f"{marker}: key format"
+        )
+    return data
+
+
+def _read_trainer_state(path: Path) -> dict[str, Any]:
+    state = _read_json(path / TRAINER_STATE)
+    if "step" not in state:
+        raise MemrlInputError("missing key 'step'", location=str(path / TRAINER_STATE))
+    return state
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise MemrlInputError(f"checkpoint is missing {file.name}", location=str(file))
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MemrlInputError(f"corrupt checkpoint file: {exc}", location=str(file)) from None
+    if not isinstance(data, dict):
+        raise MemrlInputError("corrupt checkpoint file: not a JSON object", location=str(file))
+    return data
+
+
+def _torch_load(file: Path) -> Any:
+    if not file.is_file():
+        raise MemrlInputError(f"checkpoint is missing {file.name}", location=str(file))
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for truncated or foreign files
+        raise MemrlInputError(f"corrupt checkpoint file: {exc}", location=str(file)) from None
+
+
+def _load_model(model_dir: Path, model: torch.nn.Module) -> None:
+    if not model_dir.is_dir():
+        raise MemrlInputError(f"checkpoint is missing {MODEL_DIR}/", location=str(model_dir))
+    fmt = read_checkpoint_marker(model_dir.parent)["format"]
+    live = "lora" if _is_peft(model) else "full"
+    if fmt != live:
+        names = {"lora": "a LoRA adapter (peft)", "full": "a full model"}
+        raise MemrlInputError(
+            f"checkpoint holds {names[fmt]} but the live model is {names[live]}",
+            location=str(model_dir),
+        )
+    if fmt == "lora":
+        _load_adapters(model_dir, model)
+    else:
+        _load_full(model_dir, model)
+
+
+def _read_safetensors(model_dir: Path, stem: str) -> dict[str, torch.Tensor]:
+    """All tensors of `stem.safetensors` or of the shards listed in `stem.safetensors.index.json`."""
+    from safetensors.torch import load_file
+
+    index = model_dir / f"{stem}.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+    else:
+        files = [f"{stem}.safetensors"]
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        file = model_dir / name
+        if not file.is_file():
+            raise MemrlInputError(f"checkpoint is missing {name}", location=str(file))
+        try:
+            tensors.update(load_file(file, device="cpu"))
+        except Exception as exc:  # safetensors raises its own error type for bad headers
+            raise MemrlInputError(f"corrupt weights file: {exc}", location=str(file)) from None
+    return tensors
+
+
+def _load_full(model_dir: Path, model: torch.nn.Module) -> None:
+    tensors = _read_safetensors(model_dir, "model")
+    live = model.state_dict()
+    unexpected = sorted(set(tensors) - set(live))
+    if unexpected:
+        raise MemrlInputError(
+            f"checkpoint weights do not match the model: unexpected {unexpected[:5]}",
+            location=str(model_dir),
+        )
+    # save_pretrained writes a tied weight once; a missing key is fine only if its live
+    # tensor is shared with a key that was loaded.
+    loaded_ptrs = {live[k].data_ptr() for k in tensors}
+    missing = [k for k in live if k not in tensors and live[k].data_ptr() not in loaded_ptrs]
+    if missing:
+        raise MemrlInputError(
+            f"checkpoint weights do not match the model: missing {missing[:5]}",
+            location=str(model_dir),
+        )
+    try:
+        model.load_state_dict(tensors, strict=False)
+    except RuntimeError as exc:  # shape mismatches
+        first = str(exc).strip().splitlines()[-1].strip()
+        raise MemrlInputError(
+            f"checkpoint weights do not match the model: {first}", location=str(model_dir)
+        ) from None
+
+
+def _load_adapters(model_dir: Path, model: Any) -> None:
+    """Copy each adapter's saved LoRA weights into the live peft model (same keys or error)."""
+    peft_utils = require("peft", extra="lora", feature="loading a LoRA checkpoint")
+    for name in model.peft_config:
+        adapter_dir = model_dir if name == "default" else model_dir / name
+        saved = _read_safetensors(adapter_dir, "adapter_model")
+        expected = peft_utils.get_peft_model_state_dict(model, adapter_name=name)
+        if set(saved) != set(expected):
+            diff = sorted(set(saved) ^ set(expected))
+            raise MemrlInputError(
+                f"adapter {name!r} does not match the model's LoRA layers: {diff[:5]}",
+                location=str(adapter_dir),
+            )
+        result = peft_utils.set_peft_model_state_dict(model, saved, adapter_name=name)
+        if result.unexpected_keys:
+            raise MemrlInputError(
+                f"adapter {name!r} was not applied: {result.unexpected_keys[:5]}",
+                location=str(adapter_dir),
+            )
+
+
+# ----------------------------------------------------------------------------- RNG
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Python, numpy, torch CPU and every CUDA generator, in a form `torch.load` can read
+    with `weights_only=True` (numpy's key array is stored as a tensor)."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `get_rng_state` captured; CUDA states for as many devices as both have."""
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": n["bit_generator"],
+            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        for i in range(min(len(cuda), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(cuda[i], device=i)
+
+
+def _as_tuple(x: Any) -> Any:
+    # random.setstate needs tuples all the way down; be lenient if a list came back.
+    if isinstance(x, list | tuple):
+        return tuple(_as_tuple(v) for v in x)
+    return x
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_checkpoint(
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    base_model_path: str | None = None,
+) -> Path:
+    """Write a plain Hugging Face model directory (weights + tokenizer) from a checkpoint.
+
+    A LoRA checkpoint is merged into its base model: `base_model_path`, else the config's
+    `model.path`, else the base recorded by peft. The result loads with
+    `AutoModelForCausalLM.from_pretrained` and needs neither memrl nor peft.
+    """
+    from transformers import AutoModelForCausalLM
+
+    ckpt = Path(checkpoint_dir)
+    out = Path(out_dir)
+    if not is_complete_checkpoint(ckpt):
+        raise MemrlInputError(
+            f"not a complete checkpoint (needs {TRAINER_STATE} and {MODEL_DIR}/)",
+            location=str(ckpt),
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise MemrlInputError("output directory exists and is not empty", location=str(out))
+    marker = read_checkpoint_marker(ckpt)
+    model_dir = ckpt / MODEL_DIR
+
+    if marker["format"] == "full":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        tokenizer_source: Path | str | None = None
+    else:
+        peft = require("peft", extra="lora", feature="exporting a LoRA checkpoint")
+        base = base_model_path or _config_model_path(ckpt) or marker.get("base_model")
+        if not base:
+            raise MemrlInputError(
+                "LoRA checkpoint without a base model: pass --base-model PATH",
+                location=str(ckpt),
+            )
+        try:
+            base_model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+        except OSError as exc:  # not a local model dir and not a (cached) hub id
+            hint = "" if base_model_path else "; pass --base-model PATH"
+            raise MemrlInputError(
+                f"cannot load the base model {base!r} of this LoRA checkpoint "
+                f"({str(exc).splitlines()[0]}){hint}",
+                location=str(ckpt),
+            ) from None
+        model = peft.PeftModel.from_pretrained(base_model, model_dir).merge_and_unload()
+        tokenizer_source = base
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    if (ckpt / TOKENIZER_DIR).is_dir():
+        for f in (ckpt / TOKENIZER_DIR).iterdir():
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
+    elif tokenizer_source is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(out)
+    return out
+
+
+def _config_model_path(ckpt: Path) -> str | None:
+    """`model.path` from the checkpoint's config.yaml, if present."""
+    import yaml
+
+    file = ckpt / CONFIG_FILE
+    if not file.is_file():
+        return None
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise MemrlInputError(f"invalid YAML: {exc}", location=str(file)) from None
+    model = data.get("model") if isinstance(data, dict) else None
+    path = model.get("path") if isinstance(model, dict) else None
+    return str(path) if path else None

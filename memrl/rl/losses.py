@@ -1,0 +1,318 @@
+"""Token-level losses: loss aggregation, PPO clipped surrogate, KL estimators, log-probs.
+
+Tensors are ``(batch, seq)`` with a mask of the positions that count (the response tokens of
+trainable samples). Everything here is a pure function of its tensor arguments.
+
+Exact micro-batching
+--------------------
+Every aggregation mode is a weighted token sum, ``loss = sum_b w_b * sum_t mask[b,t] * l[b,t]``,
+where the weight ``w_b`` of a row depends only on statistics of the *whole* batch (token
+count, number of sequences, tokens per trajectory). `loss_row_weights` computes those weights
+once for the full (mini-)batch; a trainer slices them per micro-batch and passes them as
+``row_weights``; the micro-batch losses then sum to the full-batch loss, and so do their
+gradients (``backward()`` per micro-batch, no rescaling). This fixes verl's approximation,
+which takes the token mean *within* each micro-batch and rescales by micro/mini batch size.
+With data parallelism, compute the weights over the global mini-batch (all ranks) and *sum*
+gradients across ranks (DDP/FSDP average them: multiply the loss by the world size).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from memrl.errors import MemrlInputError
+
+__all__ = [
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "agg_loss",
+    "entropy_from_logits",
+    "kl_penalty",
+    "kl_penalty_reward",
+    "logprobs_from_logits",
+    "loss_row_weights",
+    "masked_mean",
+    "policy_loss",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean")
+"""verl's `loss_agg_mode` names, plus memrl's per-trajectory mean for multi-conversation runs."""
+
+KL_KINDS = {
+    "k1": "k1",
+    "kl": "k1",
+    "abs": "abs",
+    "k2": "k2",
+    "mse": "k2",
+    "k3": "k3",
+    "low_var_kl": "k3",
+}
+"""Accepted names (verl's and Schulman's) for each KL estimator."""
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in LOSS_AGG_MODES:
+        raise MemrlInputError(
+            f"unknown loss_agg_mode {mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}",
+            location="loss_agg_mode",
+        )
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``values`` where the 0/1 ``mask`` is set; 0 (not NaN) when the mask is empty."""
+    m = mask.to(values.dtype)
+    s = torch.where(m != 0, values * m, torch.zeros_like(values)).sum()
+    return s / m.sum().clamp(min=1)
+
+
+# Loss aggregation (verl `agg_loss`), written as per-row token weights w_b:
+#   token-mean            w_b = 1 / N                    N = loss tokens in the batch
+#   seq-mean-token-sum    w_b = 1 / S                    S = rows with >= 1 loss token
+#   seq-mean-token-mean   w_b = 1 / (S * n_b)            n_b = loss tokens of row b
+#   traj-mean-token-mean  w_b = 1 / (T * m_traj(b))      m_k = loss tokens of trajectory k
+#                                                        (all its rows), T = trajectories
+#                                                        with >= 1 loss token
+# token-mean is the global token mean of DAPO (arXiv:2503.14476 §3.3) and MemAgent;
+# seq-mean-token-mean is the per-sample mean of the original GRPO objective (arXiv:2402.03300);
+# traj-mean-token-mean makes each trajectory weigh the same however many conversations it has.
+# Rows with no loss token (e.g. overlong-masked turns) get weight 0 and are not counted in
+# S or T (verl's torch.mean over rows would count them); an empty batch has all weights 0.
+def loss_row_weights(
+    num_loss_tokens: Tensor, mode: str, *, traj_ids: Tensor | None = None
+) -> Tensor:
+    """Weight of each loss token of each row for ``mode``, over the whole batch (float64, (B,))."""
+    _check_mode(mode)
+    n = num_loss_tokens.to(torch.float64)
+    if n.dim() != 1:
+        raise ValueError(f"num_loss_tokens must have shape (batch,), got {tuple(n.shape)}")
+    has = n > 0
+    zeros = torch.zeros_like(n)
+    if mode == "token-mean":
+        total = n.sum()
+        return zeros if total == 0 else torch.where(has, 1.0 / total, zeros)
+    if mode == "seq-mean-token-sum":
+        s = has.sum()
+        return zeros if s == 0 else torch.where(has, zeros + 1.0 / s, zeros)
+    if mode == "seq-mean-token-mean":
+        s = has.sum()
+        return zeros if s == 0 else torch.where(has, 1.0 / (s * n.clamp(min=1)), zeros)
+    # traj-mean-token-mean
+    if traj_ids is None:
+        raise ValueError("loss_agg_mode 'traj-mean-token-mean' needs traj_ids (one per row)")
+    if traj_ids.shape != n.shape:
+        raise ValueError(f"traj_ids must have shape {tuple(n.shape)}, got {tuple(traj_ids.shape)}")
+    uniq, inverse = torch.unique(traj_ids.to(n.device), return_inverse=True)
+    per_traj = torch.zeros(uniq.numel(), dtype=n.dtype, device=n.device)
+    per_traj.index_add_(0, inverse, n)
+    t = (per_traj > 0).sum()
+    if t == 0:
+        return zeros
+    m = per_traj[inverse]
+    return torch.where(has, 1.0 / (t * m.clamp(min=1)), zeros)
+
+
+def agg_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    traj_ids: Tensor | None = None,
+    row_weights: Tensor | None = None,
+) -> Tensor:
+    """Aggregate a (batch, seq) loss matrix to a scalar (see `loss_row_weights` for modes).
+
+    ``row_weights``: the rows' slice of ``loss_row_weights(...)`` computed with the same mode
+    over the full batch; given, the result is this micro-batch's exact share of the
+    full-batch loss. Omitted, they are computed from this batch (it *is* the full batch).
+    ``traj_ids`` (batch,) is only needed for 'traj-mean-token-mean' without row_weights.
+    """
+    _check_mode(mode)
+    if loss_mat.shape != mask.shape or loss_mat.dim() != 2:
+        raise ValueError(
+            f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must be the same "
+            "(batch, seq) shape"
+        )
+    m = mask.to(loss_mat.dtype)
+    if row_weights is None:
+        row_weights = loss_row_weights(m.sum(-1), mode, traj_ids=traj_ids)
+    if row_weights.shape != loss_mat.shape[:1]:
+        raise ValueError(
+            f"row_weights must have shape ({loss_mat.shape[0]},), got {tuple(row_weights.shape)}"
+        )
+    # where(), not a product alone: a non-finite loss at a masked position must not leak in.
+    row_sums = torch.where(m != 0, loss_mat * m, torch.zeros_like(loss_mat)).sum(-1)
+    return (row_weights.to(loss_mat) * row_sums).sum()
+
+
+# PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347 eq. 7), per token:
+#   r = exp(log_prob - old_log_prob)   (log ratio clamped to [-20, 20] as verl)
+#   L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
+# with decoupled eps_low / eps_high ("clip-higher", DAPO arXiv:2503.14476 §3.1), and for
+# A < 0 the dual clip (Ye et al. 2020, arXiv:1912.09729 §4) L = min(L, -A c), c > 1,
+# which bounds the loss when r is very large on a bad action. Matches verl
+# `compute_policy_loss_vanilla`, including its metrics:
+#   pg_clipfrac       fraction of tokens where the clipped term is the larger (active clip)
+#   pg_clipfrac_lower fraction of tokens (A < 0) where the dual clip bounds the loss
+#   ppo_kl            mean of old_log_prob - log_prob (k1 estimate of KL(old || new))
+def policy_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = None,
+    loss_agg_mode: str = "token-mean",
+    traj_ids: Tensor | None = None,
+    row_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped policy-gradient loss and its metrics (detached scalars, over this batch).
+
+    ``advantages`` is per token (batch, seq) or per row (batch,), broadcast over tokens.
+    ``clip_ratio_c=None`` disables the dual clip (verl's default is 3.0).
+    """
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise MemrlInputError(
+            f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}", location="clip_ratio_c"
+        )
+    if clip_ratio_low < 0 or clip_ratio_high < 0:
+        raise MemrlInputError(
+            f"clip ratios must be >= 0, got low={clip_ratio_low} high={clip_ratio_high}",
+            location="clip_ratio_low/clip_ratio_high",
+        )
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.expand_as(log_prob).to(log_prob.dtype)
+
+    neg_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(neg_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    if clip_ratio_c is not None:
+        pg_losses3 = -advantages * clip_ratio_c
+        clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
+        pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+        lower = (clip_pg_losses1 > pg_losses3) & (advantages < 0)
+    else:
+        pg_losses = clip_pg_losses1
+        lower = torch.zeros_like(pg_losses, dtype=torch.bool)
+
+    loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, traj_ids=traj_ids, row_weights=row_weights
+    )
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((pg_losses2 > pg_losses1).to(log_prob.dtype), response_mask),
+            "pg_clipfrac_lower": masked_mean(lower.to(log_prob.dtype), response_mask),
+            "ppo_kl": masked_mean(-neg_approx_kl, response_mask),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+# KL estimators of KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL
+# Divergence", 2020, http://joschu.net/blog/kl-approx.html), with x = log_prob - ref_log_prob:
+#   k1 ("kl")          x                        unbiased, high variance, can be negative
+#   abs                |x|
+#   k2 ("mse")         x^2 / 2                  low variance, biased
+#   k3 ("low_var_kl")  exp(-x) + x - 1          unbiased, >= 0, low variance
+# As verl `kl_penalty`: for k3 the log ratio -x is clamped to [-20, 20] before exp, and the
+# result is clamped to [-10, 10].
+def kl_penalty(log_prob: Tensor, ref_log_prob: Tensor, kind: str = "low_var_kl") -> Tensor:
+    """Per-token KL estimate between the policy and the reference (same shape as inputs)."""
+    k = KL_KINDS.get(kind)
+    if k is None:
+        raise MemrlInputError(
+            f"unknown KL estimator {kind!r}; choose one of {', '.join(KL_KINDS)}",
+            location="kl_loss_type",
+        )
+    x = log_prob - ref_log_prob
+    if k == "k1":
+        return x
+    if k == "abs":
+        return x.abs()
+    if k == "k2":
+        return 0.5 * x.square()
+    log_ratio = torch.clamp(-x, min=-20.0, max=20.0)  # log(pi_ref / pi)
+    return torch.clamp(torch.exp(log_ratio) - log_ratio - 1, min=-10.0, max=10.0)
+
+
+# KL as a reward penalty (Ziegler et al. 2019, arXiv:1909.08593 §2; verl `apply_kl_penalty`
+# with an outcome estimator, which sums token rewards): r'_k = r_k - beta * sum of kl_t over
+# every response token of every conversation (row) of trajectory k.
+@torch.no_grad()
+def kl_penalty_reward(
+    rewards: Tensor,
+    log_prob: Tensor,
+    ref_log_prob: Tensor,
+    response_mask: Tensor,
+    traj_index: Tensor,
+    *,
+    coef: float,
+    kind: str = "k1",
+) -> Tensor:
+    """Trajectory rewards (T,) minus ``coef`` times the summed KL of their rows' tokens.
+
+    ``traj_index`` (batch,) gives, for each row, its trajectory's position in ``rewards``.
+    """
+    if traj_index.shape != log_prob.shape[:1]:
+        raise ValueError(f"traj_index must have shape ({log_prob.shape[0]},)")
+    kl = kl_penalty(log_prob, ref_log_prob, kind)
+    m = response_mask.to(kl.dtype)
+    per_row = torch.where(m != 0, kl * m, torch.zeros_like(kl)).sum(-1)
+    per_traj = torch.zeros_like(rewards, dtype=kl.dtype).index_add_(0, traj_index.long(), per_row)
+    return rewards - coef * per_traj.to(rewards.dtype)
+
+
+def _row_chunks(x: Tensor, chunk_rows: int | None) -> tuple[Tensor, int]:
+    """The (rows, vocab) view of ``x`` and how many rows to process at a time."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat, max(chunk_rows or flat.shape[0], 1)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+# Entropy of softmax(logits): H = logsumexp(z) - sum_i softmax(z)_i z_i (verl
+# `entropy_from_logits`), evaluated in float32 (or float64) chunk by chunk; -inf logits
+# (masked vocabulary) contribute 0 instead of 0 * inf = NaN.
+def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = 1024) -> Tensor:
+    """Entropy per position, shape ``logits.shape[:-1]`` (float32 for half-precision input)."""
+    flat, step = _row_chunks(logits, chunk_rows)
+    dt = _compute_dtype(logits)
+    out = []
+    for s in range(0, flat.shape[0], step):
+        z = flat[s : s + step].to(dt)
+        p = torch.softmax(z, dim=-1)
+        z_safe = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+        out.append(torch.logsumexp(z, dim=-1) - (p * z_safe).sum(-1))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=dt)
+    return res.reshape(logits.shape[:-1])
+
+
+# log pi(label) = z_label - logsumexp(z): a gather of log_softmax that never materialises the
+# (rows, vocab) log-softmax; rows are processed in chunks so the float32 copy of bf16 logits
+# is bounded (verl `logprobs_from_logits_v2`). Under autograd each chunk's float32 copy is
+# kept for backward; run under torch.no_grad() for rollout/reference log-probs.
+def logprobs_from_logits(
+    logits: Tensor, labels: Tensor, *, chunk_rows: int | None = 1024
+) -> Tensor:
+    """Log-probability of each label under softmax(logits); shape ``labels.shape``."""
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + (vocab,)"
+        )
+    flat, step = _row_chunks(logits, chunk_rows)
+    flat_labels = labels.reshape(-1).long()
+    dt = _compute_dtype(logits)
+    out = []
+    for s in range(0, flat.shape[0], step):
+        z = flat[s : s + step].to(dt)
+        picked = torch.gather(z, -1, flat_labels[s : s + step].unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(z, dim=-1))
+    res = torch.cat(out) if out else flat.new_zeros(0, dtype=dt)
+    return res.reshape(labels.shape)
+

@@ -1,0 +1,230 @@
+"""Samples, packing and collation: hand-built alignment and never-drop properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memrl.agents.trajectory import Trajectory, Turn
+from memrl.errors import MemrlInputError
+from memrl.rl.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
+from memrl.rl.samples import (
+    Sample,
+    collate,
+    pack_token_budget,
+    sample_loss_weights,
+    split_mini_batches,
+    trajectories_to_samples,
+)
+
+
+def turn(prompt, response, kind="memory_update", finish="stop"):
+    return Turn(
+        kind=kind,
+        prompt_ids=prompt,
+        response_ids=response,
+        response_logprobs=[-0.1 * (i + 1) for i in range(len(response))],
+        response_text="x",
+        finish_reason=finish,
+    )
+
+
+def sample(size: int, traj_id: int = 0, trainable: bool = True) -> Sample:
+    """A sample of ``size`` tokens: 1 prompt token, size - 1 response tokens."""
+    return Sample([1], [2] * (size - 1), [0.0] * (size - 1), 1.0, traj_id, "g", 0, "k",
+                  trainable=trainable)
+
+
+TRAJS = [
+    Trajectory(
+        record_id="q1",
+        turns=[
+            turn([1, 2], [3, 4]),
+            turn([5], [6, 7, 8], finish="length"),
+            turn([9, 10, 11], [12], kind="final"),
+        ],
+        reward=1.0,
+    ),
+    Trajectory(record_id="q1", sample_index=1, turns=[turn([1], [2], kind="final")], reward=0.0),
+]
+
+
+# ---------------------------------------------------------------- Sample / trajectories
+
+def test_sample_checks_and_sizes():
+    s = Sample([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], 0.5, 0, "q", 0, "final")
+    assert s.num_tokens == 5
+    assert s.num_loss_tokens == 3
+    assert Sample([1], [3], [-1.0], 0.5, 0, "q", 0, "f", trainable=False).num_loss_tokens == 0
+    with pytest.raises(ValueError):
+        Sample([1], [3, 4], [-1.0], 0.5, 0, "q", 0, "final")
+    with pytest.raises(ValueError):
+        Sample([], [3], [-1.0], 0.5, 0, "q", 0, "final")
+
+
+def test_one_sample_per_turn_with_its_trajectory_advantage():
+    samples = trajectories_to_samples(TRAJS, torch.tensor([0.5, -0.5]))
+    assert [(s.traj_id, s.turn_index, s.turn_kind) for s in samples] == [
+        (0, 0, "memory_update"), (0, 1, "memory_update"), (0, 2, "final"), (1, 0, "final")
+    ]
+    assert [s.advantage for s in samples] == [0.5, 0.5, 0.5, -0.5]
+    assert [s.group_id for s in samples] == ["q1"] * 4
+    assert samples[1].prompt_ids == [5] and samples[1].response_ids == [6, 7, 8]
+    assert samples[1].old_logprobs == pytest.approx([-0.1, -0.2, -0.3])
+    assert [s.truncated for s in samples] == [False, True, False, False]
+
+
+def test_overlong_mask_vs_keep():
+    masked = trajectories_to_samples(TRAJS, [0.5, -0.5])
+    assert [s.trainable for s in masked] == [True, False, True, True]
+    assert [s.num_loss_tokens for s in masked] == [2, 0, 1, 1]
+    kept = trajectories_to_samples(TRAJS, [0.5, -0.5], overlong="keep")
+    assert [s.trainable for s in kept] == [True] * 4
+    assert len(masked) == len(kept) == 4  # masking never drops a conversation
+
+
+def test_trajectories_to_samples_errors():
+    with pytest.raises(MemrlInputError):
+        trajectories_to_samples(TRAJS, [0.5, -0.5], overlong="drop")
+    with pytest.raises(ValueError):
+        trajectories_to_samples(TRAJS, [0.5])
+    with pytest.raises(ValueError):
+        trajectories_to_samples(TRAJS, [0.5, math.nan])
+
+
+# ---------------------------------------------------------------- packing / mini-batches
+
+def test_pack_first_fit_decreasing_by_hand():
+    samples = [sample(n) for n in (5, 3, 8, 2, 12)]
+    # longest first: 12 alone (oversize); 8 new; 5 new; 3 joins 5; 2 joins 8
+    assert pack_token_budget(samples, 10) == [[4], [2, 3], [0, 1]]
+    # padded cost = rows x longest: 8+2 would cost 16, 5+3+2 would cost 15
+    assert pack_token_budget(samples, 10, padded=True) == [[4], [2], [0, 1], [3]]
+
+
+def test_pack_errors_and_empty():
+    assert pack_token_budget([], 5) == []
+    with pytest.raises(MemrlInputError):
+        pack_token_budget([sample(2)], 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=40), max_size=30),
+    budget=st.integers(min_value=1, max_value=60),
+    padded=st.booleans(),
+)
+def test_pack_never_drops_and_respects_budget(sizes, budget, padded):
+    samples = [sample(n) for n in sizes]
+    batches = pack_token_budget(samples, budget, padded=padded)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(sizes)))  # every index exactly once
+    for b in batches:
+        assert b
+        cost = len(b) * max(sizes[i] for i in b) if padded else sum(sizes[i] for i in b)
+        assert cost <= budget or (len(b) == 1 and sizes[b[0]] > budget)
+    assert pack_token_budget(samples, budget, padded=padded) == batches  # deterministic
+
+
+def test_split_mini_batches():
+    assert split_mini_batches(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert split_mini_batches(6, 3) == [[0, 1, 2], [3, 4, 5]]
+    assert split_mini_batches(2, 5) == [[0, 1]]
+    assert split_mini_batches(0, 3) == []
+    with pytest.raises(MemrlInputError):
+        split_mini_batches(4, 0)
+
+
+# ---------------------------------------------------------------- collate
+
+A = Sample([5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], 0.5, 0, "q", 0, "memory_update")
+B = Sample([11], [12], [-0.4], -1.0, 1, "q", 0, "final", truncated=True, trainable=False)
+
+
+def test_collate_by_hand():
+    b = collate([A, B], pad_id=0)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 2], [11, 12, 0, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4], [0, 1, 1, 1, 1]]
+    # logits at t predict token t+1
+    assert b["labels"].tolist() == [[6, 7, 8, 2, 0], [12, 0, 0, 0, 0]]
+    assert b["response_mask"].int().tolist() == [[0, 1, 1, 1, 0], [1, 0, 0, 0, 0]]
+    assert b["loss_mask"].int().tolist() == [[0, 1, 1, 1, 0], [0, 0, 0, 0, 0]]
+    torch.testing.assert_close(
+        b["old_logprobs"], torch.tensor([[0, -0.1, -0.2, -0.3, 0], [-0.4, 0, 0, 0, 0]])
+    )
+    torch.testing.assert_close(
+        b["advantages"], torch.tensor([[0, 0.5, 0.5, 0.5, 0], [-1.0, 0, 0, 0, 0]])
+    )
+    assert b["traj_ids"].tolist() == [0, 1]
+    assert b["num_loss_tokens"].tolist() == [3, 0]
+    with pytest.raises(ValueError):
+        collate([], pad_id=0)
+
+
+def test_collate_alignment_with_a_bigram_model():
+    # A "model" whose logits at position t depend only on input token t: W[i, i+1] = ln 3,
+    # else 0, over a vocabulary of 13. So p(next = i+1 | i) = 3/15 and any other token 1/15.
+    vocab = 13
+    w = torch.zeros(vocab, vocab)
+    for i in range(vocab - 1):
+        w[i, i + 1] = math.log(3.0)
+    b = collate([A, B], pad_id=0)
+    logits = w[b["input_ids"]]  # (B, L, V): logits[b, t] from token t
+    logp = logprobs_from_logits(logits, b["labels"])
+    # A's response 7, 8, 2 follows 6, 7, 8: 7|6 and 8|7 are bigrams, 2|8 is not
+    got = logp[0][b["response_mask"][0]]
+    torch.testing.assert_close(got, torch.tensor([math.log(0.2), math.log(0.2), math.log(1 / 15)]))
+    # B's response 12 follows 11: a bigram
+    torch.testing.assert_close(logp[1][b["response_mask"][1]], torch.tensor([math.log(0.2)]))
+
+
+def test_sample_loss_weights_by_hand():
+    samples = [
+        Sample([1], [2, 3, 4], [0.0] * 3, 1.0, 4, "g", 0, "k"),
+        Sample([1], [2], [0.0], 1.0, 4, "g", 1, "k", trainable=False),
+        Sample([1], [2, 3], [0.0] * 2, 1.0, 1, "g", 0, "k"),
+    ]
+    expected = {
+        "token-mean": [0.2, 0.0, 0.2],
+        "seq-mean-token-sum": [0.5, 0.0, 0.5],
+        "seq-mean-token-mean": [1 / 6, 0.0, 1 / 4],
+        "traj-mean-token-mean": [1 / 6, 0.0, 1 / 4],
+    }
+    for mode, w in expected.items():
+        torch.testing.assert_close(sample_loss_weights(samples, mode),
+                                   torch.tensor(w, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_packed_micro_batches_give_the_full_batch_loss(mode):
+    """The trainer's recipe: weights over the mini-batch, then any packing, same loss."""
+    trajs = [
+        Trajectory("q1", 0, [turn([1, 2, 3], [4, 5, 6, 7]), turn([1], [2], kind="final")]),
+        Trajectory("q1", 1, [turn([1, 2], [3, 4, 5], finish="length"), turn([9], [8, 7])]),
+        Trajectory("q2", 0, [turn([4] * 6, [5] * 5), turn([1], [3, 3, 3]), turn([2], [2])]),
+    ]
+    samples = trajectories_to_samples(trajs, [1.0, -1.0, 0.25])
+    g = torch.Generator().manual_seed(0)
+
+    def forward(batch):  # fake current-policy log-probs: a fixed function of the tokens
+        return -0.2 + 0.01 * (batch["input_ids"] * 7 % 11).to(torch.float32)
+
+    kw = dict(clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode)
+    full = collate(samples, pad_id=0)
+    perturb = torch.randn(full["input_ids"].shape, generator=g) * 0.3
+    full_loss, _ = policy_loss(forward(full) + perturb, full["old_logprobs"], full["advantages"],
+                               full["loss_mask"], traj_ids=full["traj_ids"], **kw)
+    weights = sample_loss_weights(samples, mode)
+    total = 0.0
+    for idx in pack_token_budget(samples, 12):
+        mb = collate([samples[i] for i in idx], pad_id=0)
+        width = mb["input_ids"].shape[1]
+        loss, _ = policy_loss(forward(mb) + perturb[idx, :width], mb["old_logprobs"],
+                              mb["advantages"], mb["loss_mask"], row_weights=weights[idx], **kw)
+        total += loss.item()
+    assert total == pytest.approx(full_loss.item(), rel=1e-6, abs=1e-7)
