@@ -71,7 +71,9 @@ def _logits(model, ids):
 def test_save_modify_load_restores_weights_optimizer_scheduler_rng(tmp_path, tiny_model_dir):
     model, opt, sched = _setup(tiny_model_dir)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    opt_state = {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state_dict()["state"].items()}
+    opt_state = {
+        k: {n: t.clone() for n, t in s.items()} for k, s in opt.state_dict()["state"].items()
+    }
     sched_state = dict(sched.state_dict())
     params_before = [id(p) for p in model.parameters()]
 
@@ -99,7 +101,6 @@ def test_save_modify_load_restores_weights_optimizer_scheduler_rng(tmp_path, tin
     for k, s in opt_state.items():
         for n, t in s.items():
             assert torch.equal(loaded[k][n], t), (k, n)
-    assert opt.state_dict()["state"][0]["exp_avg"].data_ptr() != 0
     assert sched.state_dict()["last_epoch"] == sched_state["last_epoch"] == 1
     assert sched.get_last_lr() == sched_state["_last_lr"]
     assert _draws() == after_save
@@ -130,7 +131,8 @@ def test_keep_last_prunes_oldest(tmp_path, tiny_model_dir):
     model = _model(tiny_model_dir)
     for step in (1, 2, 3, 4):
         _save(tmp_path, step, model, keep_last=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000003", "step_00000004"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["latest", "step_00000003", "step_00000004"]
     assert latest_checkpoint(tmp_path) == tmp_path / "step_00000004"
     # keep_last=1 keeps exactly the newest; re-saving the same step replaces it.
     _save(tmp_path, 4, model, keep_last=1, epoch=2)

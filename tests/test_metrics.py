@@ -257,7 +257,9 @@ _records = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(records=_records, cut=st.integers(0, 40), after=st.integers(-1, 21))
 def test_truncate_property(tmp_path, records, cut, after):
     p = tmp_path / "prop.jsonl"

@@ -87,7 +87,7 @@ class HFGenerator:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: dtype}, **kw)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             raise MemrlInputError(
                 f"cannot load a model and tokenizer from it: {exc}", location=str(path)
             ) from exc

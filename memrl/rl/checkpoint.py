@@ -332,7 +332,7 @@ def _load_model(model_dir: Path, model: torch.nn.Module) -> None:
 
 
 def _read_safetensors(model_dir: Path, stem: str) -> dict[str, torch.Tensor]:
-    """All tensors of `stem.safetensors` or of the shards listed in `stem.safetensors.index.json`."""
+    """All tensors of `stem.safetensors`, or of the shards its `.index.json` lists."""
     from safetensors.torch import load_file
 
     index = model_dir / f"{stem}.safetensors.index.json"

@@ -38,7 +38,12 @@ from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.eval.ruler_hqa import trajectory_row
 from memrl.inference.hf import HFGenerator
-from memrl.metrics import MetricsLogger, plot_training_curves, truncate_metrics
+from memrl.metrics import (
+    MetricsLogger,
+    plot_training_curves,
+    scrub_env_secrets,
+    truncate_metrics,
+)
 from memrl.rewards.qa import qa_scores
 from memrl.rl import advantages as adv_fns
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -207,7 +212,7 @@ class Trainer:
             )
         elif (self.out_dir / "metrics.jsonl").exists():
             # A fresh run in a used directory: start the metrics file anew.
-            truncate_metrics(self.out_dir / "metrics.jsonl", 0)
+            truncate_metrics(self.out_dir / "metrics.jsonl", -1)
         self.stream = QuestionStream(
             self.train_records, cfg.seed, cfg.data.shuffle, self.state
         )
@@ -283,7 +288,9 @@ class Trainer:
         cfg, tcfg = self.config, self.config.trainer
         total = self.total_steps()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.yaml").write_text(config_to_yaml(cfg), encoding="utf-8")
+        (self.out_dir / "config.yaml").write_text(
+            scrub_env_secrets(config_to_yaml(cfg)), encoding="utf-8"
+        )
         with MetricsLogger(
             self.out_dir,
             tcfg.log_sinks,
