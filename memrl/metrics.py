@@ -185,9 +185,9 @@ class _JsonlSink(_Sink):
 
 
 _CONSOLE_PRIORITY = (
-    "reward_mean", "score", "loss", "kl", "entropy", "grad_norm", "lr", "response_len", "time",
+    "reward_mean", "score", "kl_loss", "pg_loss", "entropy", "grad_norm", "step_time", "lr",
 )
-_CONSOLE_MAX_ITEMS = 8
+_CONSOLE_MAX_ITEMS = 6
 
 
 class _ConsoleSink(_Sink):
@@ -203,9 +203,10 @@ class _ConsoleSink(_Sink):
 
 
 def format_console_line(step: int, row: Mapping[str, Any]) -> str:
-    """`step 12 │ train/reward_mean 0.531±0.12 │ val/score 0.4 │ …` (rich markup).
+    """`step 12 │ reward_mean 0.531±0.12 │ val/score 0.4 │ …` (rich markup), one short line.
 
-    The main numbers first (reward, score, loss, KL, …), at most eight items, then a count.
+    The main numbers first (reward, score, KL, loss, …), at most six items, then a count.
+    Labels drop their section (`train/`, `actor/`) except `val/`; metrics.jsonl has them all.
     """
 
     def rank(key: str) -> int:
@@ -221,7 +222,8 @@ def format_console_line(step: int, row: Mapping[str, Any]) -> str:
         text = _fmt(row[key])
         if key.endswith("reward_mean") and key[:-4] + "std" in row:
             text += f"±{_fmt(row[key[:-4] + 'std'])}"
-        parts.append(f"[dim]{key}[/dim] [bold]{text}[/bold]")
+        label = key if key.startswith("val/") else key.rsplit("/", 1)[-1]
+        parts.append(f"[dim]{label}[/dim] [bold]{text}[/bold]")
     if len(keys) > _CONSOLE_MAX_ITEMS:
         parts.append(f"[dim](+{len(keys) - _CONSOLE_MAX_ITEMS} more)[/dim]")
     return " │ ".join([f"[cyan]step {step}[/cyan]", *parts])

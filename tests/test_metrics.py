@@ -110,11 +110,11 @@ def test_jsonl_is_flushed_per_line(tmp_path):
 def test_console_line():
     row = {"train/reward_std": 0.125, "actor/lr": 1e-6, "train/reward_mean": 0.5, "val/score": 0.4}
     assert format_console_line(3, row) == (
-        "[cyan]step 3[/cyan] │ [dim]train/reward_mean[/dim] [bold]0.5±0.125[/bold] │ "
-        "[dim]val/score[/dim] [bold]0.4[/bold] │ [dim]actor/lr[/dim] [bold]1e-06[/bold]"
+        "[cyan]step 3[/cyan] │ [dim]reward_mean[/dim] [bold]0.5±0.125[/bold] │ "
+        "[dim]val/score[/dim] [bold]0.4[/bold] │ [dim]lr[/dim] [bold]1e-06[/bold]"
     )
     many = {f"m{i}": float(i) for i in range(10)}
-    assert format_console_line(1, many).endswith("[dim](+2 more)[/dim]")
+    assert format_console_line(1, many).endswith("[dim](+4 more)[/dim]")
 
 
 def test_console_sink_prints_one_line(tmp_path):
@@ -123,7 +123,7 @@ def test_console_sink_prints_one_line(tmp_path):
     buf = io.StringIO()
     with MetricsLogger(tmp_path, sinks=["console"], console=Console(file=buf, width=300)) as log:
         log.log(7, {"reward_mean": 0.75, "reward_std": 0.5}, prefix="train")
-    assert buf.getvalue() == "step 7 │ train/reward_mean 0.75±0.5\n"
+    assert buf.getvalue() == "step 7 │ reward_mean 0.75±0.5\n"
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

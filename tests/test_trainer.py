@@ -28,7 +28,7 @@ from memrl.errors import MemrlInputError
 from memrl.metrics import read_metrics
 from memrl.rl.config import TrainConfig
 from memrl.rl.samples import trajectories_to_samples
-from memrl.rl.trainer import Trainer
+from memrl.rl.trainer import Trainer, make_reward_fn
 
 BASE = [
     "memagent.chunk_size=48",
@@ -65,14 +65,7 @@ def make_config(model_dir, data_dir, out_dir, *extra: str) -> TrainConfig:
 
 
 def document_token_reward(tokenizer):
-    """Share of the final response's tokens that occur in the record's document."""
-
-    def reward(trajectory, record) -> float:
-        doc = set(tokenizer.encode(record.render_context(), add_special_tokens=False))
-        ids = trajectory.turns[-1].response_ids
-        return sum(i in doc for i in ids) / max(len(ids), 1)
-
-    return reward
+    return make_reward_fn("context_overlap", tokenizer)
 
 
 @pytest.mark.slow
@@ -88,8 +81,9 @@ def test_learning_reward_rises(tiny_model_dir, tiny_tokenizer, data_dir, tmp_pat
         "optim.lr=2e-2",
         "rl.use_kl_loss=false",
         "rl.norm_adv_by_std=true",
+        "rl.reward=context_overlap",
     )
-    Trainer(cfg, reward_fn=document_token_reward(tiny_tokenizer)).fit()
+    Trainer(cfg).fit()
     rewards = [
         r["train/reward_mean"]
         for r in read_metrics(tmp_path / "run" / "metrics.jsonl")

@@ -12,11 +12,22 @@ from memrl.cli.app import app
 from memrl.errors import MemrlInputError, MissingDependencyError
 
 
+def _quiet_library_progress_bars() -> None:
+    """memrl shows its own progress; transformers' per-file bars would only add noise."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a core dependency
+        pass
+
+
 def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "models", "evaluate", "train", "export"):
+    for name in ("prepare", "prepare_locomo", "models", "evaluate", "train", "export",
+                 "quickstart"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -51,6 +62,7 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `memrl` script; returns the process exit code."""
     _register_commands()
+    _quiet_library_progress_bars()
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
         app(args=args, standalone_mode=False)

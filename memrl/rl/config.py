@@ -56,7 +56,9 @@ class RLConfig(StrictModel):
     dynamic_sampling: bool = True
     """DAPO: drop groups whose rewards are all equal, refill from the next questions."""
     max_refill_rounds: int = Field(2, ge=0)
-    reward_metric: Literal["sub_em", "em", "f1"] = "sub_em"
+    reward: Literal["sub_em", "em", "f1", "context_overlap"] = "sub_em"
+    """Score of the final answer; context_overlap is a dense smoke-test reward for tiny
+    random models (memrl.rewards.shaping), not a measure of answer quality."""
     # policy loss
     clip_ratio_low: float = Field(0.2, ge=0)
     clip_ratio_high: float = Field(0.2, ge=0)

@@ -45,6 +45,7 @@ from memrl.metrics import (
     truncate_metrics,
 )
 from memrl.rewards.qa import qa_scores
+from memrl.rewards.shaping import context_overlap_reward
 from memrl.rl import advantages as adv_fns
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from memrl.rl.config import TrainConfig
@@ -67,13 +68,25 @@ from memrl.rl.samples import (
 RewardFn = Callable[[Trajectory, QARecord], float]
 
 
-def answer_reward(metric: str) -> RewardFn:
-    """The default reward: em / f1 / sub_em of the extracted \\boxed{} answer vs the golds."""
+def make_reward_fn(name: str, tokenizer: Any) -> RewardFn:
+    """em / f1 / sub_em of the extracted \\boxed{} answer against the gold answers, or the
+    dense context_overlap smoke-test reward (see memrl.rewards.shaping)."""
+    if name == "context_overlap":
+        context_ids: dict[str, frozenset[int]] = {}
 
-    def reward(trajectory: Trajectory, record: QARecord) -> float:
-        return qa_scores(trajectory.answer, record.answers)[metric]
+        def overlap(trajectory: Trajectory, record: QARecord) -> float:
+            if record.id not in context_ids:
+                ids = tokenizer.encode(record.render_context(), add_special_tokens=False)
+                context_ids[record.id] = frozenset(ids)
+            return context_overlap_reward(trajectory.turns[-1].response_ids,
+                                          context_ids[record.id])
 
-    return reward
+        return overlap
+
+    def answer(trajectory: Trajectory, record: QARecord) -> float:
+        return qa_scores(trajectory.answer, record.answers)[name]
+
+    return answer
 
 
 @dataclass
@@ -156,7 +169,7 @@ class Trainer:
         console: Any = None,
     ) -> None:
         self.config = config
-        self.reward_fn = reward_fn or answer_reward(config.rl.reward_metric)
+        self.reward_fn = reward_fn
         self.console = console
         self.out_dir = Path(config.trainer.out_dir)
         self.policy: Any = None
@@ -180,6 +193,8 @@ class Trainer:
                 self.val_records = self.val_records[: cfg.data.val_limit]
 
         self.policy, self.tokenizer = self._load_policy()
+        if self.reward_fn is None:
+            self.reward_fn = make_reward_fn(cfg.rl.reward, self.tokenizer)
         self.reference = self._load_reference() if cfg.rl.needs_reference else None
         self.generator = HFGenerator(
             self.policy, self.tokenizer, max_batch_size=cfg.rl.generation_batch_size

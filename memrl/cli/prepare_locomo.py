@@ -1,0 +1,84 @@
+"""`memrl prepare locomo`: LoCoMo QA pairs as memory-update episodes (+ memory embeddings)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from memrl.cli.app import prepare_app
+from memrl.data.locomo import (
+    CATEGORY_NAMES,
+    SKIPPED_FILE,
+    load_locomo,
+    precompute_embeddings,
+    save_episodes,
+    save_skipped,
+    unique_memory_texts,
+)
+from memrl.errors import MemrlInputError
+
+console = Console(soft_wrap=True)
+
+
+@prepare_app.command("locomo")
+def prepare_locomo(
+    input: Annotated[Path, typer.Option("--input", "-i", help="LoCoMo JSON (locomo10.json).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for episodes.jsonl etc.")],
+    embed: Annotated[bool, typer.Option(
+        "--embed", help="Also embed the unique initial-memory facts with MiniLM."
+    )] = False,
+    embed_batch_size: Annotated[int, typer.Option("--embed-batch-size")] = 128,
+) -> None:
+    """Write one memory-update episode per LoCoMo QA pair; skipped pairs go to skipped.jsonl."""
+    if embed_batch_size < 1:
+        raise MemrlInputError(f"--embed-batch-size must be at least 1, got {embed_batch_size}")
+    if out.exists() and not out.is_dir():
+        raise MemrlInputError("--out must be a directory", location=str(out))
+    start = time.perf_counter()
+    episodes, skipped = load_locomo(input)
+    path = save_episodes(episodes, out)
+    skipped_path = save_skipped(skipped, out)
+
+    table = Table(title=f"LoCoMo episodes from {input}")
+    table.add_column("category")
+    table.add_column("episodes", justify="right")
+    counts = Counter(e.category for e in episodes)
+    for cat in sorted(counts):
+        table.add_row(f"{cat} {CATEGORY_NAMES.get(cat, '')}".strip(), str(counts[cat]))
+    table.add_row("total", str(len(episodes)))
+    console.print(table)
+    n_adv = sum(e.adversarial for e in episodes)
+    console.print(f"adversarial (category 5): {n_adv}")
+    if episodes:
+        turns = sum(len(e.dialogue) for e in episodes) / len(episodes)
+        facts = sum(len(e.initial_memory) for e in episodes) / len(episodes)
+        console.print(f"per episode: {turns:.1f} dialogue turns, {facts:.1f} initial facts")
+    console.print(f"skipped: {len(skipped)} (listed in {out / SKIPPED_FILE})")
+    for reason, n in Counter(_reason_kind(s.reason) for s in skipped).most_common():
+        console.print(f"  {n} × {reason}")
+    size = path.stat().st_size / 1e6
+    console.print(f"[green]wrote[/green] {path} ({size:.1f} MB), {skipped_path}")
+
+    if embed:
+        from memrl.memory.embedder import default_embedder
+
+        embedder = default_embedder()
+        n_texts = len(unique_memory_texts(episodes))
+        t0 = time.perf_counter()
+        index = precompute_embeddings(episodes, embedder, out, batch_size=embed_batch_size)
+        console.print(
+            f"[green]embedded[/green] {n_texts} unique memory facts with {index.embedder_name} "
+            f"(dim {index.dim}) in {time.perf_counter() - t0:.1f} s"
+        )
+    console.print(f"done in {time.perf_counter() - start:.1f} s")
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its per-item detail (`...: ["D"]`), for counting."""
+    return reason.split(":", 1)[0]

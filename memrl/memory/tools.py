@@ -1,0 +1,340 @@
+"""The memory tools the MemoryUpdate agent calls: schemas, parsing model output, execution.
+
+The model sees `TOOLS` (OpenAI-style function schemas, which Qwen's chat template renders
+into the system prompt) and answers in Qwen/Hermes form::
+
+    <tool_call>
+    {"name": "memory_insert", "arguments": {"text": "Alice moved to Oslo in 2021."}}
+    </tool_call>
+
+`parse_tool_calls` never raises on model output: every malformed call (unclosed tag, bad
+JSON, unknown tool, missing / extra / wrongly typed argument) becomes a readable message in
+`errors` (shown back to the model) with a short kind in `error_kinds` (counted in metrics).
+`execute_tool_call` runs one call in one namespace and turns store errors into `ok=False`
+results, so a bad call costs the model a turn, never the run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from memrl.memory.store import MemoryBackend, MemoryStoreError
+
+TOP_K_DEFAULT = 5
+TOP_K_MAX = 50
+MAX_RESPONSE_LENGTH = 4000
+"""Default cap on one tool response, in characters (search hits can be long)."""
+
+TRUNCATION_MARKER = "\n...[truncated]"
+
+
+def _function(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+_TEXT = {"type": "string", "minLength": 1}
+
+TOOLS: list[dict[str, Any]] = [
+    _function(
+        "memory_insert",
+        "Store a new memory. Returns the id of the new memory.",
+        {"text": {**_TEXT, "description": "The fact to remember, self-contained."}},
+        ["text"],
+    ),
+    _function(
+        "memory_update",
+        "Replace the text of an existing memory, keeping its id.",
+        {
+            "id": {**_TEXT, "description": "Id of the memory to change, e.g. \"m3\"."},
+            "text": {**_TEXT, "description": "The new text of the memory."},
+        },
+        ["id", "text"],
+    ),
+    _function(
+        "memory_delete",
+        "Delete a memory that is wrong or no longer useful.",
+        {"id": {**_TEXT, "description": "Id of the memory to delete, e.g. \"m3\"."}},
+        ["id"],
+    ),
+    _function(
+        "memory_search",
+        "Find the stored memories most similar to a query. Returns their ids, texts and "
+        "similarity scores, best first.",
+        {
+            "query": {**_TEXT, "description": "What to look for."},
+            "top_k": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": TOP_K_MAX,
+                "default": TOP_K_DEFAULT,
+                "description": "How many memories to return.",
+            },
+        },
+        ["query"],
+    ),
+]
+"""OpenAI-style function schemas; pass as `tools=` to `tokenizer.apply_chat_template`."""
+
+TOOL_NAMES: tuple[str, ...] = tuple(t["function"]["name"] for t in TOOLS)
+_SCHEMAS: dict[str, dict] = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: a known tool name and arguments that passed the schema."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolParseResult:
+    """The valid calls of one model turn, in order, and a message per invalid one."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    error_kinds: list[str] = field(default_factory=list)
+    """Parallel to `errors`: "unclosed", "unopened", "invalid_json", "bad_format",
+    "unknown_tool" or "bad_arguments"."""
+
+    def _error(self, kind: str, message: str) -> None:
+        self.errors.append(message)
+        self.error_kinds.append(kind)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call did: `content` is the text sent back to the model."""
+
+    ok: bool
+    content: str
+    op: str
+    """"insert", "update", "delete", "search", or "invalid" for a call that failed checks."""
+
+
+_OPEN = "<tool_call>"
+_CLOSE = "</tool_call>"
+_TAG = re.compile(r"<tool_call>|</tool_call>")
+_FENCE = re.compile(r"\A```[A-Za-z]*\s*\n(.*)\n\s*```\Z", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> ToolParseResult:
+    """All `<tool_call>...</tool_call>` blocks of a model turn, validated against `TOOLS`.
+
+    Tolerated: whitespace around the JSON, a ```json fence inside the tags, and `arguments`
+    given as a JSON string holding an object. An opening tag followed by another opening tag
+    before any closing one counts as unclosed; a closing tag with no opening one is reported.
+    """
+    result = ToolParseResult()
+    if not isinstance(text, str):
+        result._error("bad_format", f"expected model text, got {type(text).__name__}")
+        return result
+    open_at: int | None = None
+    number = 0
+    for tag in _TAG.finditer(text):
+        if tag.group() == _OPEN:
+            if open_at is not None:
+                number += 1
+                result._error(
+                    "unclosed", f"tool call {number}: <tool_call> is never closed by </tool_call>"
+                )
+            open_at = tag.end()
+        elif open_at is None:
+            result._error("unopened", "found </tool_call> without a matching <tool_call>")
+        else:
+            number += 1
+            _parse_one(text[open_at : tag.start()], number, result)
+            open_at = None
+    if open_at is not None:
+        number += 1
+        result._error(
+            "unclosed", f"tool call {number}: <tool_call> is never closed by </tool_call>"
+        )
+    return result
+
+
+def _parse_one(body: str, number: int, result: ToolParseResult) -> None:
+    where = f"tool call {number}"
+    body = body.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        result._error("invalid_json", f"{where}: not valid JSON ({_json_reason(exc)})")
+        return
+    if not isinstance(obj, dict):
+        result._error(
+            "bad_format",
+            f'{where}: expected a JSON object {{"name": ..., "arguments": {{...}}}}, '
+            f"got {_json_type(obj)}",
+        )
+        return
+    name = obj.get("name")
+    if not isinstance(name, str):
+        result._error("bad_format", f'{where}: "name" must be a string naming a tool')
+        return
+    if name not in _SCHEMAS:
+        result._error(
+            "unknown_tool",
+            f"{where}: unknown tool {_short(name)}; available: {', '.join(TOOL_NAMES)}",
+        )
+        return
+    if "arguments" not in obj:
+        result._error("bad_format", f'{where} ({name}): missing "arguments" object')
+        return
+    args = obj["arguments"]
+    if isinstance(args, str):  # some models double-encode the arguments
+        try:
+            args = json.loads(args)
+        except (ValueError, RecursionError) as exc:
+            result._error(
+                "invalid_json",
+                f'{where} ({name}): "arguments" string is not valid JSON ({_json_reason(exc)})',
+            )
+            return
+    if not isinstance(args, dict):
+        result._error(
+            "bad_format", f'{where} ({name}): "arguments" must be an object, got {_json_type(args)}'
+        )
+        return
+    problems = validate_arguments(name, args)
+    if problems:
+        result._error("bad_arguments", f"{where} ({name}): {'; '.join(problems)}")
+        return
+    result.calls.append(ToolCall(name, args))
+
+
+def validate_arguments(name: str, arguments: dict[str, Any]) -> list[str]:
+    """What is wrong with `arguments` for tool `name` per its schema (empty list: valid)."""
+    schema = _SCHEMAS.get(name)
+    if schema is None:
+        return [f"unknown tool {_short(name)}"]
+    props: dict[str, dict] = schema["properties"]
+    problems = [f'missing argument "{k}"' for k in schema["required"] if k not in arguments]
+    for key, value in arguments.items():
+        spec = props.get(key)
+        if spec is None:
+            problems.append(
+                f"unexpected argument {_short(key)} (allowed: {', '.join(props)})"
+            )
+        elif spec["type"] == "string":
+            if not isinstance(value, str):
+                problems.append(f'argument "{key}" must be a string, got {_json_type(value)}')
+            elif len(value) < spec.get("minLength", 0) or not value.strip():
+                problems.append(f'argument "{key}" must not be empty')
+        elif spec["type"] == "integer":
+            lo, hi = spec["minimum"], spec["maximum"]
+            if isinstance(value, bool) or not isinstance(value, int):
+                problems.append(f'argument "{key}" must be an integer, got {_json_type(value)}')
+            elif not lo <= value <= hi:
+                problems.append(f'argument "{key}" must be between {lo} and {hi}, got {value}')
+    return problems
+
+
+def execute_tool_call(
+    store: MemoryBackend,
+    namespace: str,
+    call: ToolCall,
+    *,
+    step: int = 0,
+    max_response_length: int = MAX_RESPONSE_LENGTH,
+) -> ToolResult:
+    """Run `call` in `namespace` only; the result's content is the text for the model.
+
+    Insert / update / delete answer `{"id": ..., "result": "inserted" | ...}`; search answers
+    `[{"id", "text", "score"}, ...]`. Store errors (unknown id, empty text, ...) come back as
+    `ok=False` with "Error: ..." content. Content longer than `max_response_length` is cut,
+    ending with a truncation marker, to at most that many characters.
+    """
+    problems = validate_arguments(call.name, call.arguments)
+    if problems:
+        return _result(False, f"Error: {'; '.join(problems)}", "invalid", max_response_length)
+    args = call.arguments
+    op = call.name.removeprefix("memory_")
+    try:
+        if op == "insert":
+            rid = store.insert(namespace, args["text"], step=step)
+            payload: Any = {"id": rid, "result": "inserted"}
+        elif op == "update":
+            store.update(namespace, args["id"], args["text"], step=step)
+            payload = {"id": args["id"], "result": "updated"}
+        elif op == "delete":
+            store.delete(namespace, args["id"])
+            payload = {"id": args["id"], "result": "deleted"}
+        else:
+            hits = store.search(namespace, args["query"], args.get("top_k", TOP_K_DEFAULT))
+            payload = [
+                {"id": r.id, "text": r.text, "score": round(score, 4)} for r, score in hits
+            ]
+    except MemoryStoreError as exc:
+        return _result(False, f"Error: {exc}", op, max_response_length)
+    return _result(True, json.dumps(payload, ensure_ascii=False), op, max_response_length)
+
+
+def format_tool_response(result: ToolResult) -> str:
+    """The tool message body as Qwen's chat template wraps it."""
+    return f"<tool_response>\n{result.content}\n</tool_response>"
+
+
+def truncate(text: str, max_length: int) -> str:
+    """`text` if short enough, else its head plus `TRUNCATION_MARKER`, `max_length` in all."""
+    if max_length < 0:
+        raise ValueError(f"max_length must be >= 0, got {max_length}")
+    if len(text) <= max_length:
+        return text
+    if max_length <= len(TRUNCATION_MARKER):
+        return text[:max_length]
+    return text[: max_length - len(TRUNCATION_MARKER)] + TRUNCATION_MARKER
+
+
+def _result(ok: bool, content: str, op: str, max_length: int) -> ToolResult:
+    return ToolResult(ok, truncate(content, max_length), op)
+
+
+def _json_type(value: object) -> str:
+    """A JSON-ish type name for messages to the model."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _short(value: str, limit: int = 40) -> str:
+    """repr of a model-chosen string, cut so an error message stays short."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def _json_reason(exc: BaseException) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)
