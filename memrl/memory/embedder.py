@@ -112,9 +112,10 @@ _TOKEN = re.compile(r"\w+")
 class HashingEmbedder:
     """Bag-of-words feature hashing. FOR TESTS ONLY: no semantics beyond shared words.
 
-    Each lower-cased word token adds ±1 at a bucket chosen by BLAKE2b of the token (not
-    Python's salted `hash`), so a text maps to the same vector in every process. Texts with no
-    word token embed to the zero vector (score 0 against everything).
+    Each lower-cased word token adds 1 at a bucket chosen by BLAKE2b of the token (not
+    Python's salted `hash`), so a text maps to the same vector in every process. Counts are
+    unsigned so colliding words never cancel out: every text with a word has a unit vector,
+    and texts with no word token embed to the zero vector (score 0 against everything).
     """
 
     def __init__(self, dim: int = 256) -> None:
@@ -123,19 +124,17 @@ class HashingEmbedder:
         self.dim = dim
         self.name = f"hashing-{dim}"
 
-    def bucket(self, token: str) -> tuple[int, float]:
-        """(index, sign) of one token: exposed so tests can check for collisions."""
+    def bucket(self, token: str) -> int:
+        """Index of one token: exposed so tests can check for collisions."""
         digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
-        value = int.from_bytes(digest, "little")
-        return (value >> 1) % self.dim, (1.0 if value & 1 else -1.0)
+        return int.from_bytes(digest, "little") % self.dim
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _as_text_list(texts)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
             for token in _TOKEN.findall(text.lower()):
-                index, sign = self.bucket(token)
-                out[row, index] += sign
+                out[row, self.bucket(token)] += 1.0
         return l2_normalize(out)
 
 

@@ -124,7 +124,7 @@ class ToolResult:
     ok: bool
     content: str
     op: str
-    """"insert", "update", "delete", "search", or "invalid" for a call that failed checks."""
+    """One of insert / update / delete / search, or "invalid" for a call failing the schema."""
 
 
 _OPEN = "<tool_call>"

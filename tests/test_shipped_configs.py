@@ -1,0 +1,26 @@
+"""Every config shipped in configs/ validates, and the real-run example mirrors MemAgent."""
+
+from pathlib import Path
+
+import pytest
+
+from memrl.config import load_config
+from memrl.rl.config import TrainConfig
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_config_validates(path):
+    load_config(TrainConfig, path)
+
+
+def test_memagent_example_mirrors_published_hyperparameters():
+    path = Path(__file__).resolve().parents[1] / "configs" / "memagent_qwen2.5-7b_hotpotqa.yaml"
+    cfg = load_config(TrainConfig, path)
+    assert cfg.memagent.chunk_size == 5000 and cfg.memagent.max_memory_tokens == 1024
+    assert cfg.rl.rollout_n == 16 and cfg.optim.lr == 1e-6 and cfg.optim.warmup_steps == 20
+    assert cfg.rl.clip_ratio_high == 0.20 and cfg.rl.kl_loss_type == "low_var_kl"
+    assert cfg.rl.kl_loss_coef == 0.001 and cfg.rl.use_kl_loss
+    assert cfg.data.train_batch_size == 32 and cfg.rl.ppo_mini_batch_size == 8
+    assert not cfg.rl.norm_adv_by_std and cfg.rl.entropy_coeff == 0 and cfg.rl.dynamic_sampling
