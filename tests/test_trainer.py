@@ -164,9 +164,12 @@ def test_dynamic_sampling_drops_equal_groups_and_refills(
 
 
 def test_fresh_run_refuses_existing_checkpoints(tiny_model_dir, data_dir, tmp_path):
+    """Also runs a step with gradient checkpointing and fixed-size micro-batches."""
     cfg = make_config(
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=1",
         "data.train_batch_size=1", "rl.ppo_mini_batch_size=1", "rl.rollout_n=2",
+        "model.gradient_checkpointing=true", "rl.use_dynamic_bsz=false",
+        "rl.micro_batch_size=3",
     )
     Trainer(cfg).fit()
     assert (tmp_path / "run" / "checkpoints" / "latest").exists()

@@ -36,7 +36,7 @@ from memrl.agents.trajectory import Trajectory
 from memrl.config import config_to_yaml
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
-from memrl.eval.ruler_hqa import trajectory_row
+from memrl.eval.ruler_hqa import score_trajectories, trajectory_row
 from memrl.inference.hf import HFGenerator
 from memrl.metrics import (
     MetricsLogger,
@@ -145,6 +145,14 @@ def load_records(path: str, fmt: str, what: str) -> list[QARecord]:
     if not records:
         raise MemrlInputError(f"{what} file holds no questions", location=path)
     return records
+
+
+def informative_groups(rewards: Sequence[float], trajectories: Sequence[Trajectory]) -> int:
+    """Number of groups whose rewards are not all equal (the ones that carry a signal)."""
+    by_group: dict[str, set[float]] = {}
+    for t, r in zip(trajectories, rewards, strict=True):
+        by_group.setdefault(t.record_id, set()).add(r)
+    return sum(len(v) > 1 for v in by_group.values())
 
 
 def seed_everything(seed: int) -> None:
@@ -356,8 +364,7 @@ class Trainer:
         # 1. Rollouts (+ DAPO dynamic sampling with refill from the next questions).
         records, trajectories, rewards, groups_seen = self._collect_groups()
         t_rollout = time.perf_counter() - t0
-        by_id = {r.id: r for r in records}
-        scores = [qa_scores(t.answer, by_id[t.record_id].answers) for t in trajectories]
+        scores = score_trajectories(trajectories, records)
 
         # 2. One sample per conversation; old (and reference) log-probs with no grad.
         samples = trajectories_to_samples(
@@ -394,6 +401,7 @@ class Trainer:
             "train/f1": float(np.mean([s["f1"] for s in scores])),
             "train/no_answer": float(np.mean([t.answer is None for t in trajectories])),
             "train/groups": float(len(set(t.record_id for t in trajectories))),
+            "train/informative_groups": float(informative_groups(rewards, trajectories)),
             "train/groups_generated": float(groups_seen),
             "train/samples": float(len(samples)),
             "train/chunks_per_episode": float(
@@ -638,12 +646,9 @@ class Trainer:
             temperature=rl.val_temperature,
         )
         by_id = {r.id: r for r in self.val_records}
-        scores = []
+        scores = score_trajectories(trajs, self.val_records)
         for t in trajs:
-            s = qa_scores(t.answer, by_id[t.record_id].answers)
-            t.metrics.update(s)
             t.reward = float(self.reward_fn(t, by_id[t.record_id]))
-            scores.append(s)
         k = cfg.trainer.num_logged_trajectories
         if k:
             from memrl.eval.report import write_jsonl
