@@ -9,6 +9,13 @@ import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several workers share few cores: one torch thread each avoids oversubscription,
+    # which slows the tiny-model tests several-fold on a 2-core machine.
+    import torch
+
+    torch.set_num_threads(1)
+
 
 def shared_data_dir() -> Path | None:
     """`$MEMRL_SHARED_DATA` or `../shared/data` beside the project root, if present."""

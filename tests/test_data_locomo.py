@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import re
@@ -380,7 +379,8 @@ def test_precompute_embeddings_writes_unique_texts(tmp_path):
     episodes, _ = build()
     embedder = HashingEmbedder(dim=32)
     texts = unique_memory_texts(episodes)
-    # first appearance: episode 0 holds sessions 2 and 3, episode 1 then adds nothing new...
+    # order of first appearance: episode 0 remembers sessions 2+3, episode 1 session 2,
+    # episode 2 sessions 1+3 (session 1 is new)
     assert texts == [f.text for f in M2 + M3 + M1]
     index = precompute_embeddings(episodes, embedder, tmp_path, batch_size=4)
     matrix = np.load(tmp_path / EMBEDDINGS_FILE)

@@ -227,7 +227,7 @@ def comparable(rows):
 def test_kill_and_resume_matches_uninterrupted_run(tiny_model_dir, data_dir, tmp_path):
     """SIGKILL after a checkpoint, resume: the step counter continues and every metric of the
     resumed steps equals the uninterrupted run's (exactly, up to float printing: rel 1e-9)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     total = 6
     ref_cfg = write_yaml(tmp_path / "ref.yaml", tiny_model_dir, data_dir, tmp_path / "ref",
                          total_steps=total, save_freq=2)

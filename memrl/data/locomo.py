@@ -15,7 +15,7 @@ File layout (one list item per conversation):
   qa                                          [{question, answer | adversarial_answer,
                                                 evidence ["DN:k", ...], category 1..5}, ...]
 
-Rules, decided on the real file (see `docs` of the functions below):
+Rules, decided after reading the real file:
   * Episode ids are `conv-{slug}-qa{index}-{hash}`: `slug` is the sample id with a leading
     `conv-` removed (`conv-26` -> `26`) and every character outside `[A-Za-z0-9._:-]`
     replaced by `_`; `index` is the 0-based position in the conversation's `qa` list;
@@ -214,8 +214,7 @@ def _read_turns(value: Any, session: int, date: str, base: str,
         caption = get_field(turn, "blip_caption", str, where(f"{path}.blip_caption"),
                             required=False)
         if caption and caption.strip():
-            text = f"{text} [image: {caption.strip()}]" if text.strip() else \
-                f"[image: {caption.strip()}]"
+            text = " ".join(p for p in (text.strip(), f"[image: {caption.strip()}]") if p)
         turns.append(DialogueTurn(session=session, dia_id=dia_id, speaker=speaker, text=text,
                                   date=date))
     return turns

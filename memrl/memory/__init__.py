@@ -28,6 +28,7 @@ from memrl.memory.tools import (
     execute_tool_call,
     format_tool_response,
     parse_tool_calls,
+    tools_prompt,
     validate_arguments,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "format_tool_response",
     "l2_normalize",
     "parse_tool_calls",
+    "tools_prompt",
     "validate_arguments",
     "validate_namespace",
 ]

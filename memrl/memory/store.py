@@ -249,6 +249,8 @@ class MemoryStore:
 
     def fork(self, base_ns: str, request_id: str) -> str:
         """Trial namespace `f"{base_ns}--{request_id}"`: a copy of the base, O(records)."""
+        if not isinstance(request_id, str) or not request_id:
+            raise MemrlInputError(f"request_id must be a non-empty string, got {request_id!r}")
         trial = validate_namespace(f"{base_ns}{FORK_SEPARATOR}{request_id}")
         with self._lock:
             base = self._space(base_ns)

@@ -94,6 +94,24 @@ TOOL_NAMES: tuple[str, ...] = tuple(t["function"]["name"] for t in TOOLS)
 _SCHEMAS: dict[str, dict] = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
+def tools_prompt(tools: list[dict[str, Any]] | None = None) -> str:
+    """The "# Tools" block Qwen2.5's chat template appends to the system message.
+
+    For tokenizers whose chat template ignores `tools=` (e.g. the tiny test model's plain
+    ChatML): append this to the system prompt and the model sees what a Qwen model would.
+    """
+    tools = TOOLS if tools is None else tools
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One parsed call: a known tool name and arguments that passed the schema."""
@@ -128,7 +146,6 @@ class ToolResult:
 
 
 _OPEN = "<tool_call>"
-_CLOSE = "</tool_call>"
 _TAG = re.compile(r"<tool_call>|</tool_call>")
 _FENCE = re.compile(r"\A```[A-Za-z]*\s*\n(.*)\n\s*```\Z", re.DOTALL)
 

@@ -1,0 +1,432 @@
+"""Benchmark of one MemAgent RL training step (rollout → old/ref log-probs → PPO update).
+
+It builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing is
+downloaded), writes synthetic long-context questions, and runs `memrl.rl.trainer.Trainer`
+for a few steps. The first `--warmup` steps are excluded from the means (CUDA context,
+kernel selection, allocator growth). The summary (JSON, also printed) gives per-step and mean
+numbers: rollout and training throughput, step time, peak GPU memory.
+
+    python benchmarks/train_step_gpu.py --json-out bench.json            # Qwen2.5-0.5B shape
+    python benchmarks/train_step_gpu.py --tiny                           # CPU smoke check
+
+Choices that make a random-weight run measure what a real run would:
+- The tokenizer is a small BPE trained here, padded with placeholder tokens (`<|r123|>`) up
+  to the model's vocabulary. A random model samples ids uniformly over 151,936 tokens; without
+  the padding almost none would decode to text, so each memory would re-encode to a handful
+  of tokens and every later prompt would be ~256 tokens shorter than in a real run. With it,
+  a 256-token memory re-encodes to about 256 tokens, as with Qwen's own tokenizer.
+- Rewards are random 0/1 (seeded), dynamic sampling is off and overlong responses are kept
+  (`rl.overlong=keep`): a random model never answers, never stops (EOS has probability
+  ~1/151,936 per token) and always hits max tokens, so with the defaults every group would be
+  dropped and refilled (three times the rollouts) and every token masked out of the loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+)
+"""Qwen2.5-0.5B's architecture (tied embeddings, rope_theta 1e6), without its weights."""
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tiny", action="store_true",
+                   help="tiny model and data (CPU smoke check); other flags still apply")
+    p.add_argument("--out-dir", default="runs/bench_train_step",
+                   help="work directory (model, data, trainer output); emptied first")
+    p.add_argument("--json-out", default=None, help="also write the summary JSON here")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 3; tiny 2)")
+    p.add_argument("--warmup", type=int, default=1, help="leading steps left out of the means")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    # model
+    p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
+    p.add_argument("--tokenizer-vocab", type=int, default=None,
+                   help="BPE merges target of the trained tokenizer (default 8192; tiny 512)")
+    p.add_argument("--no-pad-tokenizer", action="store_true",
+                   help="do not pad the tokenizer with placeholder tokens to the model vocab")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    # data
+    p.add_argument("--num-questions", type=int, default=None,
+                   help="training questions written (default steps x train-batch-size)")
+    p.add_argument("--docs-min", type=int, default=None, help="documents per question (min)")
+    p.add_argument("--docs-max", type=int, default=None, help="documents per question (max)")
+    # MemAgent / RL
+    p.add_argument("--chunk-size", type=int, default=None)
+    p.add_argument("--max-memory-tokens", type=int, default=None)
+    p.add_argument("--max-final-tokens", type=int, default=None)
+    p.add_argument("--rollout-n", type=int, default=None)
+    p.add_argument("--train-batch-size", type=int, default=None)
+    p.add_argument("--ppo-mini-batch-size", type=int, default=2)
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=8192)
+    p.add_argument("--generation-batch-size", type=int, default=64)
+    p.add_argument("--no-kl", action="store_true", help="turn the KL loss (reference model) off")
+    p.add_argument("--keep-checkpoint", action="store_true",
+                   help="keep the checkpoint the trainer saves after the last step")
+    args = p.parse_args(argv)
+    big = {"steps": 3, "tokenizer_vocab": 8192, "docs_min": 80, "docs_max": 120,
+           "chunk_size": 1024, "max_memory_tokens": 256, "max_final_tokens": 32,
+           "rollout_n": 8, "train_batch_size": 4}
+    tiny = {"steps": 2, "tokenizer_vocab": 512, "docs_min": 6, "docs_max": 10,
+            "chunk_size": 128, "max_memory_tokens": 16, "max_final_tokens": 8,
+            "rollout_n": 2, "train_batch_size": 2}
+    for key, value in (tiny if args.tiny else big).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.num_questions is None:
+        args.num_questions = args.steps * args.train_batch_size
+    if args.steps <= args.warmup:
+        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if not 2 <= args.docs_min <= args.docs_max:
+        p.error("need 2 <= --docs-min <= --docs-max")
+    return args
+
+
+# ---------------------------------------------------------------------------------- setup
+def build_model_dir(out: Path, shape: dict[str, int], args: argparse.Namespace,
+                    corpus: list[str], device: str) -> dict[str, Any]:
+    """Save a random Qwen2 model (bf16 on disk, as Qwen checkpoints ship) and its tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from memrl.models.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(corpus, vocab_size=args.tokenizer_vocab)
+    bpe_len = len(tokenizer)
+    vocab = shape["vocab_size"]
+    if bpe_len > vocab:
+        raise SystemExit(f"tokenizer has {bpe_len} tokens, more than the model's {vocab}")
+    if not args.no_pad_tokenizer:
+        tokenizer.add_tokens([f"<|r{i}|>" for i in range(vocab - bpe_len)])
+    config = Qwen2Config(
+        **shape,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(args.seed)
+    # Initialise on the GPU when there is one: 0.5B normal_() draws are slow on a CPU.
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    model = model.to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {**shape, "tie_word_embeddings": True, "rope": rope, "params": params,
+            "tokenizer_bpe_tokens": bpe_len, "tokenizer_tokens": len(tokenizer)}
+
+
+def write_data(path: Path, args: argparse.Namespace) -> list[Any]:
+    """Questions with between docs-min and docs-max paragraphs each (ids stay unique)."""
+    from memrl.data.hotpotqa import save_records_jsonl
+    from memrl.data.synthetic import make_synthetic_records
+
+    rng = random.Random(args.seed)
+    records = []
+    for i in range(args.num_questions):
+        n_docs = rng.randint(args.docs_min, args.docs_max)
+        # One question per call, each call with its own seed: ids are syn-{seed}-0.
+        records += make_synthetic_records(1, num_docs=n_docs, seed=args.seed * 100_003 + i)
+    save_records_jsonl(records, path)
+    return records
+
+
+def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run_dir: Path):
+    from memrl.rl.config import TrainConfig
+
+    return TrainConfig.model_validate({
+        "seed": args.seed,
+        "model": {"path": str(model_dir), "dtype": "auto", "device": args.device,
+                  "gradient_checkpointing": args.gradient_checkpointing},
+        "data": {"train_file": str(train_file), "train_batch_size": args.train_batch_size,
+                 "shuffle": False},
+        "memagent": {"chunk_size": args.chunk_size,
+                     "max_memory_tokens": args.max_memory_tokens,
+                     "max_final_tokens": args.max_final_tokens,
+                     "temperature": 0.7, "top_p": 0.95},
+        "rl": {"rollout_n": args.rollout_n, "generation_batch_size": args.generation_batch_size,
+               "dynamic_sampling": False, "overlong": "keep",
+               "use_kl_loss": not args.no_kl, "kl_loss_coef": 0.001,
+               "kl_loss_type": "low_var_kl",
+               "ppo_mini_batch_size": min(args.ppo_mini_batch_size, args.train_batch_size),
+               "use_dynamic_bsz": True,
+               "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch},
+        "optim": {"lr": 1e-6},
+        "trainer": {"out_dir": str(run_dir), "total_steps": args.steps,
+                    "val_before_train": False, "log_sinks": ["jsonl"]},
+    })
+
+
+# ---------------------------------------------------------------------------------- timing
+def make_trainer(config, reward_seed: int):
+    """A Trainer that also records, per step, synchronised phase times, sample shapes and
+    peak GPU memory (the library Trainer's own perf/* metrics are kept as they are)."""
+    import torch
+
+    from memrl.rl.trainer import Trainer
+
+    cuda = torch.cuda.is_available() and (config.model.device or "cuda").startswith("cuda")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    class BenchTrainer(Trainer):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.bench: list[dict[str, Any]] = []
+            self._cur: dict[str, Any] = {}
+
+        def train_step(self) -> dict[str, float]:
+            sync()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            self._cur = {"logprob_s": 0.0}
+            t0 = time.perf_counter()
+            metrics = super().train_step()
+            sync()
+            self._cur["step_wall_s"] = time.perf_counter() - t0
+            if cuda:
+                self._cur["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                self._cur["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            self.bench.append(self._cur)
+            return metrics
+
+        def _collect_groups(self):
+            sync()
+            t0 = time.perf_counter()
+            out = super()._collect_groups()
+            sync()
+            self._cur["rollout_s"] = time.perf_counter() - t0
+            trajs = out[1]
+            self._cur["trajectories"] = len(trajs)
+            self._cur["chunks_per_episode"] = statistics.fmean(
+                t.info.get("num_chunks", 0) for t in trajs)
+            self._cur["context_tokens_mean"] = statistics.fmean(
+                t.info.get("context_tokens", 0) for t in trajs)
+            return out
+
+        def _sequence_logprobs(self, model, samples):
+            sync()
+            t0 = time.perf_counter()
+            out = super()._sequence_logprobs(model, samples)
+            sync()
+            self._cur["logprob_s"] += time.perf_counter() - t0
+            return out
+
+        def _update(self, samples, ref):
+            prompt = [len(s.prompt_ids) for s in samples]
+            resp = [len(s.response_ids) for s in samples]
+            self._cur.update(
+                samples=len(samples),
+                prompt_len_mean=statistics.fmean(prompt),
+                prompt_len_max=max(prompt),
+                response_len_mean=statistics.fmean(resp),
+                train_tokens=sum(prompt) + sum(resp),
+                response_tokens=sum(resp),
+                prompt_tokens=sum(prompt),
+                micro_batches_per_pass=len(self._micro_batches(samples)),
+            )
+            sync()
+            t0 = time.perf_counter()
+            out = super()._update(samples, ref)
+            sync()
+            self._cur["update_s"] = time.perf_counter() - t0
+            return out
+
+    rng = random.Random(reward_seed)
+
+    def random_reward(trajectory, record) -> float:
+        return float(rng.random() < 0.5)
+
+    return BenchTrainer(config, reward_fn=random_reward)
+
+
+# ---------------------------------------------------------------------------------- summary
+PERF_KEYS = (
+    "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/step_time_s",
+    "train/samples", "train/chunks_per_episode", "train/memory_response_len",
+    "train/final_response_len", "train/truncated_frac",
+    "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy",
+)
+
+
+def step_rows(trainer, metrics_file: Path, params: int) -> list[dict[str, Any]]:
+    logged = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+    rows = []
+    for bench, logrow in zip(trainer.bench, logged, strict=True):
+        row: dict[str, Any] = {"step": logrow["step"]}
+        row.update({k: logrow[k] for k in PERF_KEYS if k in logrow})
+        row.update(bench)
+        row["conversations_per_trajectory"] = row["samples"] / row["trajectories"]
+        # Approximate model FLOPs (6·N per trained token, 2·N per scored token; attention
+        # and the autocast weight casts not counted): a yardstick, not a measurement.
+        row["approx_update_tflops"] = 6 * params * row["train_tokens"] / row["update_s"] / 1e12
+        passes = 2 if "actor/kl_loss" in logrow else 1
+        row["approx_logprob_tflops"] = (
+            2 * params * row["train_tokens"] * passes / row["logprob_s"] / 1e12)
+        row["prefill_tokens_per_s"] = row["prompt_tokens"] / row["rollout_s"]
+        rows.append(row)
+    return rows
+
+
+def mean_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
+    keys = [k for k in rows[0] if k != "step" and isinstance(rows[0][k], int | float)]
+    return {k: statistics.fmean(r[k] for r in rows) for k in keys}
+
+
+def environment() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    if torch.cuda.is_available():
+        env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return env
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    cols = [("step", "step", "{:d}"), ("samples", "samples", "{:.0f}"),
+            ("conv/traj", "conversations_per_trajectory", "{:.2f}"),
+            ("prompt", "prompt_len_mean", "{:.0f}"), ("resp", "response_len_mean", "{:.0f}"),
+            ("rollout s", "rollout_s", "{:.1f}"), ("logprob s", "logprob_s", "{:.1f}"),
+            ("update s", "update_s", "{:.1f}"), ("step s", "step_wall_s", "{:.1f}"),
+            ("roll tok/s", "perf/rollout_tokens_per_s", "{:.0f}"),
+            ("train tok/s", "perf/train_tokens_per_s", "{:.0f}"),
+            ("peak GiB", "peak_mem_allocated_gib", "{:.1f}")]
+    print(" | ".join(name for name, _, _ in cols))
+    for row in summary["steps"]:
+        cells = []
+        for _, key, fmt in cols:
+            v = row.get(key)
+            cells.append("-" if v is None else fmt.format(v))
+        print(" | ".join(cells))
+    m = summary["mean_excluding_warmup"]
+    print(f"mean of steps {summary['measured_steps']}: rollout "
+          f"{m['perf/rollout_tokens_per_s']:.0f} tok/s, train "
+          f"{m['perf/train_tokens_per_s']:.0f} tok/s, step {m['step_wall_s']:.1f} s"
+          + (f", peak {m['peak_mem_allocated_gib']:.1f} GiB" if "peak_mem_allocated_gib" in m
+             else ""))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    import torch
+
+    from memrl.data.synthetic import synthetic_corpus
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = device
+    shape = dict(TINY if args.tiny else QWEN25_05B)
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    out = Path(args.out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    model_info = build_model_dir(out / "model", shape, args,
+                                 synthetic_corpus(args.seed, 200), device)
+    records = write_data(out / "train.jsonl", args)
+    t_build = time.perf_counter() - t0
+    print(f"model {model_info['params'] / 1e6:.1f}M params, {len(records)} questions, "
+          f"built in {t_build:.1f} s", flush=True)
+
+    config = make_config(args, out / "model", out / "train.jsonl", out / "run")
+    trainer = make_trainer(config, args.seed)
+    t0 = time.perf_counter()
+    trainer.setup()
+    t_setup = time.perf_counter() - t0
+    print(f"trainer setup (policy + reference load) {t_setup:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    trainer.fit()
+    t_fit = time.perf_counter() - t0
+
+    rows = step_rows(trainer, out / "run" / "metrics.jsonl", model_info["params"])
+    measured = rows[args.warmup:]
+    summary = {
+        "benchmark": "memrl MemAgent RL training step",
+        "environment": environment(),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "model": model_info,
+        "settings": {
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "chunk_size": args.chunk_size, "max_memory_tokens": args.max_memory_tokens,
+            "max_final_tokens": args.max_final_tokens, "rollout_n": args.rollout_n,
+            "train_batch_size": args.train_batch_size,
+            "ppo_mini_batch_size": config.rl.ppo_mini_batch_size,
+            "use_kl_loss": config.rl.use_kl_loss, "kl_loss_type": config.rl.kl_loss_type,
+            "use_dynamic_bsz": True,
+            "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
+            "generation_batch_size": args.generation_batch_size,
+            "temperature": 0.7, "top_p": 0.95, "dtype": "fp32 master weights, bf16 autocast"
+            if device.startswith("cuda") else "float32",
+            "reward": "random 0/1", "dynamic_sampling": False, "overlong": "keep",
+            "docs_per_question": [args.docs_min, args.docs_max],
+        },
+        "timing_s": {"build_model_and_data": t_build, "trainer_setup": t_setup,
+                     "fit_including_final_checkpoint": t_fit},
+        "warmup_steps": args.warmup,
+        "measured_steps": [r["step"] for r in measured],
+        "steps": rows,
+        "mean_excluding_warmup": mean_rows(measured),
+    }
+    text = json.dumps(summary, indent=2)
+    (out / "summary.json").write_text(text + "\n")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(text + "\n")
+    if not args.keep_checkpoint:
+        shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)
+    print(text)
+    print_table(summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
