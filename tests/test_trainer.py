@@ -28,7 +28,7 @@ from memrl.errors import MemrlInputError
 from memrl.metrics import read_metrics
 from memrl.rl.config import TrainConfig
 from memrl.rl.samples import trajectories_to_samples
-from memrl.rl.trainer import Trainer, make_reward_fn
+from memrl.rl.trainer import Trainer
 
 BASE = [
     "memagent.chunk_size=48",
@@ -65,7 +65,14 @@ def make_config(model_dir, data_dir, out_dir, *extra: str) -> TrainConfig:
 
 
 def document_token_reward(tokenizer):
-    return make_reward_fn("context_overlap", tokenizer)
+    """Share of the final response's tokens that occur in the record's document."""
+    from memrl.rewards.shaping import context_overlap_reward
+
+    def reward(trajectory, record) -> float:
+        doc = set(tokenizer.encode(record.render_context(), add_special_tokens=False))
+        return context_overlap_reward(trajectory.turns[-1].response_ids, doc)
+
+    return reward
 
 
 @pytest.mark.slow

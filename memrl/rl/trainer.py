@@ -4,8 +4,8 @@ One `Trainer.fit()` call reads as the algorithm does:
 
     for each step:
         questions   = the next train_batch_size questions of the shuffled data stream
-        trajectories = agent.run(questions, rollout_n)          # with the current weights
-        rewards     = reward_fn(trajectory, record)             # only the final answer is scored
+        trajectories = task.rollout(questions, rollout_n)       # with the current weights
+        rewards     = task reward of each trajectory            # e.g. the final answer only
         keep groups with different rewards, refill from the next questions (DAPO)
         advantages  = per trajectory, grouped by question id
         samples     = one per conversation (turn), each with its trajectory's advantage
@@ -31,12 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from memrl.agents.memagent import MemAgent
 from memrl.agents.trajectory import Trajectory
 from memrl.config import config_to_yaml
-from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
-from memrl.eval.ruler_hqa import score_trajectories, trajectory_row
 from memrl.inference.hf import HFGenerator
 from memrl.metrics import (
     MetricsLogger,
@@ -44,11 +41,10 @@ from memrl.metrics import (
     scrub_env_secrets,
     truncate_metrics,
 )
-from memrl.rewards.qa import qa_scores
-from memrl.rewards.shaping import context_overlap_reward
 from memrl.rl import advantages as adv_fns
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from memrl.rl.config import TrainConfig
+from memrl.tasks import Task, build_task
 from memrl.rl.losses import (
     agg_loss,
     entropy_from_logits,
@@ -65,28 +61,8 @@ from memrl.rl.samples import (
     trajectories_to_samples,
 )
 
-RewardFn = Callable[[Trajectory, QARecord], float]
-
-
-def make_reward_fn(name: str, tokenizer: Any) -> RewardFn:
-    """em / f1 / sub_em of the extracted \\boxed{} answer against the gold answers, or the
-    dense context_overlap smoke-test reward (see memrl.rewards.shaping)."""
-    if name == "context_overlap":
-        context_ids: dict[str, frozenset[int]] = {}
-
-        def overlap(trajectory: Trajectory, record: QARecord) -> float:
-            if record.id not in context_ids:
-                ids = tokenizer.encode(record.render_context(), add_special_tokens=False)
-                context_ids[record.id] = frozenset(ids)
-            return context_overlap_reward(trajectory.turns[-1].response_ids,
-                                          context_ids[record.id])
-
-        return overlap
-
-    def answer(trajectory: Trajectory, record: QARecord) -> float:
-        return qa_scores(trajectory.answer, record.answers)[name]
-
-    return answer
+RewardFn = Callable[[Trajectory, Any], float]
+"""Optional override of the task's reward: (trajectory, record) -> float."""
 
 
 @dataclass
@@ -106,7 +82,7 @@ class QuestionStream:
     (epoch, cursor) sees exactly the questions an uninterrupted run would.
     """
 
-    def __init__(self, records: Sequence[QARecord], seed: int, shuffle: bool, state: TrainState):
+    def __init__(self, records: Sequence[Any], seed: int, shuffle: bool, state: TrainState):
         if not records:
             raise MemrlInputError("the training set is empty", location="data.train_file")
         self.records = list(records)
@@ -120,8 +96,8 @@ class QuestionStream:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def take(self, k: int) -> list[QARecord]:
-        out: list[QARecord] = []
+    def take(self, k: int) -> list[Any]:
+        out: list[Any] = []
         order = self._order(self.state.epoch)
         while len(out) < k:
             if self.state.cursor >= len(order):
@@ -131,20 +107,6 @@ class QuestionStream:
             out.append(self.records[order[self.state.cursor]])
             self.state.cursor += 1
         return out
-
-
-def load_records(path: str, fmt: str, what: str) -> list[QARecord]:
-    """Read a training or validation file in any supported format."""
-    if fmt == "ruler":
-        from memrl.data.ruler_hqa import load_ruler_hqa
-
-        return load_ruler_hqa(path)
-    from memrl.data.hotpotqa import load_hotpotqa
-
-    records = load_hotpotqa(path, format=fmt)
-    if not records:
-        raise MemrlInputError(f"{what} file holds no questions", location=path)
-    return records
 
 
 def informative_groups(rewards: Sequence[float], trajectories: Sequence[Trajectory]) -> int:
@@ -173,10 +135,12 @@ class Trainer:
         self,
         config: TrainConfig,
         *,
+        task: Task | None = None,
         reward_fn: RewardFn | None = None,
         console: Any = None,
     ) -> None:
         self.config = config
+        self.task = task if task is not None else build_task(config)
         self.reward_fn = reward_fn
         self.console = console
         self.out_dir = Path(config.trainer.out_dir)
@@ -193,16 +157,14 @@ class Trainer:
         """Load data, policy (+LoRA), reference, optimizer; resume from a checkpoint."""
         cfg = self.config
         seed_everything(cfg.seed)
-        self.train_records = load_records(cfg.data.train_file, cfg.data.format, "training")
-        self.val_records: list[QARecord] = []
+        self.train_records = self.task.load(cfg.data.train_file, cfg.data.format, what="training")
+        self.val_records: list[Any] = []
         if cfg.data.val_file:
-            self.val_records = load_records(cfg.data.val_file, cfg.data.format, "validation")
+            self.val_records = self.task.load(cfg.data.val_file, cfg.data.format, what="validation")
             if cfg.data.val_limit:
                 self.val_records = self.val_records[: cfg.data.val_limit]
 
         self.policy, self.tokenizer = self._load_policy()
-        if self.reward_fn is None:
-            self.reward_fn = make_reward_fn(cfg.rl.reward, self.tokenizer)
         self.reference = self._load_reference() if cfg.rl.needs_reference else None
         self.generator = HFGenerator(
             self.policy, self.tokenizer, max_batch_size=cfg.rl.generation_batch_size
@@ -364,7 +326,6 @@ class Trainer:
         # 1. Rollouts (+ DAPO dynamic sampling with refill from the next questions).
         records, trajectories, rewards, groups_seen = self._collect_groups()
         t_rollout = time.perf_counter() - t0
-        scores = score_trajectories(trajectories, records)
 
         # 2. One sample per conversation; old (and reference) log-probs with no grad.
         samples = trajectories_to_samples(
@@ -397,16 +358,11 @@ class Trainer:
         metrics = {
             "train/reward_mean": float(np.mean(rewards)),
             "train/reward_std": float(np.std(rewards)),
-            "train/accuracy": float(np.mean([s["sub_em"] for s in scores])),
-            "train/f1": float(np.mean([s["f1"] for s in scores])),
-            "train/no_answer": float(np.mean([t.answer is None for t in trajectories])),
+            **{f"train/{k}": v for k, v in self.task.summarize(trajectories).items()},
             "train/groups": float(len(set(t.record_id for t in trajectories))),
             "train/informative_groups": float(informative_groups(rewards, trajectories)),
             "train/groups_generated": float(groups_seen),
             "train/samples": float(len(samples)),
-            "train/chunks_per_episode": float(
-                np.mean([t.info.get("num_chunks", 0) for t in trajectories])
-            ),
             "train/memory_response_len": float(np.mean(memory_lens)) if memory_lens else 0.0,
             "train/final_response_len": float(np.mean(final_lens)) if final_lens else 0.0,
             "train/truncated_frac": float(np.mean([s.truncated for s in samples])),
@@ -419,14 +375,17 @@ class Trainer:
         }
         return metrics
 
-    def _rollout(self, records: Sequence[QARecord], n: int, seed: int, temperature=None):
-        mcfg = self.config.memagent
-        update: dict[str, Any] = {"seed": seed}
-        if temperature is not None:
-            update["temperature"] = temperature
-        agent = MemAgent(self.generator, mcfg.model_copy(update=update))
+    def _rollout(self, records: Sequence[Any], n: int, seed: int, temperature=None):
+        """Trajectories (with rewards) for `records`, sampled with the current weights."""
         with self._autocast():
-            return agent.run(records, num_samples=n)
+            trajectories = self.task.rollout(
+                self.generator, records, num_samples=n, seed=seed, temperature=temperature
+            )
+        if self.reward_fn is not None:
+            by_id = {r.id: r for r in records}
+            for t in trajectories:
+                t.reward = float(self.reward_fn(t, by_id[t.record_id]))
+        return trajectories
 
     def _collect_groups(self):
         """Rollouts for the next questions; with dynamic sampling, keep only informative
@@ -434,12 +393,12 @@ class Trainer:
         `max_refill_rounds` extra rounds, until train_batch_size groups are kept."""
         cfg, rl = self.config, self.config.rl
         want = cfg.data.train_batch_size
-        kept_records: list[QARecord] = []
+        kept_records: list[Any] = []
         kept_trajs: list[Trajectory] = []
         kept_rewards: list[float] = []
         groups_seen = 0
         rounds = 1 + (rl.max_refill_rounds if rl.dynamic_sampling else 0)
-        records: list[QARecord] = []
+        records: list[Any] = []
         trajs: list[Trajectory] = []
         rewards: list[float] = []
         for r in range(rounds):
@@ -452,9 +411,7 @@ class Trainer:
                 records, rl.rollout_n, step_seed(cfg.seed, self.state.step, r)
             )
             by_id = {rec.id: rec for rec in records}
-            rewards = [float(self.reward_fn(t, by_id[t.record_id])) for t in trajs]
-            for t, rew in zip(trajs, rewards, strict=True):
-                t.reward = rew
+            rewards = [float(t.reward) for t in trajs]
             if rl.dynamic_sampling:
                 keep = adv_fns.dynamic_sampling_keep(
                     torch.tensor(rewards), [t.record_id for t in trajs]
@@ -514,7 +471,7 @@ class Trainer:
         return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
     def _temperature(self) -> float:
-        t = self.config.memagent.temperature
+        t = self.task.sampling_temperature
         return t if t > 0 else 1.0
 
     def _forward(self, model, batch, *, with_entropy: bool):
@@ -646,29 +603,16 @@ class Trainer:
             temperature=rl.val_temperature,
         )
         by_id = {r.id: r for r in self.val_records}
-        scores = score_trajectories(trajs, self.val_records)
-        for t in trajs:
-            t.reward = float(self.reward_fn(t, by_id[t.record_id]))
         k = cfg.trainer.num_logged_trajectories
         if k:
             from memrl.eval.report import write_jsonl
 
-            rows = [
-                {**trajectory_row(t, by_id[t.record_id], by_id[t.record_id].num_docs or 0,
-                                  t.metrics), "reward": t.reward}
-                for t in trajs[:k]
-            ]
+            rows = [self.task.log_row(t, by_id[t.record_id]) for t in trajs[:k]]
             write_jsonl(self.out_dir / "val_samples" / f"step_{self.state.step:06d}.jsonl", rows)
         metrics = {
             "val/score": float(np.mean([t.reward for t in trajs])),
-            "val/em": float(np.mean([s["em"] for s in scores])),
-            "val/f1": float(np.mean([s["f1"] for s in scores])),
-            "val/sub_em": float(np.mean([s["sub_em"] for s in scores])),
-            "val/no_answer": float(np.mean([t.answer is None for t in trajs])),
+            **{f"val/{key}": v for key, v in self.task.summarize(trajs).items()},
         }
-        self._say(
-            f"validation @ step {self.state.step}: score {metrics['val/score']:.3f} "
-            f"sub-EM {metrics['val/sub_em']:.3f} F1 {metrics['val/f1']:.3f}"
-        )
+        self._say(f"validation @ step {self.state.step}: score {metrics['val/score']:.3f}")
         return metrics
 
