@@ -11,13 +11,13 @@ import json
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError, require
+from memrl.fileio import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 SINKS = ("jsonl", "console", "tensorboard", "wandb")
@@ -347,7 +347,7 @@ def truncate_metrics(path: str | Path, after_step: int) -> int:
     kept = [line for n, line in lines if line.strip() and _parse(p, n, line)["step"] <= after_step]
     if tail.strip() and (last := _parse_tail(tail)) is not None and last["step"] <= after_step:
         kept.append(tail)
-    _write_atomic(p, "".join(line + "\n" for line in kept))
+    write_atomic(p, durable=True, data="".join(line + "\n" for line in kept))
     return len(kept)
 
 
@@ -363,20 +363,7 @@ def _drop_partial_tail(path: Path) -> None:
     keep = [line for _, line in lines]
     if _parse_tail(tail) is not None:
         keep.append(tail)
-    _write_atomic(path, "".join(line + "\n" for line in keep))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, durable=True, data="".join(line + "\n" for line in keep))
 
 
 # ----------------------------------------------------------------------------- plot

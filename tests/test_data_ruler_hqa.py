@@ -171,8 +171,8 @@ def test_deterministic_and_independent_of_other_n(tmp_path):
 def test_distractors_of_smaller_n_are_a_subset_of_larger_n():
     records = make_records(20)
     small, large = build_ruler_hqa(records, 6), build_ruler_hqa(records, 15)
-    for s, l in zip(small, large):
-        assert set(docs_of(s["context"])) <= set(docs_of(l["context"]))
+    for s, big in zip(small, large, strict=True):
+        assert set(docs_of(s["context"])) <= set(docs_of(big["context"]))
 
 
 def test_question_sample_is_deterministic_nested_and_ordered():

@@ -12,7 +12,9 @@ from memrl.cli.app import app
 @app.command("quickstart")
 def quickstart(
     config: Path = typer.Option(Path("configs/quickstart.yaml"), help="Quickstart config."),
-    overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. trainer.total_steps=5"),
+    overrides: list[str] = typer.Argument(
+        None, help="Dotted overrides, e.g. trainer.total_steps=5"
+    ),
     fresh: bool = typer.Option(False, "--fresh", help="Delete a previous quickstart run first."),
 ) -> None:
     """Build a tiny model and synthetic data, evaluate, train with GRPO, evaluate again."""

@@ -9,8 +9,6 @@ that a later run would read as complete.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from pydantic import ValidationError
 
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
+from memrl.fileio import write_atomic
 
 _TYPE_NAMES = {
     str: "a string",
@@ -212,28 +211,6 @@ def check_unique_ids(records: Sequence[QARecord], locations: Sequence[str]) -> l
 
 # ---------------------------------------------------------------------------------------------
 # atomic writing
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> Path:
-    """Write a file all-or-nothing: a temp file beside it, then `os.replace`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def dumps_line(value: Any) -> str:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from memrl.fileio import write_atomic
 
 
 def _json_default(obj: Any) -> Any:
@@ -25,18 +26,11 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot write {type(obj).__name__} as JSON")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_json(path: str | Path, data: Any) -> Path:
     """Pretty JSON (UTF-8, non-ASCII kept)."""
     path = Path(path)
     text = json.dumps(data, indent=2, ensure_ascii=False, default=_json_default)
-    _atomic_write(path, text + "\n")
+    write_atomic(path, text + "\n")
     return path
 
 
@@ -44,7 +38,7 @@ def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     """One JSON object per line."""
     path = Path(path)
     lines = [json.dumps(row, ensure_ascii=False, default=_json_default) for row in rows]
-    _atomic_write(path, "".join(line + "\n" for line in lines))
+    write_atomic(path, "".join(line + "\n" for line in lines))
     return path
 
 

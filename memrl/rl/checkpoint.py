@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from memrl.errors import MemrlInputError, require
+from memrl.fileio import fsync_dir, write_atomic
 
 LATEST_FILE = "latest"
 MODEL_DIR = "model"
@@ -100,8 +101,13 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(root)
-    _write_text_atomic(root / LATEST_FILE, final.name + "\n")
+    fsync_dir(root)
+    write_atomic(
+        root / LATEST_FILE,
+        final.name + "\n",
+        durable=True,
+        tmp_prefix=f"{TMP_PREFIX}{LATEST_FILE}-",
+    )
     _prune(root, keep_last=keep_last, newest=final)
     _remove_leftovers(root)
     set_rng_state(rng)
@@ -146,34 +152,7 @@ def _fsync_tree(path: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+        fsync_dir(Path(dirpath))
 
 
 def _remove_leftovers(root: Path) -> None:

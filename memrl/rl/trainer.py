@@ -320,7 +320,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, float]:
-        cfg, rl = self.config, self.config.rl
+        rl = self.config.rl
         t0 = time.perf_counter()
 
         # 1. Rollouts (+ DAPO dynamic sampling with refill from the next questions).
