@@ -200,6 +200,21 @@ def test_lora_with_kl_runs_and_exports(tiny_model_dir, data_dir, tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
 
 
+def test_kl_in_reward_penalises_drift(tiny_model_dir, data_dir, tmp_path):
+    """With the KL penalty in the reward, a policy that moved away from the reference pays
+    for it: at step 1 policy == reference (no penalty); after a large update it is not."""
+    cfg = make_config(
+        tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=2",
+        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rl.rollout_n=4",
+        "rl.use_kl_loss=false", "rl.use_kl_in_reward=true", "rl.kl_reward_coef=0.5",
+        "rl.kl_loss_type=k1", "optim.lr=5e-2", "rl.dynamic_sampling=false",
+    )
+    Trainer(cfg, reward_fn=lambda t, r: float(t.sample_index % 2)).fit()
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    assert rows[0]["train/kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert rows[1]["train/kl_reward_penalty"] != 0.0
+
+
 def write_yaml(path: Path, model_dir, data_dir, out_dir, **trainer) -> Path:
     cfg = {
         "seed": 3,

@@ -338,8 +338,11 @@ class Trainer:
 
         # 3. Rewards (optionally minus a KL penalty) → advantages, shared by every turn.
         reward_t = torch.tensor(rewards, dtype=torch.float32)
+        kl_penalty_mean = 0.0
         if rl.use_kl_in_reward and ref is not None:
-            reward_t = self._kl_reward(reward_t, samples, ref)
+            penalised = self._kl_reward(reward_t, samples, ref)
+            kl_penalty_mean = float((reward_t - penalised).mean())
+            reward_t = penalised
         advantages = self._advantages(reward_t, [t.record_id for t in trajectories])
         for s in samples:
             s.advantage = float(advantages[s.traj_id])
@@ -367,6 +370,7 @@ class Trainer:
             "train/final_response_len": float(np.mean(final_lens)) if final_lens else 0.0,
             "train/truncated_frac": float(np.mean([s.truncated for s in samples])),
             "train/advantage_abs_mean": float(advantages.abs().mean()),
+            "train/kl_reward_penalty": kl_penalty_mean,
             "train/lr": float(self.optimizer.param_groups[0]["lr"]),
             **update,
             "perf/rollout_tokens_per_s": response_tokens / max(t_rollout, 1e-9),
