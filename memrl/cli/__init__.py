@@ -26,8 +26,8 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "prepare_locomo", "models", "evaluate", "train", "export",
-                 "quickstart"):
+    for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo", "train",
+                 "export", "quickstart"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:

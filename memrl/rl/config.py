@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from memrl.agents.memagent import MemAgentConfig
+from memrl.agents.memupdate import MemUpdateConfig
 from memrl.config import StrictModel
 
 
@@ -34,7 +35,7 @@ class ModelConfig(StrictModel):
 class DataConfig(StrictModel):
     train_file: str
     val_file: str | None = None
-    format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler"] = "auto"
+    format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler", "locomo"] = "auto"
     train_batch_size: int = Field(4, ge=1)
     """Questions per training step (verl data.train_batch_size)."""
     shuffle: bool = True
@@ -123,10 +124,11 @@ class TrainerConfig(StrictModel):
 
 class TrainConfig(StrictModel):
     seed: int = 0
-    agent: Literal["memagent"] = "memagent"
+    agent: Literal["memagent", "memupdate"] = "memagent"
     model: ModelConfig
     data: DataConfig
     memagent: MemAgentConfig = MemAgentConfig()
+    memupdate: MemUpdateConfig = MemUpdateConfig()
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
     trainer: TrainerConfig = TrainerConfig()

@@ -1,0 +1,149 @@
+"""`memrl eval locomo`: the MemoryUpdate agent on prepared LoCoMo episodes (no learning)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from memrl.cli.app import eval_app
+from memrl.errors import MemrlInputError
+
+_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def parse_categories(values: list[str] | None) -> list[int]:
+    """`--categories 1,2 --categories 4` (or "1 2 4") -> [1, 2, 4]; default 1-4."""
+    from memrl.eval.locomo import DEFAULT_CATEGORIES, check_categories
+
+    if not values:
+        return list(DEFAULT_CATEGORIES)
+    out = []
+    for value in values:
+        for part in _SEPARATORS.split(value.strip()):
+            if not part:
+                continue
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise MemrlInputError(
+                    f"{part!r} is not a category number (1-5)", location="--categories"
+                ) from None
+    return check_categories(out)
+
+
+def _agent_config(**fields):
+    """MemUpdateConfig from CLI values; a bad value is a one-line user error."""
+    from memrl.agents.memupdate import MemUpdateConfig
+
+    try:
+        return MemUpdateConfig(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        option = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "config"
+        raise MemrlInputError(err["msg"], location=option) from exc
+
+
+@eval_app.command("locomo")
+def locomo(
+    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
+    data: Annotated[
+        Path, typer.Option("--data", help="Output directory of `memrl prepare locomo`.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Evaluate the first K episodes.")
+    ] = None,
+    categories: Annotated[
+        list[str] | None,
+        typer.Option("--categories", help="LoCoMo categories, e.g. 1,2,3,4 (5 = adversarial)."),
+    ] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Trajectories per episode.")] = 1,
+    embedder: Annotated[
+        str, typer.Option(help="Memory embedder: minilm (the embed extra) or hashing (tests).")
+    ] = "minilm",
+    answerer: Annotated[str, typer.Option(help="retrieval (no model) or llm.")] = "retrieval",
+    top_k: Annotated[int, typer.Option(help="Memories retrieved per question.")] = 5,
+    max_turns: Annotated[int, typer.Option(help="Assistant replies per dialogue piece.")] = 4,
+    max_parallel_calls: Annotated[int, typer.Option(help="Tool calls run per reply.")] = 4,
+    max_response_tokens: Annotated[int, typer.Option(help="New tokens per reply.")] = 512,
+    session_chunk_turns: Annotated[
+        int | None, typer.Option(help="Dialogue turns per piece (default: all at once).")
+    ] = None,
+    memory_view_k: Annotated[
+        int, typer.Option(help="Related memories shown with each piece.")
+    ] = 10,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.7,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 0.95,
+    episodes_per_run: Annotated[
+        int, typer.Option(min=1, help="Episodes run together in lockstep.")
+    ] = 32,
+    batch_size: Annotated[
+        int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
+    ] = 32,
+    device: Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
+) -> None:
+    """Run the MemoryUpdate agent on LoCoMo; write results.json, results.md, trajectories."""
+    from memrl.data.locomo import EPISODES_FILE
+    from memrl.eval.locomo import evaluate_locomo
+
+    if not model.is_dir():
+        raise MemrlInputError("model directory not found", location=f"--model {model}")
+    if not (model / "config.json").is_file():
+        raise MemrlInputError(
+            "not a Hugging Face model directory (no config.json)", location=f"--model {model}"
+        )
+    if not data.is_dir():
+        raise MemrlInputError("data directory not found", location=f"--data {data}")
+    if not (data / EPISODES_FILE).is_file():
+        raise MemrlInputError(
+            f"no {EPISODES_FILE} (build it with `memrl prepare locomo`)", location=f"--data {data}"
+        )
+    cats = parse_categories(categories)
+    config = _agent_config(
+        embedder=embedder,
+        answerer=answerer,
+        top_k=top_k,
+        max_turns=max_turns,
+        max_parallel_calls=max_parallel_calls,
+        max_response_tokens=max_response_tokens,
+        session_chunk_turns=session_chunk_turns,
+        memory_view_k=memory_view_k,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
+    import torch
+
+    if device is not None:
+        try:
+            torch.device(device)
+        except RuntimeError as exc:
+            raise MemrlInputError(str(exc), location="--device") from exc
+    if seed is not None:
+        torch.manual_seed(seed)
+
+    from memrl.inference.hf import HFGenerator
+
+    generator = HFGenerator.from_pretrained(
+        str(model), device=device, dtype=dtype, max_batch_size=batch_size
+    )
+    evaluate_locomo(
+        generator,
+        data,
+        config=config,
+        out_dir=out,
+        categories=cats,
+        limit=limit,
+        num_samples=samples,
+        episodes_per_run=episodes_per_run,
+        model_name=str(model),
+        show_progress=not quiet,
+    )
+    typer.echo(f"results written to {out}")

@@ -1,0 +1,365 @@
+"""MemoryUpdate on LoCoMo: tool calls on a forked memory, rewarded by the QA improvement.
+
+Per rollout: make sure each episode's base namespace exists (its initial memory, created
+once per process from precomputed embeddings when `prepare locomo --embed` wrote them),
+run the agent (one trial namespace per sample), score the question over the base and over
+each trial (`memrl.rewards.memory_delta`), set `reward` and `metrics`, then release the
+trials. Category-5 (adversarial) episodes are left out of `load` unless
+`memupdate.include_adversarial` is set, and score 0 over any memory when they are in.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memrl.agents.memupdate import (
+    MemoryUpdateAgent,
+    MemUpdateConfig,
+    create_base_namespace,
+    make_embedder,
+    memory_diff,
+    memory_texts,
+)
+from memrl.agents.trajectory import Trajectory
+from memrl.data.locomo import (
+    EPISODES_FILE,
+    META_FILE,
+    EmbeddingIndex,
+    MemoryEpisode,
+    load_embeddings,
+    load_episodes,
+    load_locomo,
+)
+from memrl.errors import MemrlInputError
+from memrl.inference.base import Generator
+from memrl.memory.embedder import Embedder
+from memrl.memory.store import MemoryBackend, MemoryStore
+from memrl.rewards.memory_delta import (
+    efficiency_factor,
+    error_rate,
+    evidence_recall,
+    llm_answer_scores,
+    memory_delta_reward,
+    retrieval_answer_score,
+)
+
+FORMATS = ("auto", "locomo")
+_OP_METRICS = {"insert": "inserts", "update": "updates", "delete": "deletes",
+               "search": "searches"}
+MAX_BASE_NAMESPACES = 256
+"""Base namespaces kept in memory at once (each holds ~250 facts of 384 floats); the least
+recently used are released and rebuilt on demand."""
+
+
+@dataclass(frozen=True)
+class MemoryScore:
+    """What the answerer made of one memory for one question."""
+
+    score: float
+    hits: list[str]
+    """Texts of the top-k memories retrieved for the question, best first."""
+    recall: float
+    """1.0 if a hit covers an evidence turn (`evidence_recall`)."""
+    prediction: str | None = None
+    """The llm answerer's answer (None for the retrieval answerer)."""
+
+
+def evidence_texts(episode: MemoryEpisode) -> list[str]:
+    """Texts of the dialogue turns the episode's evidence ids point to."""
+    wanted = set(episode.evidence)
+    return [t.text for t in episode.dialogue if t.dia_id in wanted]
+
+
+def score_memories(
+    store: MemoryBackend,
+    namespaces: Sequence[str],
+    episodes: Sequence[MemoryEpisode],
+    config: MemUpdateConfig,
+    generator: Generator | None = None,
+    *,
+    seed: int | None = None,
+) -> list[MemoryScore]:
+    """Score episode i's question over namespace i with the configured answerer.
+
+    Adversarial episodes score 0 (the retrieval answerer cannot judge "not mentioned"); their
+    hits and recall are still reported.
+    """
+    if len(namespaces) != len(episodes):
+        raise ValueError(f"{len(namespaces)} namespaces for {len(episodes)} episodes")
+    hits = [
+        [r.text for r, _ in store.search(ns, ep.question, config.top_k)]
+        for ns, ep in zip(namespaces, episodes, strict=True)
+    ]
+    recalls = [
+        evidence_recall(h, evidence_texts(ep), config.recall_threshold)
+        for h, ep in zip(hits, episodes, strict=True)
+    ]
+    scores: list[float] = [0.0] * len(episodes)
+    predictions: list[str | None] = [None] * len(episodes)
+    if config.answerer == "retrieval":
+        for i, (h, ep) in enumerate(zip(hits, episodes, strict=True)):
+            if not ep.adversarial:
+                scores[i] = retrieval_answer_score(h, ep.answers)
+    else:
+        if generator is None:
+            raise ValueError("the llm answerer needs a generator")
+        todo = [i for i, ep in enumerate(episodes) if not ep.adversarial]
+        answered = llm_answer_scores(
+            generator,
+            [episodes[i].question for i in todo],
+            [hits[i] for i in todo],
+            [episodes[i].answers for i in todo],
+            max_new_tokens=config.answer_max_tokens,
+            seed=seed,
+        )
+        for i, (score, prediction) in zip(todo, answered, strict=True):
+            scores[i], predictions[i] = score, prediction
+    return [
+        MemoryScore(s, h, r, p)
+        for s, h, r, p in zip(scores, hits, recalls, predictions, strict=True)
+    ]
+
+
+class MemoryUpdateTask:
+    """The Task the trainer runs for `agent: memupdate` (see memrl.tasks.base.Task)."""
+
+    name = "memupdate"
+
+    def __init__(
+        self,
+        config: MemUpdateConfig | None = None,
+        *,
+        embedder: Embedder | None = None,
+        max_base_namespaces: int = MAX_BASE_NAMESPACES,
+    ) -> None:
+        if max_base_namespaces < 1:
+            raise ValueError(f"max_base_namespaces must be >= 1, got {max_base_namespaces}")
+        self.config = config or MemUpdateConfig()
+        self.embedder = embedder if embedder is not None else make_embedder(self.config.embedder)
+        self.store = MemoryStore(self.embedder)
+        self.max_base_namespaces = max_base_namespaces
+        self.keep_token_ids = True
+        """False drops prompt/response ids from turns (evaluation does not train)."""
+        self._indexes: dict[str, EmbeddingIndex] = {}
+        self._bases: OrderedDict[str, None] = OrderedDict()
+        self._initial: dict[str, MemoryScore] = {}
+        """Retrieval scores of base memories (deterministic, so computed once per episode)."""
+
+    @classmethod
+    def from_config(cls, config: Any) -> MemoryUpdateTask:
+        """From a TrainConfig: its `memupdate` section."""
+        return cls(config.memupdate)
+
+    @property
+    def sampling_temperature(self) -> float:
+        return self.config.temperature
+
+    # ---- data -------------------------------------------------------------------------
+
+    def load(self, path: str, fmt: str, *, what: str) -> list[MemoryEpisode]:
+        """Episodes of a `memrl prepare locomo` directory (or its episodes.jsonl, or a raw
+        locomo10.json), without adversarial ones unless the config includes them."""
+        if fmt not in FORMATS:
+            raise MemrlInputError(
+                f"the memupdate agent reads LoCoMo episodes; format must be one of "
+                f"{', '.join(FORMATS)}, got {fmt!r}",
+                location="data.format",
+            )
+        p = Path(path)
+        directory: Path | None = None
+        if p.is_dir():
+            directory = p
+            episodes = load_episodes(p)
+        elif p.is_file() and p.name == EPISODES_FILE:
+            directory = p.parent
+            episodes = load_episodes(p.parent)
+        elif p.is_file() and p.suffix == ".json":
+            episodes, _ = load_locomo(p)
+        elif p.exists():
+            raise MemrlInputError(
+                f"expected a `memrl prepare locomo` directory, its {EPISODES_FILE}, or a "
+                "LoCoMo .json file", location=str(p))
+        else:
+            raise MemrlInputError(f"{what} data not found", location=str(p))
+        if not self.config.include_adversarial:
+            episodes = [e for e in episodes if not e.adversarial]
+        if not episodes:
+            raise MemrlInputError(
+                f"{what} data holds no episodes"
+                + ("" if self.config.include_adversarial else " besides adversarial ones"),
+                location=str(p),
+            )
+        if directory is not None and (directory / META_FILE).is_file():
+            index = self._precomputed(directory, episodes)
+            if index is not None:
+                for e in episodes:
+                    self._indexes[e.id] = index
+        return episodes
+
+    def _precomputed(self, directory: Path, episodes: list[MemoryEpisode]) -> EmbeddingIndex | None:
+        """The directory's embeddings when they were made by this task's embedder."""
+        index = load_embeddings(directory, episodes)
+        if index.embedder_name != self.embedder.name or index.dim != self.embedder.dim:
+            warnings.warn(
+                f"{directory / META_FILE}: embeddings were made with {index.embedder_name} "
+                f"(dim {index.dim}), not {self.embedder.name} (dim {self.embedder.dim}); "
+                "embedding the initial memories again",
+                stacklevel=3,
+            )
+            return None
+        return index
+
+    def ensure_bases(self, episodes: Sequence[MemoryEpisode]) -> None:
+        """Create the missing base namespaces; release the least recently used others."""
+        pinned = {e.id for e in episodes}
+        for e in episodes:
+            if e.id in self._bases:
+                self._bases.move_to_end(e.id)
+                continue
+            create_base_namespace(self.store, e, self._indexes.get(e.id))
+            self._bases[e.id] = None
+        for old in list(self._bases):
+            if len(self._bases) <= self.max_base_namespaces:
+                break
+            if old not in pinned:
+                del self._bases[old]
+                self.store.release(old, missing_ok=True)
+
+    # ---- rollouts -----------------------------------------------------------------------
+
+    def rollout(
+        self,
+        generator: Generator,
+        records: Sequence[MemoryEpisode],
+        *,
+        num_samples: int,
+        seed: int,
+        temperature: float | None = None,
+    ) -> list[Trajectory]:
+        config = self.config
+        if temperature is not None:
+            config = config.model_copy(update={"temperature": temperature})
+        self.ensure_bases(records)
+        agent = MemoryUpdateAgent(generator, self.store, config)
+        trajectories = agent.run(
+            records, num_samples, seed=seed, keep_token_ids=self.keep_token_ids
+        )
+        try:
+            self._score(trajectories, records, generator, seed)
+        finally:
+            for t in trajectories:
+                self.store.release(t.info["namespace"], missing_ok=True)
+        return trajectories
+
+    def _initial_scores(
+        self, episodes: Sequence[MemoryEpisode], generator: Generator, seed: int
+    ) -> dict[str, MemoryScore]:
+        cfg = self.config
+        if cfg.answerer == "retrieval":
+            todo = [e for e in episodes if e.id not in self._initial]
+            for e, s in zip(todo, score_memories(self.store, [e.id for e in todo], todo, cfg),
+                            strict=True):
+                self._initial[e.id] = s
+            return {e.id: self._initial[e.id] for e in episodes}
+        # The llm answerer is the current policy: its initial answers change as it trains.
+        scored = score_memories(self.store, [e.id for e in episodes], episodes, cfg, generator,
+                                seed=seed)
+        return {e.id: s for e, s in zip(episodes, scored, strict=True)}
+
+    def _score(
+        self,
+        trajectories: Sequence[Trajectory],
+        records: Sequence[MemoryEpisode],
+        generator: Generator,
+        seed: int,
+    ) -> None:
+        cfg = self.config
+        by_id = {r.id: r for r in records}
+        unique = list({r.id: r for r in records}.values())
+        initial = self._initial_scores(unique, generator, seed)
+        episodes = [by_id[t.record_id] for t in trajectories]
+        finals = score_memories(
+            self.store, [t.info["namespace"] for t in trajectories], episodes, cfg, generator,
+            seed=seed,
+        )
+        base_texts: dict[str, dict[str, str]] = {}
+        for t, ep, final in zip(trajectories, episodes, finals, strict=True):
+            init = initial[ep.id]
+            if ep.id not in base_texts:
+                base_texts[ep.id] = memory_texts(self.store, ep.id)
+            t.info["memory_diff"] = memory_diff(
+                base_texts[ep.id], memory_texts(self.store, t.info["namespace"])
+            )
+            t.info["hits_initial"] = init.hits
+            t.info["hits_final"] = final.hits
+            if cfg.answerer == "llm":
+                t.info["prediction_initial"] = init.prediction
+                t.info["prediction_final"] = final.prediction
+            growth = t.info["memory_after"]["tokens"] - t.info["memory_before"]["tokens"]
+            eff = efficiency_factor(growth, cfg.efficiency_budget, cfg.efficiency_scale)
+            rate = error_rate(t.info["format_error_turns"], t.info["turns"])
+            t.reward = memory_delta_reward(init.score, final.score, eff, rate, cfg.format_penalty)
+            ops = t.info["ops"]
+            t.metrics = {
+                "score_initial": init.score,
+                "score_final": final.score,
+                "delta": final.score - init.score,
+                "efficiency": eff,
+                "format_errors": float(sum(t.info["format_errors"].values())),
+                "format_error_rate": rate,
+                "recall_initial": init.recall,
+                "recall_final": final.recall,
+                "memory_growth_tokens": float(growth),
+                "turns": float(t.info["turns"]),
+                **{_OP_METRICS[op]: float(n) for op, n in ops.items()},
+            }
+
+    # ---- reporting ----------------------------------------------------------------------
+
+    def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """Means over trajectories: reward parts, edits per episode, growth, format errors."""
+        if not trajectories:
+            return {}
+        keys = ("score_initial", "score_final", "delta", "efficiency", "format_error_rate",
+                "recall_initial", "recall_final", "memory_growth_tokens", "turns",
+                "inserts", "updates", "deletes", "searches")
+        out = {k: float(np.mean([t.metrics.get(k, 0.0) for t in trajectories])) for k in keys}
+        out["format_error_traj_frac"] = float(
+            np.mean([t.metrics.get("format_errors", 0.0) > 0 for t in trajectories])
+        )
+        return out
+
+    def log_row(self, trajectory: Trajectory, record: MemoryEpisode) -> dict[str, Any]:
+        """Question, gold, the calls made, what changed in memory, scores and reward."""
+        info = trajectory.info
+        return {
+            "id": trajectory.record_id,
+            "sample_index": trajectory.sample_index,
+            "category": record.category,
+            "question": record.question,
+            "answers": record.answers,
+            "evidence": record.evidence,
+            "reward": trajectory.reward,
+            "scores": trajectory.metrics,
+            "turns": info.get("turns"),
+            "ops": info.get("ops"),
+            "format_errors": info.get("format_errors"),
+            "failed_calls": info.get("failed_calls"),
+            "calls": info.get("calls", [])[:50],
+            "memory_before": info.get("memory_before"),
+            "memory_after": info.get("memory_after"),
+            "memory_diff": info.get("memory_diff"),
+            "hits_initial": info.get("hits_initial"),
+            "hits_final": info.get("hits_final"),
+            **({"prediction_initial": info["prediction_initial"],
+                "prediction_final": info["prediction_final"]}
+               if "prediction_final" in info else {}),
+            "responses": [turn.response_text for turn in trajectory.turns],
+        }
