@@ -283,7 +283,7 @@ def make_trainer(config, reward_seed: int):
 # ---------------------------------------------------------------------------------- summary
 PERF_KEYS = (
     "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/step_time_s",
-    "train/samples", "train/chunks_per_episode", "train/memory_response_len",
+    "train/samples", "train/chunks_per_episode", "train/memory_update_response_len",
     "train/final_response_len", "train/truncated_frac",
     "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy",
 )

@@ -314,3 +314,26 @@ def test_train_cli_rejects_unknown_key(tiny_model_dir, data_dir, tmp_path, capsy
     assert cli_main(["train", str(cfg), "rl.rollout_nn=3"]) == 2
     err = capsys.readouterr().err
     assert "rl.rollout_nn: unknown key" in err and "Traceback" not in err
+
+
+def test_logged_losses_do_not_depend_on_micro_batching(tiny_model_dir, data_dir, tmp_path):
+    """Micro-batch losses are shares of the mini-batch loss: the logged entropy and policy
+    loss are the mini-batch values however many micro-batches it was split into."""
+    cfg = make_config(
+        tiny_model_dir, data_dir, tmp_path / "run", "rl.rollout_n=4", "rl.use_kl_loss=false",
+        "optim.lr=1e-12", "data.train_batch_size=2", "rl.ppo_mini_batch_size=2",
+    )
+    trainer = Trainer(cfg)
+    trainer.setup()
+    trajs = trainer._rollout(trainer.train_records[:2], 4, seed=0)
+    adv = torch.linspace(-1, 1, len(trajs))
+    samples = trajectories_to_samples(trajs, adv, overlong="keep")
+    for s, lp in zip(samples, trainer._sequence_logprobs(trainer.policy, samples), strict=True):
+        s.old_logprobs = lp
+    trainer.config.rl.max_tokens_per_micro_batch = 10**6
+    whole = trainer._update(samples, None)
+    trainer.config.rl.max_tokens_per_micro_batch = 100
+    assert len(trainer._micro_batches(samples)) > 2
+    split = trainer._update(samples, None)
+    for key in ("actor/entropy", "actor/pg_loss"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key

@@ -35,7 +35,7 @@ def _register_commands() -> None:
                 raise
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs"})
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 
 

@@ -356,8 +356,9 @@ class Trainer:
         # 5. Metrics.
         train_tokens = sum(s.num_tokens for s in samples)
         response_tokens = sum(len(s.response_ids) for s in samples)
-        memory_lens = [len(s.response_ids) for s in samples if s.turn_kind == "memory_update"]
-        final_lens = [len(s.response_ids) for s in samples if s.turn_kind == "final"]
+        lens_by_kind: dict[str, list[int]] = {}
+        for s in samples:
+            lens_by_kind.setdefault(s.turn_kind, []).append(len(s.response_ids))
         metrics = {
             "train/reward_mean": float(np.mean(rewards)),
             "train/reward_std": float(np.std(rewards)),
@@ -366,8 +367,7 @@ class Trainer:
             "train/informative_groups": float(informative_groups(rewards, trajectories)),
             "train/groups_generated": float(groups_seen),
             "train/samples": float(len(samples)),
-            "train/memory_response_len": float(np.mean(memory_lens)) if memory_lens else 0.0,
-            "train/final_response_len": float(np.mean(final_lens)) if final_lens else 0.0,
+            **{f"train/{k}_response_len": float(np.mean(v)) for k, v in lens_by_kind.items()},
             "train/truncated_frac": float(np.mean([s.truncated for s in samples])),
             "train/advantage_abs_mean": float(advantages.abs().mean()),
             "train/kl_reward_penalty": kl_penalty_mean,
@@ -543,6 +543,9 @@ class Trainer:
                 mb = [samples[i] for i in mb_index]
                 weights = sample_loss_weights(mb, rl.loss_agg_mode)
                 self.optimizer.zero_grad(set_to_none=True)
+                # Micro-batch losses are shares of the mini-batch loss (row_weights), so they
+                # are summed over the mini-batch before being averaged over mini-batches.
+                shares: dict[str, float] = {}
                 for idx in self._micro_batches(mb):
                     micro = [mb[i] for i in idx]
                     batch = collate(micro, self.tokenizer.pad_token_id)
@@ -578,16 +581,18 @@ class Trainer:
                         kl_mat = kl_penalty(logprobs, ref_mat, rl.kl_loss_type)
                         kl = agg_loss(kl_mat, mask, rl.loss_agg_mode, row_weights=row_w)
                         loss = loss + rl.kl_loss_coef * kl
-                        add("actor/kl_loss", float(kl.detach()))
+                        shares["actor/kl_loss"] = shares.get("actor/kl_loss", 0.0) + float(kl)
                     loss.backward()
-                    add("actor/pg_loss", float(pg.detach()))
-                    add("actor/entropy", float(ent.detach()))
+                    for name, value in (("actor/pg_loss", pg), ("actor/entropy", ent)):
+                        shares[name] = shares.get(name, 0.0) + float(value.detach())
                     for k, v in pg_metrics.items():
                         add(f"actor/{k}", float(v))
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     [p for p in self.policy.parameters() if p.requires_grad],
                     cfg.optim.grad_clip,
                 )
+                for name, value in shares.items():
+                    add(name, value)
                 add("actor/grad_norm", float(grad_norm))
                 if math.isfinite(float(grad_norm)):
                     self.optimizer.step()
