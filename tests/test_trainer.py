@@ -189,7 +189,7 @@ def test_lora_with_kl_runs_and_exports(tiny_model_dir, data_dir, tmp_path):
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=1",
         "data.train_batch_size=1", "rl.ppo_mini_batch_size=1", "rl.rollout_n=2",
         "model.lora.enabled=true", "model.lora.target_modules=[q_proj,v_proj]",
-        "rl.kl_loss_coef=0.1", "optim.lr=1e-2",
+        "rl.kl_loss_coef=0.1", "optim.lr=1e-2", "rl.entropy_coeff=0.01",
     )
     Trainer(cfg, reward_fn=lambda t, r: float(t.sample_index)).fit()
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")

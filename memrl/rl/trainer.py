@@ -490,7 +490,12 @@ class Trainer:
             )
         logits = out.logits.float() / self._temperature()
         logprobs = logprobs_from_logits(logits, batch["labels"].to(dev))
-        entropy = entropy_from_logits(logits) if with_entropy else None
+        entropy = None
+        if with_entropy:
+            # Without an entropy bonus it is only a metric: no graph, less peak memory.
+            grad = torch.is_grad_enabled() and self.config.rl.entropy_coeff != 0
+            with torch.set_grad_enabled(grad):
+                entropy = entropy_from_logits(logits)
         return logprobs, entropy
 
     @torch.no_grad()
