@@ -6,22 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
+from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import eval_app
+from memrl.cli.common import check_model_dir, config_from_options, load_generator
 from memrl.errors import MemrlInputError
-
-
-def _agent_config(**fields):
-    """MemAgentConfig from CLI values; a bad value is a one-line user error."""
-    from memrl.agents.memagent import MemAgentConfig
-
-    try:
-        return MemAgentConfig(**fields)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        option = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "config"
-        raise MemrlInputError(err["msg"], location=option) from exc
 
 
 @eval_app.command("ruler-hqa")
@@ -56,12 +45,7 @@ def ruler_hqa(
     from memrl.data.ruler_hqa import ruler_hqa_path
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
 
-    if not model.is_dir():
-        raise MemrlInputError("model directory not found", location=f"--model {model}")
-    if not (model / "config.json").is_file():
-        raise MemrlInputError(
-            "not a Hugging Face model directory (no config.json)", location=f"--model {model}"
-        )
+    check_model_dir(model)
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     for n in num_docs:
@@ -70,7 +54,8 @@ def ruler_hqa(
                 f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
                 location=str(ruler_hqa_path(data, n)),
             )
-    config = _agent_config(
+    config = config_from_options(
+        MemAgentConfig,
         chunk_size=chunk_size,
         max_chunks=max_chunks,
         max_memory_tokens=max_memory_tokens,
@@ -79,20 +64,8 @@ def ruler_hqa(
         top_p=top_p,
         seed=seed,
     )
-    import torch
-
-    if device is not None:
-        try:
-            torch.device(device)
-        except RuntimeError as exc:
-            raise MemrlInputError(str(exc), location="--device") from exc
-    if seed is not None:
-        torch.manual_seed(seed)
-
-    from memrl.inference.hf import HFGenerator
-
-    generator = HFGenerator.from_pretrained(
-        str(model), device=device, dtype=dtype, max_batch_size=batch_size
+    generator = load_generator(
+        model, device=device, dtype=dtype, batch_size=batch_size, seed=seed
     )
     evaluate_ruler_hqa(
         generator,

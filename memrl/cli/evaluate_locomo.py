@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
+from memrl.agents.memupdate import MemUpdateConfig
 from memrl.cli.app import eval_app
+from memrl.cli.common import check_model_dir, config_from_options, load_generator
 from memrl.errors import MemrlInputError
 
 _SEPARATORS = re.compile(r"[\s,]+")
@@ -33,18 +34,6 @@ def parse_categories(values: list[str] | None) -> list[int]:
                     f"{part!r} is not a category number (1-5)", location="--categories"
                 ) from None
     return check_categories(out)
-
-
-def _agent_config(**fields):
-    """MemUpdateConfig from CLI values; a bad value is a one-line user error."""
-    from memrl.agents.memupdate import MemUpdateConfig
-
-    try:
-        return MemUpdateConfig(**fields)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        option = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "config"
-        raise MemrlInputError(err["msg"], location=option) from exc
 
 
 @eval_app.command("locomo")
@@ -93,12 +82,7 @@ def locomo(
     from memrl.data.locomo import EPISODES_FILE
     from memrl.eval.locomo import evaluate_locomo
 
-    if not model.is_dir():
-        raise MemrlInputError("model directory not found", location=f"--model {model}")
-    if not (model / "config.json").is_file():
-        raise MemrlInputError(
-            "not a Hugging Face model directory (no config.json)", location=f"--model {model}"
-        )
+    check_model_dir(model)
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     if not (data / EPISODES_FILE).is_file():
@@ -106,7 +90,8 @@ def locomo(
             f"no {EPISODES_FILE} (build it with `memrl prepare locomo`)", location=f"--data {data}"
         )
     cats = parse_categories(categories)
-    config = _agent_config(
+    config = config_from_options(
+        MemUpdateConfig,
         embedder=embedder,
         answerer=answerer,
         top_k=top_k,
@@ -119,20 +104,8 @@ def locomo(
         top_p=top_p,
         seed=seed,
     )
-    import torch
-
-    if device is not None:
-        try:
-            torch.device(device)
-        except RuntimeError as exc:
-            raise MemrlInputError(str(exc), location="--device") from exc
-    if seed is not None:
-        torch.manual_seed(seed)
-
-    from memrl.inference.hf import HFGenerator
-
-    generator = HFGenerator.from_pretrained(
-        str(model), device=device, dtype=dtype, max_batch_size=batch_size
+    generator = load_generator(
+        model, device=device, dtype=dtype, batch_size=batch_size, seed=seed
     )
     evaluate_locomo(
         generator,
