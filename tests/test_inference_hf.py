@@ -57,6 +57,9 @@ def _teacher_forced_logprobs(model, prompt, response, temperature: float) -> tor
 
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
+# Padding changes matmul shapes and so float summation order: logprobs of the same tokens
+# agree to ~1e-5 across batch layouts on CPU BLAS, not bit for bit.
+LAYOUT_ATOL = 1e-4
 
 
 def test_implements_generator_protocol(generator) -> None:
@@ -87,7 +90,7 @@ def test_batched_left_padded_equals_one_by_one(model, tiny_tokenizer, prompts) -
             assert g.token_ids == w.token_ids
             assert g.text == w.text
             assert g.finish_reason == w.finish_reason
-            torch.testing.assert_close(g.logprobs, w.logprobs, atol=1e-5, rtol=0)
+            torch.testing.assert_close(g.logprobs, w.logprobs, atol=LAYOUT_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +173,7 @@ def test_eos_stops_one_row_and_is_kept_in_ids(model, tiny_tokenizer, prompts) ->
     # the row that went on is unaffected by its finished neighbour
     assert other.token_ids == free[1].token_ids
     assert other.finish_reason == "length"
-    torch.testing.assert_close(other.logprobs, free[1].logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(other.logprobs, free[1].logprobs, atol=LAYOUT_ATOL, rtol=0)
 
 
 def test_seed_reproducibility(generator, prompts) -> None:
@@ -193,7 +196,7 @@ def test_tiny_top_p_is_greedy(generator, prompts) -> None:
     for g, n in zip(greedy, nucleus, strict=True):
         assert n.token_ids == g.token_ids
         # temperature 1 logprobs are the raw-logit logprobs greedy reports
-        torch.testing.assert_close(n.logprobs, g.logprobs, atol=1e-5, rtol=0)
+        torch.testing.assert_close(n.logprobs, g.logprobs, atol=LAYOUT_ATOL, rtol=0)
 
 
 def test_restores_module_mode(model, tiny_tokenizer, prompts) -> None:
