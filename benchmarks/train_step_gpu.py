@@ -1,8 +1,8 @@
 """Benchmark of one MemAgent RL training step (rollout → old/ref log-probs → PPO update).
 
 It builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing is
-downloaded), writes synthetic long-context questions, and runs `memrl.rl.trainer.Trainer`
-for a few steps. The first `--warmup` steps are excluded from the means (CUDA context,
+downloaded), writes synthetic long-context questions, and runs the GRPO recipe
+(`memrl.recipes.grpo.setup` + `train_step`) for a few steps. The first `--warmup` steps are excluded from the means (CUDA context,
 kernel selection, allocator growth). The summary (JSON, also printed) gives per-step and mean
 numbers: rollout and training throughput, step time, peak GPU memory.
 
@@ -170,7 +170,7 @@ def write_data(path: Path, args: argparse.Namespace) -> list[Any]:
 
 
 def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run_dir: Path):
-    from memrl.rl.config import TrainConfig
+    from memrl.recipes.config import TrainConfig
 
     return TrainConfig.model_validate({
         "seed": args.seed,
@@ -196,116 +196,91 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
 
 
 # ---------------------------------------------------------------------------------- timing
-def make_trainer(config, reward_seed: int):
-    """A Trainer that also records, per step, synchronised phase times, sample shapes and
-    peak GPU memory (the library Trainer's own perf/* metrics are kept as they are)."""
-    import torch
-
-    from memrl.rl.trainer import Trainer
-
-    cuda = torch.cuda.is_available() and (config.model.device or "cuda").startswith("cuda")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    class BenchTrainer(Trainer):
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, **kw)
-            self.bench: list[dict[str, Any]] = []
-            self._cur: dict[str, Any] = {}
-
-        def train_step(self) -> dict[str, float]:
-            sync()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            self._cur = {"logprob_s": 0.0}
-            t0 = time.perf_counter()
-            metrics = super().train_step()
-            sync()
-            self._cur["step_wall_s"] = time.perf_counter() - t0
-            if cuda:
-                self._cur["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                self._cur["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-            self.bench.append(self._cur)
-            return metrics
-
-        def _collect_groups(self):
-            sync()
-            t0 = time.perf_counter()
-            out = super()._collect_groups()
-            sync()
-            self._cur["rollout_s"] = time.perf_counter() - t0
-            trajs = out[1]
-            self._cur["trajectories"] = len(trajs)
-            self._cur["chunks_per_episode"] = statistics.fmean(
-                t.info.get("num_chunks", 0) for t in trajs)
-            self._cur["context_tokens_mean"] = statistics.fmean(
-                t.info.get("context_tokens", 0) for t in trajs)
-            return out
-
-        def _sequence_logprobs(self, model, samples):
-            sync()
-            t0 = time.perf_counter()
-            out = super()._sequence_logprobs(model, samples)
-            sync()
-            self._cur["logprob_s"] += time.perf_counter() - t0
-            return out
-
-        def _update(self, samples, ref):
-            prompt = [len(s.prompt_ids) for s in samples]
-            resp = [len(s.response_ids) for s in samples]
-            self._cur.update(
-                samples=len(samples),
-                prompt_len_mean=statistics.fmean(prompt),
-                prompt_len_max=max(prompt),
-                response_len_mean=statistics.fmean(resp),
-                train_tokens=sum(prompt) + sum(resp),
-                response_tokens=sum(resp),
-                prompt_tokens=sum(prompt),
-                micro_batches_per_pass=len(self._micro_batches(samples)),
-            )
-            sync()
-            t0 = time.perf_counter()
-            out = super()._update(samples, ref)
-            sync()
-            self._cur["update_s"] = time.perf_counter() - t0
-            return out
+def make_run(config, reward_seed: int):
+    """The recipe's run with a random 0/1 reward; the actor's update is wrapped (through its
+    public method) to record the shapes of each step's batch."""
+    from memrl.recipes import grpo
+    from memrl.tasks.memagent_qa import MemAgentQATask
 
     rng = random.Random(reward_seed)
 
-    def random_reward(trajectory, record) -> float:
-        return float(rng.random() < 0.5)
+    class RandomReward(MemAgentQATask):
+        def rollout(self, *a: Any, **kw: Any):
+            trajs = super().rollout(*a, **kw)
+            for t in trajs:
+                t.reward = float(rng.random() < 0.5)
+            return trajs
 
-    return BenchTrainer(config, reward_fn=random_reward)
+    run = grpo.setup(config, task=RandomReward(config.memagent))
+    shapes: list[dict[str, Any]] = []
+    update = run.actor.update
+
+    def recording_update(batch, dist=None):
+        prompt = [len(s.prompt_ids) for s in batch.samples]
+        resp = [len(s.response_ids) for s in batch.samples]
+        everything = list(range(len(batch.samples)))
+        shapes.append(dict(
+            samples=len(prompt), trajectories=batch.num_trajectories,
+            prompt_len_mean=statistics.fmean(prompt), prompt_len_max=max(prompt),
+            response_len_mean=statistics.fmean(resp), train_tokens=sum(prompt) + sum(resp),
+            response_tokens=sum(resp), prompt_tokens=sum(prompt),
+            micro_batches_per_pass=len(run.actor.micro_batches(batch, everything)),
+        ))
+        return update(batch) if dist is None else update(batch, dist)
+
+    run.actor.update = recording_update
+    return run, shapes
+
+
+def run_steps(run, shapes, steps: int) -> list[dict[str, Any]]:
+    """`steps` recipe steps; per step its perf/* metrics, batch shapes and peak memory."""
+    import torch
+
+    from memrl.recipes import grpo
+
+    cuda = torch.cuda.is_available() and run.actor.device.type == "cuda"
+    rows = []
+    for _ in range(steps):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        metrics = grpo.train_step(run)
+        if cuda:
+            torch.cuda.synchronize()
+        run.state.step += 1
+        row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
+        row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
+        row.update(shapes[-1])
+        if cuda:
+            row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------------------- summary
 PERF_KEYS = (
     "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/step_time_s",
+    "perf/sync_s", "perf/rollout_s", "perf/logprobs_s", "perf/update_s",
     "train/samples", "train/chunks_per_episode", "train/memory_update_response_len",
     "train/final_response_len", "train/truncated_frac",
     "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy",
 )
 
 
-def step_rows(trainer, metrics_file: Path, params: int) -> list[dict[str, Any]]:
-    logged = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
-    rows = []
-    for bench, logrow in zip(trainer.bench, logged, strict=True):
-        row: dict[str, Any] = {"step": logrow["step"]}
-        row.update({k: logrow[k] for k in PERF_KEYS if k in logrow})
-        row.update(bench)
+def add_derived(rows: list[dict[str, Any]], params: int, with_reference: bool) -> None:
+    for row in rows:
+        row["rollout_s"], row["logprob_s"] = row["perf/rollout_s"], row["perf/logprobs_s"]
+        row["update_s"] = row["perf/update_s"]
         row["conversations_per_trajectory"] = row["samples"] / row["trajectories"]
         # Approximate model FLOPs (6·N per trained token, 2·N per scored token; attention
         # and the autocast weight casts not counted): a yardstick, not a measurement.
         row["approx_update_tflops"] = 6 * params * row["train_tokens"] / row["update_s"] / 1e12
-        passes = 2 if "actor/kl_loss" in logrow else 1
+        passes = 2 if with_reference else 1
         row["approx_logprob_tflops"] = (
             2 * params * row["train_tokens"] * passes / row["logprob_s"] / 1e12)
         row["prefill_tokens_per_s"] = row["prompt_tokens"] / row["rollout_s"]
-        rows.append(row)
-    return rows
 
 
 def mean_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -378,16 +353,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"built in {t_build:.1f} s", flush=True)
 
     config = make_config(args, out / "model", out / "train.jsonl", out / "run")
-    trainer = make_trainer(config, args.seed)
     t0 = time.perf_counter()
-    trainer.setup()
+    run, shapes = make_run(config, args.seed)
     t_setup = time.perf_counter() - t0
-    print(f"trainer setup (policy + reference load) {t_setup:.1f} s", flush=True)
+    print(f"recipe setup (policy + reference load) {t_setup:.1f} s", flush=True)
     t0 = time.perf_counter()
-    trainer.fit()
-    t_fit = time.perf_counter() - t0
+    rows = run_steps(run, shapes, args.steps)
+    if args.keep_checkpoint:
+        from memrl.recipes import grpo
 
-    rows = step_rows(trainer, out / "run" / "metrics.jsonl", model_info["params"])
+        grpo.save(run)
+    t_fit = time.perf_counter() - t0
+    add_derived(rows, model_info["params"], run.reference is not None)
     measured = rows[args.warmup:]
     summary = {
         "benchmark": "memrl MemAgent RL training step",
@@ -409,8 +386,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "reward": "random 0/1", "dynamic_sampling": False, "overlong": "keep",
             "docs_per_question": [args.docs_min, args.docs_max],
         },
-        "timing_s": {"build_model_and_data": t_build, "trainer_setup": t_setup,
-                     "fit_including_final_checkpoint": t_fit},
+        "timing_s": {"build_model_and_data": t_build, "recipe_setup": t_setup,
+                     "steps": t_fit},
         "warmup_steps": args.warmup,
         "measured_steps": [r["step"] for r in measured],
         "steps": rows,
@@ -421,8 +398,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(text + "\n")
-    if not args.keep_checkpoint:
-        shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)
     print(text)
     print_table(summary)
     return summary

@@ -13,7 +13,7 @@ from typing import Any
 
 from memrl.config import load_config
 from memrl.errors import MemrlInputError
-from memrl.rl.config import TrainConfig
+from memrl.recipes.config import TrainConfig
 
 RULER_NUM_DOCS = (2, 4, 8)
 """RULER-style context sizes for the quickstart evaluation (documents per question)."""
@@ -47,8 +47,9 @@ def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0) -> Path:
 def _evaluate(model_dir: Path, ruler_dir: Path, out_dir: Path, cfg: TrainConfig, console) -> dict:
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
     from memrl.inference.hf import HFGenerator
+    from memrl.inference.loader import load_pretrained
 
-    generator = HFGenerator.from_pretrained(model_dir, device="cpu")
+    generator = HFGenerator(*load_pretrained(model_dir, device="cpu"))
     agent_cfg = cfg.memagent.model_copy(update={"seed": cfg.seed})
     return evaluate_ruler_hqa(
         generator,
@@ -72,8 +73,8 @@ def run_quickstart(
     """Prepare, evaluate, train, export, evaluate again; returns where everything went."""
     from rich.console import Console
 
+    from memrl.recipes import grpo
     from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
-    from memrl.rl.trainer import Trainer
 
     console = console or Console()
     cfg = load_config(TrainConfig, config_path, list(overrides))
@@ -96,7 +97,7 @@ def run_quickstart(
     before = _evaluate(Path(cfg.model.path), ruler_dir, root / "eval_before", cfg, console)
 
     console.rule("3/4 GRPO training")
-    Trainer(cfg, console=console).fit()
+    grpo.train(cfg, console=console)
     export_dir = root / "model_trained"
     shutil.rmtree(export_dir, ignore_errors=True)
     export_checkpoint(latest_checkpoint(out / "checkpoints"), export_dir)

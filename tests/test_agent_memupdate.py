@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memrl.inference.base import derive_seed
 from memrl.agents.memupdate import (
     SYSTEM_PROMPT,
     MemoryUpdateAgent,
@@ -274,9 +275,9 @@ def test_keep_token_ids_false_and_seeds(tiny_tokenizer, store):
     (traj,) = agent.run([ep], keep_token_ids=False)
     assert all(t.prompt_ids == [] and t.response_ids == [] for t in traj.turns)
     assert all(t.meta["prompt_tokens"] > 0 for t in traj.turns)
-    assert seeds == [5, 6, 7]
+    assert seeds == [derive_seed(5, i) for i in range(3)]
     agent.run([ep], seed=100)
-    assert seeds[3:] == [100, 101, 102]
+    assert seeds[3:] == [derive_seed(100, i) for i in range(3)]
 
 
 def test_template_with_tools_gets_tools_argument(tiny_tokenizer, store):

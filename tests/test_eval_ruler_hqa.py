@@ -69,19 +69,19 @@ def quiet_console():
 # ---------------------------------------------------------------- pure pieces
 
 
-def traj(answer, tokens, chunks, capped=False):
-    return Trajectory(record_id="x", answer=answer,
+def traj(answer, tokens, chunks, scores, capped=False):
+    return Trajectory(record_id="x", answer=answer, metrics=scores,
                       info={"context_tokens": tokens, "num_chunks": chunks, "capped": capped})
 
 
 def test_aggregate_and_table_rows_hand_computed():
-    trajs = [traj("a", 100, 2), traj(None, 300, 4, capped=True)]
-    scores = [{"em": 1.0, "f1": 1.0, "sub_em": 1.0}, {"em": 0.0, "f1": 0.5, "sub_em": 0.0}]
-    agg = aggregate(trajs, scores)
+    trajs = [traj("a", 100, 2, {"em": 1.0, "f1": 1.0, "sub_em": 1.0}),
+             traj(None, 300, 4, {"em": 0.0, "f1": 0.5, "sub_em": 0.0}, capped=True)]
+    agg = aggregate(trajs)
     assert agg == {"n": 2, "em": 0.5, "f1": 0.75, "sub_em": 0.5, "score": 50.0,
                    "context_tokens": 200.0, "chunks": 3.0, "capped": 1, "no_answer": 1}
     assert table_rows({"50": agg}) == [[50, 200, 3.0, 50.0, 75.0, 50.0]]
-    assert aggregate([], [])["n"] == 0
+    assert aggregate([])["n"] == 0
 
 
 def test_markdown_table_and_cells():

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from memrl.errors import MemrlInputError
-from memrl.inference import Generator, HFGenerator, SamplingParams
-from memrl.inference.hf import _first_stop_end, _top_p_filter
+from memrl.inference import (
+    Engine,
+    Generator,
+    HFGenerator,
+    SamplingParams,
+    load_model,
+    load_pretrained,
+)
+from memrl.inference.hf import first_stop_end, top_p_filter
 
 QUESTIONS = [
     "hi",
@@ -217,8 +224,9 @@ def test_restores_module_mode(model, tiny_tokenizer, prompts) -> None:
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_from_pretrained_on_cpu(tiny_model_dir) -> None:
-    generator = HFGenerator.from_pretrained(tiny_model_dir, max_batch_size=4)
+def test_loader_on_cpu(tiny_model_dir) -> None:
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    generator = HFGenerator(model, tokenizer, max_batch_size=4)
     if not torch.cuda.is_available():
         assert generator.device.type == "cpu"
         assert next(generator.model.parameters()).dtype == torch.float32
@@ -229,26 +237,49 @@ def test_from_pretrained_on_cpu(tiny_model_dir) -> None:
     assert len(gen.token_ids) == 2
 
 
-def test_from_pretrained_bad_path_is_a_user_error(tmp_path) -> None:
+def test_loader_bad_path_and_dtype_are_user_errors(tmp_path) -> None:
     with pytest.raises(MemrlInputError) as info:
-        HFGenerator.from_pretrained(tmp_path / "missing")
+        load_pretrained(tmp_path / "missing")
     assert str(tmp_path / "missing") in str(info.value)
     with pytest.raises(MemrlInputError, match="unknown torch dtype"):
-        HFGenerator.from_pretrained(tmp_path, dtype="float13")
+        load_model(tmp_path, dtype="float13")
+    with pytest.raises(MemrlInputError, match="unknown device"):
+        load_model(tmp_path, device="gpu:7")
+
+
+def test_engine_seam_of_the_in_process_engine(tiny_model_dir) -> None:
+    """The HF engine samples from the module it wraps: sync is a check, sleep/wake no-ops,
+    and one async request equals the batched call."""
+    import asyncio
+
+    model, tokenizer = load_pretrained(tiny_model_dir)
+    engine = HFGenerator(model, tokenizer)
+    assert isinstance(engine, Engine)
+    engine.sync_weights(model, step=3)
+    other, _ = load_pretrained(tiny_model_dir)
+    with pytest.raises(ValueError, match="module it wraps"):
+        engine.sync_weights(other, step=3)
+    engine.sleep()
+    engine.wake()
+    ids = tokenizer.encode("hello world", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, seed=7)
+    single = asyncio.run(engine.agenerate(ids, params))
+    [batched] = engine.generate([ids], params)
+    assert single.token_ids == batched.token_ids and single.logprobs == batched.logprobs
 
 
 def test_top_p_filter_hand_computed() -> None:
     probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
     # sorted 0.5, 0.3, 0.15, 0.05; mass above each: 0, 0.5, 0.8, 0.95
-    torch.testing.assert_close(_top_p_filter(probs, 0.8), torch.tensor([[0.0, 0.5, 0.0, 0.3]]))
+    torch.testing.assert_close(top_p_filter(probs, 0.8), torch.tensor([[0.0, 0.5, 0.0, 0.3]]))
     torch.testing.assert_close(
-        _top_p_filter(probs, 0.81), torch.tensor([[0.0, 0.5, 0.15, 0.3]])
+        top_p_filter(probs, 0.81), torch.tensor([[0.0, 0.5, 0.15, 0.3]])
     )
-    torch.testing.assert_close(_top_p_filter(probs, 1e-9), torch.tensor([[0.0, 0.5, 0.0, 0.0]]))
+    torch.testing.assert_close(top_p_filter(probs, 1e-9), torch.tensor([[0.0, 0.5, 0.0, 0.0]]))
 
 
 def test_first_stop_end() -> None:
-    assert _first_stop_end("abc</m>def</m>", ["</m>"]) == 7
-    assert _first_stop_end("xx END yy STOP", ["STOP", "END"]) == 6
-    assert _first_stop_end("nothing", ["STOP"]) is None
-    assert _first_stop_end("text", []) is None
+    assert first_stop_end("abc</m>def</m>", ["</m>"]) == 7
+    assert first_stop_end("xx END yy STOP", ["STOP", "END"]) == 6
+    assert first_stop_end("nothing", ["STOP"]) is None
+    assert first_stop_end("text", []) is None

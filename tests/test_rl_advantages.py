@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from memrl.rl.advantages import (
+    compute_advantages,
     dynamic_sampling_keep,
     group_stats,
     grpo_advantages,
@@ -137,3 +138,72 @@ def test_bad_inputs(rewards, ids):
 def test_bad_token_counts():
     with pytest.raises(ValueError):
         reinforce_pp_baseline_advantages(R, IDS, token_counts=[1, 2])
+
+
+# ---------------------------------------------------------------- groups of one, as verl
+def test_size1_raw_reward_is_verls_behaviour():
+    """verl compute_grpo_outcome_advantage: a group of one has mean 0, std 1, so its
+    advantage is r / (1 + eps) (std division) or r; RLOO keeps r. Others are unchanged."""
+    zero = grpo_advantages(R, IDS)
+    raw = grpo_advantages(R, IDS, size1="raw_reward")
+    assert zero[3] == 0.0 and raw[3].item() == pytest.approx(2.0 / (1 + 1e-6), rel=1e-12)
+    close(torch.cat([raw[:3], raw[4:]]), torch.cat([zero[:3], zero[4:]]))
+    assert grpo_advantages(R, IDS, norm_by_std=False, size1="raw_reward")[3].item() == 2.0
+    assert rloo_advantages(R, IDS, size1="raw_reward")[3].item() == 2.0
+    assert rloo_advantages(R, IDS)[3].item() == 0.0
+    with pytest.raises(ValueError, match="size1"):
+        grpo_advantages(R, IDS, size1="raw")
+
+
+def test_size1_raw_reward_in_reinforce_pp_uses_mean_zero():
+    # verl: a group of one has mean 0, so its centred value is r = 2 before whitening.
+    centred = torch.tensor([0.5, 0.5, -0.5, 2.0, -0.5, 0.0], dtype=torch.float64)
+    mean = centred.mean()
+    var = ((centred - mean) ** 2).sum() / 5
+    expected = (centred - mean) / torch.sqrt(var + 1e-8)
+    close(reinforce_pp_baseline_advantages(R, IDS, size1="raw_reward"), expected)
+
+
+def verl_reinforce_pp_baseline(rewards, ids, lengths, epsilon=1e-6):
+    """verl compute_reinforce_plus_plus_baseline_outcome_advantage + masked_whiten, on a
+    (rows, max_len) token matrix: every row is one trajectory's response tokens."""
+    scores = rewards.clone()
+    by_id = {}
+    for i, g in enumerate(ids):
+        by_id.setdefault(g, []).append(scores[i])
+    means = {g: (torch.tensor(0.0) if len(v) == 1 else torch.mean(torch.stack(v)))
+             for g, v in by_id.items()}
+    scores = torch.stack([scores[i] - means[g] for i, g in enumerate(ids)])
+    mask = torch.zeros(len(ids), max(lengths), dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    values = scores.unsqueeze(-1) * mask
+    m = (values * mask).sum() / mask.sum()
+    var = (((values - m) ** 2) * mask).sum() / mask.sum()
+    var = var * mask.sum() / (mask.sum() - 1)
+    return ((values - m) * torch.rsqrt(var + 1e-8) * mask)[:, 0]
+
+
+def test_compute_advantages_reinforce_pp_whitens_over_tokens_like_verl():
+    """The recipe passes each trajectory's response tokens over all its turns; the result
+    equals verl's token-level whitening (and differs from the trajectory-level one)."""
+    g = torch.Generator().manual_seed(3)
+    ids = [f"q{i // 4}" for i in range(16)]
+    rewards = torch.rand(16, generator=g, dtype=torch.float64).round()
+    lengths = torch.randint(1, 40, (16,), generator=g).tolist()
+    ours = compute_advantages(
+        "reinforce_plus_plus_baseline", rewards, ids, token_counts=lengths, size1="raw_reward"
+    )
+    ref = verl_reinforce_pp_baseline(rewards, ids, lengths)
+    nonzero = ref != 0
+    close(ours[nonzero], ref[nonzero])
+    per_traj = reinforce_pp_baseline_advantages(rewards, ids)
+    assert (per_traj - ours).abs().max() > 1e-3
+
+
+def test_compute_advantages_dispatch():
+    close(compute_advantages("grpo", R, IDS, token_counts=[1] * 6, norm_by_std=True),
+          grpo_advantages(R, IDS))
+    close(compute_advantages("rloo", R, IDS, token_counts=[1] * 6), rloo_advantages(R, IDS))
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        compute_advantages("ppo", R, IDS, token_counts=[1] * 6)

@@ -15,12 +15,13 @@ from memrl.rl.losses import (
     kl_penalty,
     kl_penalty_reward,
     logprobs_from_logits,
-    loss_row_weights,
+    loss_norm,
     masked_mean,
     policy_loss,
 )
 
 F64 = torch.float64
+SCALE = 6.0  # seq-mean-token-sum-norm's constant in these tests
 
 
 def t(x, dtype=F64):
@@ -71,7 +72,7 @@ def test_bool_mask_and_masked_nonfinite():
     loss = t([[1.0, math.inf], [2.0, math.nan]])
     mask = torch.tensor([[True, False], [True, False]])
     for mode in LOSS_AGG_MODES:
-        out = agg_loss(loss, mask, mode, traj_ids=torch.tensor([0, 1]))
+        out = agg_loss(loss, mask, mode, traj_ids=torch.tensor([0, 1]), scale_factor=SCALE)
         assert torch.isfinite(out)
     close(agg_loss(loss, mask, "token-mean"), 1.5)
 
@@ -86,18 +87,27 @@ def test_fully_masked_row_is_not_counted():
 def test_empty_mask_gives_zero_not_nan():
     mask = torch.zeros(2, 3, dtype=F64)
     for mode in LOSS_AGG_MODES:
-        assert agg_loss(L23, mask, mode, traj_ids=torch.tensor([0, 1])).item() == 0.0
+        got = agg_loss(L23, mask, mode, traj_ids=torch.tensor([0, 1]), scale_factor=SCALE)
+        assert got.item() == 0.0
 
 
-def test_loss_row_weights_by_hand():
+def test_loss_norm_by_hand():
     n = torch.tensor([3, 0, 2])
     traj = torch.tensor([4, 4, 1])
-    close(loss_row_weights(n, "token-mean"), [0.2, 0.0, 0.2])
-    close(loss_row_weights(n, "seq-mean-token-sum"), [0.5, 0.0, 0.5])
-    close(loss_row_weights(n, "seq-mean-token-mean"), [1 / 6, 0.0, 1 / 4])
-    close(loss_row_weights(n, "traj-mean-token-mean", traj_ids=traj), [1 / 6, 0.0, 1 / 4])
-    close(loss_row_weights(n, "traj-mean-token-mean", traj_ids=torch.tensor([1, 1, 1])),
-          [0.2, 0.0, 0.2])
+
+    def norm(mode, **kw):
+        got = loss_norm(n, mode, **kw)
+        return got.row_divisor.tolist(), got.divisor
+
+    assert norm("token-mean") == ([1, 1, 1], 5)
+    assert norm("seq-mean-token-sum") == ([1, 1, 1], 2)
+    assert norm("seq-mean-token-mean") == ([3, 1, 2], 2)
+    assert norm("seq-mean-token-sum-norm", scale_factor=16) == ([1, 1, 1], 16)
+    assert norm("traj-mean-token-mean", traj_ids=traj) == ([3, 3, 2], 2)
+    assert norm("traj-mean-token-mean", traj_ids=torch.tensor([1, 1, 1])) == ([5, 5, 5], 1)
+    assert not loss_norm(n, "seq-mean-token-sum-norm", scale_factor=16).global_count
+    with pytest.raises(MemrlInputError, match="loss_scale_factor"):
+        loss_norm(n, "seq-mean-token-sum-norm")
 
 
 def test_agg_errors():
@@ -120,15 +130,15 @@ def test_micro_batches_sum_to_full_batch(mode):
         mask[i, :n] = 1
     traj = torch.tensor([0, 0, 1, 2, 1, 2, 2])  # trajectories split across micro-batches
 
-    full = agg_loss(loss, mask, mode, traj_ids=traj)
+    full = agg_loss(loss, mask, mode, traj_ids=traj, scale_factor=SCALE)
     (full_grad,) = torch.autograd.grad(full, loss)
 
-    weights = loss_row_weights(mask.sum(-1), mode, traj_ids=traj)
+    norm = loss_norm(mask.sum(-1), mode, traj_ids=traj, scale_factor=SCALE)
     micro = [[0, 4], [1, 2, 5], [3], [6]]
     total = torch.zeros((), dtype=F64)
     for idx in micro:
         width = max(lengths[i] for i in idx) or 1  # each micro-batch padded to its own width
-        part = agg_loss(loss[idx, :width], mask[idx, :width], mode, row_weights=weights[idx])
+        part = agg_loss(loss[idx, :width], mask[idx, :width], mode, norm=norm.rows(idx))
         part.backward()
         total = total + part.detach()
     close(total, full)
@@ -191,7 +201,7 @@ def test_clip_higher():
 
 def test_dual_clip():
     # A = -1, r = e^2 = 7.389: plain PPO loss 7.389, dual clip bounds it at c * |A| = 3
-    loss, m, grad = one_token(2.0, -1.0)
+    loss, m, grad = one_token(2.0, -1.0, clip_ratio_c=None)
     assert loss == pytest.approx(math.exp(2.0))
     assert m["pg_clipfrac_lower"].item() == 0.0
     loss, m, grad = one_token(2.0, -1.0, clip_ratio_c=3.0)
@@ -362,3 +372,61 @@ def test_logprobs_shape_check():
 def test_masked_mean():
     close(masked_mean(t([1.0, 2.0, 10.0]), t([1.0, 1.0, 0.0])), 1.5)
     assert masked_mean(t([1.0]), t([0.0])).item() == 0.0
+
+
+# ---------------------------------------------------------------- equal to verl's formulas
+# verl/trainer/ppo/core_algos.py `agg_loss`, restated term by term as the reference
+# (single micro-batch: one call over the whole batch).
+def verl_agg_loss(loss_mat, loss_mask, mode, scale_factor=None):
+    loss_mask = loss_mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return (loss_mat * loss_mask).sum() / loss_mask.sum()
+    seq_losses = torch.sum(loss_mat * loss_mask, dim=-1)
+    if mode == "seq-mean-token-sum":
+        return torch.mean(seq_losses)
+    if mode == "seq-mean-token-mean":
+        return torch.mean(seq_losses / torch.sum(loss_mask, dim=-1))
+    assert mode == "seq-mean-token-sum-norm"
+    return torch.sum(seq_losses) / (scale_factor or loss_mask.shape[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
+def test_agg_loss_equals_verl_on_random_inputs(mode, dtype):
+    """Rows all with loss tokens (where verl and memrl agree by definition), large values,
+    half precision: the divisions are done in the loss dtype in verl's order."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(20):
+        rows, seq = 3 + trial % 5, 5 + trial
+        loss = torch.randn(rows, seq, generator=g) * 1e4
+        if dtype == torch.bfloat16:  # no cancellation: bf16 sums of mixed signs are noise
+            loss = loss.abs()
+        loss = loss.to(dtype)
+        mask = torch.rand(rows, seq, generator=g) < 0.7
+        mask[:, 0] = True
+        ours = agg_loss(loss, mask, mode, scale_factor=float(seq))
+        ref = verl_agg_loss(loss, mask, mode, scale_factor=float(seq))
+        assert ours.dtype == ref.dtype == dtype
+        tol = 1e-6 if dtype == torch.float32 else 8e-3
+        torch.testing.assert_close(ours.float(), ref.float(), rtol=tol, atol=0)
+
+
+def test_seq_mean_token_sum_divides_in_the_loss_dtype():
+    """Three rows of 1e6: the mean is 1e6 exactly. Weights rounded to the loss dtype first
+    (the old w = 1/S in float64, cast) give 1e6 * 3 * bf16(1/3) = 1.0015e6, 0.15% off."""
+    loss = torch.full((3, 1), 1e6, dtype=torch.bfloat16)
+    mask = torch.ones(3, 1, dtype=torch.bool)
+    got = agg_loss(loss, mask, "seq-mean-token-sum")
+    assert got.item() == verl_agg_loss(loss, mask, "seq-mean-token-sum").item()
+    assert got.item() == torch.tensor(1e6, dtype=torch.bfloat16).item()
+
+
+def test_dual_clip_is_on_by_default_as_in_verl():
+    """verl compute_policy_loss defaults clip_ratio_c=3.0: a negative advantage with a huge
+    ratio costs at most -A * 3."""
+    lp = t([[math.log(10.0)]])
+    loss, metrics = policy_loss(lp, t([[0.0]]), t([[-1.0]]), t([[1.0]]))
+    close(loss, 3.0)
+    assert metrics["pg_clipfrac_lower"].item() == 1.0

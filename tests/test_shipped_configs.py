@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from memrl.config import load_config
-from memrl.rl.config import TrainConfig
+from memrl.recipes.config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

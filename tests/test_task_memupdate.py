@@ -26,8 +26,8 @@ from memrl.eval.report import read_jsonl
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.memory.embedder import HashingEmbedder
 from memrl.metrics import read_metrics
-from memrl.rl.config import TrainConfig
-from memrl.rl.trainer import Trainer
+from memrl.recipes.config import TrainConfig
+from memrl.recipes import grpo
 from memrl.tasks import build_task
 from memrl.tasks.memupdate_locomo import MemoryUpdateTask, evidence_texts
 
@@ -319,6 +319,14 @@ def test_build_task_and_temperature():
     assert task.embedder.name == "hashing-256"
 
 
+def test_a_reward_with_no_meaning_for_memupdate_is_rejected():
+    """rl.reward selects the answer score of memagent; for memupdate it is an error, not
+    silently ignored."""
+    load_config(TrainConfig, CONFIG, ["model.path=m", "rl.reward=memory_delta"])
+    with pytest.raises(MemrlInputError, match="no meaning for agent memupdate"):
+        load_config(TrainConfig, CONFIG, ["model.path=m", "rl.reward=f1"])
+
+
 def test_two_grpo_steps_end_to_end(tiny_model_dir, tmp_path):
     data = tmp_path / "data"
     train = [
@@ -338,7 +346,7 @@ def test_two_grpo_steps_end_to_end(tiny_model_dir, tmp_path):
     ])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. torch / transformers deprecations
-        Trainer(cfg).fit()
+        grpo.train(cfg)
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "train/reward_mean" in r]
     assert len(rows) == 2
     for r in rows:

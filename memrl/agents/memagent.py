@@ -15,7 +15,8 @@ episodes go in one last call once every episode has read all its chunks (as MemA
 the final turn has its own `max_new_tokens`, and SamplingParams is per call). So a batch
 whose longest context has K chunks makes K + 1 generate calls.
 
-The agent does not score: rewards and evaluation read `Trajectory.answer`.
+The agent does not score, nor extract the answer: its task reads the final response
+(`Trajectory.info["final_response"]`) and sets `Trajectory.answer` and the reward.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from memrl.agents.prompts import MemAgentPrompts, encode_chat, resolve_prompts
+from memrl.agents.prompts import MemAgentPrompts, resolve_prompts
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord
-from memrl.inference.base import Generation, Generator, SamplingParams
-from memrl.rewards.qa import extract_boxed
+from memrl.inference.base import Generation, Generator, Sampler
+from memrl.inference.chat import encode_chat
 
 
 class MemAgentConfig(BaseModel):
@@ -54,7 +55,8 @@ class MemAgentConfig(BaseModel):
     """0 means greedy decoding."""
     top_p: float = Field(0.95, gt=0, le=1)
     seed: int | None = None
-    """Base sampling seed; generate call i uses seed + i, so runs are reproducible."""
+    """Base sampling seed; generate call i uses `derive_seed(seed, i)`, so runs are
+    reproducible and no two calls share a seed."""
     prompts: str | MemAgentPrompts = "memagent"
     """A preset name (see PROMPT_PRESETS) or custom templates."""
 
@@ -177,7 +179,6 @@ class MemAgent:
         self.generator = generator
         self.config = config or MemAgentConfig()
         self.prompts = self.config.resolved_prompts
-        self._calls = 0
 
     @property
     def tokenizer(self) -> Any:
@@ -214,6 +215,12 @@ class MemAgent:
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         report = progress or (lambda event: None)
+        sample = Sampler(
+            self.generator,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            seed=self.config.seed,
+        )
         episodes: list[_Episode] = []
         for record in records:
             chunks = self.chunk(record)
@@ -235,28 +242,27 @@ class MemAgent:
                 self.update_prompt_ids(e.record.question, e.memory, e.chunks.texts[k])
                 for e in active
             ]
-            generations = self._generate(prompts, self.config.max_memory_tokens)
+            generations = sample(prompts, self.config.max_memory_tokens)
             for episode, prompt, gen in zip(active, prompts, generations, strict=True):
                 episode.turns.append(_turn("memory_update", prompt, gen, k, keep_token_ids))
                 # Overwrite. An empty response leaves an empty memory (as in MemAgent, which
                 # only uses "No previous memory" before the first chunk).
-                episode.memory = self._clean_text(gen)
+                episode.memory = sample.text(gen)
                 episode.memories.append(episode.memory)
             report(ProgressEvent("chunks", chunks=len(active)))
 
         # Final answers for every episode, in one call.
         prompts = [self.final_prompt_ids(e.record.question, e.memory) for e in episodes]
-        generations = self._generate(prompts, self.config.max_final_tokens)
+        generations = sample(prompts, self.config.max_final_tokens)
         trajectories = []
         for episode, prompt, gen in zip(episodes, prompts, generations, strict=True):
-            final_text = self._clean_text(gen)
+            final_text = sample.text(gen)
             episode.turns.append(_turn("final", prompt, gen, None, keep_token_ids))
             trajectories.append(
                 Trajectory(
                     record_id=episode.record.id,
                     sample_index=episode.sample_index,
                     turns=episode.turns,
-                    answer=extract_boxed(final_text),
                     info={
                         "memories": episode.memories,
                         "num_chunks": episode.chunks.num_chunks,
@@ -268,26 +274,6 @@ class MemAgent:
             )
         report(ProgressEvent("final", episodes=len(episodes)))
         return trajectories
-
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
-        seed = None if self.config.seed is None else self.config.seed + self._calls
-        self._calls += 1
-        params = SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            seed=seed,
-        )
-        generations = self.generator.generate(prompts, params)
-        if len(generations) != len(prompts):
-            raise RuntimeError(
-                f"generator returned {len(generations)} generations for {len(prompts)} prompts"
-            )
-        return generations
-
-    def _clean_text(self, gen: Generation) -> str:
-        """The response as text without EOS / special tokens: what the next prompt sees."""
-        return self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
 
 
 def _turn(

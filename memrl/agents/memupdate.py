@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.locomo import DialogueTurn, EmbeddingIndex, MemoryEpisode
-from memrl.inference.base import Generation, Generator, SamplingParams
+from memrl.inference.base import Generation, Generator, Sampler
+from memrl.inference.chat import encode_messages
 from memrl.memory.embedder import Embedder, HashingEmbedder, default_embedder
 from memrl.memory.store import MemoryBackend
 from memrl.memory.tools import (
@@ -72,7 +73,7 @@ class MemUpdateConfig(BaseModel):
     """0 means greedy decoding."""
     top_p: float = Field(0.95, gt=0, le=1)
     seed: int | None = None
-    """Base sampling seed; generate call i uses seed + i."""
+    """Base sampling seed; generate call i uses `derive_seed(seed, i)`."""
     embedder: Literal["minilm", "hashing"] = "minilm"
     """Memory embeddings: the packaged MiniLM (memrl[embed]) or feature hashing (tests)."""
     # ---- the reward (memrl.rewards.memory_delta)
@@ -207,8 +208,7 @@ class MemoryUpdateAgent:
         self.generator = generator
         self.store = store
         self.config = config or MemUpdateConfig()
-        self._seed = self.config.seed
-        self._calls = 0
+        self._sample = self._sampler(self.config.seed)
         template = getattr(self.tokenizer, "chat_template", None) or ""
         # Qwen templates render `tools=` and wrap tool messages in <tool_response> tags
         # themselves; plain ChatML (the tiny test model) does neither, so we do it.
@@ -226,11 +226,13 @@ class MemoryUpdateAgent:
 
     def encode(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Token ids of the conversation through the chat template, ready for the reply."""
-        kwargs: dict[str, Any] = {"tools": TOOLS} if self._template_tools else {}
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+        return encode_messages(
+            self.tokenizer, messages, tools=TOOLS if self._template_tools else None
         )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _sampler(self, seed: int | None) -> Sampler:
+        cfg = self.config
+        return Sampler(self.generator, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
 
     def run(
         self,
@@ -244,13 +246,13 @@ class MemoryUpdateAgent:
 
         Each works in its own trial namespace forked from the episode's base namespace
         (which must exist: `create_base_namespace`); the caller releases the trials.
-        `seed` (default: the config's) seeds generate call i of this run with seed + i.
+        `seed` (default: the config's) seeds generate call i of this run with
+        `derive_seed(seed, i)`.
         `keep_token_ids=False` leaves the turns' token ids empty (evaluation needs none).
         """
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        self._seed = self.config.seed if seed is None else seed
-        self._calls = 0
+        self._sample = self._sampler(self.config.seed if seed is None else seed)
         run_id = next(_RUN_IDS)
         states: list[_Episode] = []
         try:
@@ -264,7 +266,7 @@ class MemoryUpdateAgent:
                 self._start_piece(st)
             while active := [st for st in states if not st.done]:
                 prompts = [self.encode(st.messages) for st in active]
-                generations = self._generate(prompts)
+                generations = self._sample(prompts, self.config.max_response_tokens)
                 for st, prompt, gen in zip(active, prompts, generations, strict=True):
                     self._step(st, prompt, gen, keep_token_ids)
             return [self._trajectory(st, before[st.namespace]) for st in states]
@@ -293,7 +295,7 @@ class MemoryUpdateAgent:
 
     def _step(self, st: _Episode, prompt: list[int], gen: Generation, keep_ids: bool) -> None:
         cfg = self.config
-        text = self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
+        text = self._sample.text(gen)
         parsed = parse_tool_calls(text)
         calls = parsed.calls[: cfg.max_parallel_calls]
         error_kinds = list(parsed.error_kinds)
@@ -385,23 +387,6 @@ class MemoryUpdateAgent:
                 "calls": st.calls,
             },
         )
-
-    def _generate(self, prompts: list[list[int]]) -> list[Generation]:
-        cfg = self.config
-        seed = None if self._seed is None else self._seed + self._calls
-        self._calls += 1
-        params = SamplingParams(
-            max_new_tokens=cfg.max_response_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            seed=seed,
-        )
-        generations = self.generator.generate(prompts, params)
-        if len(generations) != len(prompts):
-            raise RuntimeError(
-                f"generator returned {len(generations)} generations for {len(prompts)} prompts"
-            )
-        return generations
 
 
 def _wrap_tool_response(content: str) -> str:

@@ -107,19 +107,3 @@ def resolve_prompts(prompts: str | MemAgentPrompts | dict[str, Any]) -> MemAgent
     except ValidationError as exc:
         first = exc.errors()[0]
         raise MemrlInputError(first["msg"], location="prompts") from exc
-
-
-def render_chat(tokenizer: Any, text: str) -> str:
-    """`text` as one user message through the tokenizer's chat template, ready for the reply."""
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-
-
-def encode_chat(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of `render_chat(text)`; the template already holds every special token.
-
-    (transformers 5 returns a dict from `apply_chat_template(tokenize=True)`, so we render
-    to text and encode it ourselves.)
-    """
-    return list(tokenizer.encode(render_chat(tokenizer, text), add_special_tokens=False))

@@ -36,16 +36,16 @@ def load_generator(
     """HFGenerator for `model` on `device` (validated), with torch seeded when asked."""
     import torch
 
-    if device is not None:
-        try:
-            torch.device(device)
-        except RuntimeError as exc:
-            raise MemrlInputError(str(exc), location="--device") from exc
+    from memrl.inference.hf import HFGenerator
+    from memrl.inference.loader import load_pretrained, resolve_device
+
+    try:
+        device = resolve_device(device)
+    except MemrlInputError as exc:
+        raise MemrlInputError(exc.message, location="--device") from None
     if seed is not None:
         torch.manual_seed(seed)
-
-    from memrl.inference.hf import HFGenerator
-
-    return HFGenerator.from_pretrained(
-        str(model), device=device, dtype=dtype, max_batch_size=batch_size
-    )
+    model_, tokenizer = load_pretrained(str(model), device=device, dtype=dtype)
+    generator = HFGenerator(model_, tokenizer, max_batch_size=batch_size)
+    generator.name_or_path = str(model)
+    return generator

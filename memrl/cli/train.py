@@ -23,8 +23,8 @@ def train(
     from rich.console import Console
 
     from memrl.config import load_config
-    from memrl.rl.config import TrainConfig
-    from memrl.rl.trainer import Trainer
+    from memrl.recipes import grpo
+    from memrl.recipes.config import TrainConfig
 
     extra = list(overrides or [])
     if resume:
@@ -32,7 +32,7 @@ def train(
     cfg = load_config(TrainConfig, config, extra)
     console = Console()
     console.print(f"training → {cfg.trainer.out_dir}")
-    state = Trainer(cfg, console=console).fit()
+    state = grpo.train(cfg, console=console)
     console.print(
         f"done: {state.step} steps; metrics {Path(cfg.trainer.out_dir) / 'metrics.jsonl'}, "
         f"plot {Path(cfg.trainer.out_dir) / 'training.png'}"

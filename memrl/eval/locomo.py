@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +34,17 @@ from memrl.agents.memupdate import MemUpdateConfig
 from memrl.agents.trajectory import Trajectory
 from memrl.data.locomo import ADVERSARIAL_CATEGORY, CATEGORY_NAMES, MemoryEpisode
 from memrl.errors import MemrlInputError
-from memrl.eval.report import markdown_table, rich_table, write_json, write_jsonl
-from memrl.inference.base import Generator
+from memrl.eval.report import (
+    finish_header,
+    progress_bars,
+    run_header,
+    write_json,
+    write_jsonl,
+    write_report,
+)
+from memrl.inference.base import Generator, derive_seed
 from memrl.memory.embedder import Embedder
+from memrl.tasks.memupdate_locomo import MemoryUpdateTask
 
 ALL_CATEGORIES = (1, 2, 3, 4, 5)
 DEFAULT_CATEGORIES = (1, 2, 3, 4)
@@ -130,9 +137,6 @@ def evaluate_locomo(
     `episodes_per_run` episodes run together in lockstep.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from memrl.tasks.memupdate_locomo import MemoryUpdateTask
 
     categories = check_categories([int(c) for c in categories])
     for option, value in (("--limit", limit), ("--samples", num_samples),
@@ -147,7 +151,6 @@ def evaluate_locomo(
         update={"include_adversarial": ADVERSARIAL_CATEGORY in categories}
     )
     task = MemoryUpdateTask(config, embedder=embedder)
-    task.keep_token_ids = False
     episodes: list[MemoryEpisode] = [
         e for e in task.load(str(data), "locomo", what="evaluation") if e.category in categories
     ][:limit]
@@ -160,31 +163,20 @@ def evaluate_locomo(
     out.mkdir(parents=True, exist_ok=True)
     console = console or Console()
     started = time.perf_counter()
-    results: dict[str, Any] = {
-        "benchmark": "locomo",
-        "model": model_name or getattr(generator, "name_or_path", None) or type(generator).__name__,
-        "data": str(data),
-        "categories": categories,
-        "limit": limit,
-        "num_samples": num_samples,
-        "num_episodes": len(episodes),
-        "embedder": task.embedder.name,
-        "config": config.model_dump(mode="json"),
-        "metric": "f1_final",
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=not show_progress,
+    results = run_header(
+        "locomo", generator, model_name, config,
+        data=str(data), categories=categories, limit=limit, num_samples=num_samples,
+        num_episodes=len(episodes), embedder=task.embedder.name, metric="f1_final",
     )
     trajectories: list[Trajectory] = []
-    with progress:
+    with progress_bars(console, show_progress) as progress:
         bar = progress.add_task("LoCoMo episodes", total=len(episodes))
         for i in range(0, len(episodes), episodes_per_run):
-            batch = episodes[i : i + episodes_per_run]
-            seed = (config.seed or 0) + i
-            trajectories += task.rollout(generator, batch, num_samples=num_samples, seed=seed)
-            progress.advance(bar, len(batch))
+            trajectories += task.rollout(
+                generator, episodes[i : i + episodes_per_run], num_samples=num_samples,
+                seed=derive_seed(config.seed or 0, "locomo", i), keep_token_ids=False,
+                progress=lambda done: progress.advance(bar, done),
+            )
     elapsed = time.perf_counter() - started
 
     by_id = {e.id: e for e in episodes}
@@ -199,18 +191,15 @@ def evaluate_locomo(
     if answerable:
         per_category["all"] = aggregate(answerable)
     results["results"] = per_category
-    results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    finish_header(results)
     results["timings"] = {"total_s": elapsed,
                           "per_episode_s": elapsed / len(episodes)}
     write_json(out / "results.json", results)
 
-    rows = table_rows(per_category)
-    title = f"LoCoMo · MemoryUpdate · {results['model']}"
     note = (
         f"\nAnswerer `{config.answerer}` over the top {config.top_k} memories "
         f"({task.embedder.name}); scores and recall in %, edits and growth per episode.\n"
     )
-    (out / "results.md").write_text(f"# {title}\n\n" + markdown_table(TABLE_COLUMNS, rows)
-                                    + note, encoding="utf-8")
-    console.print(rich_table(title, TABLE_COLUMNS, rows))
+    title = f"LoCoMo · MemoryUpdate · {results['model']}"
+    write_report(out, title, TABLE_COLUMNS, table_rows(per_category), console, note)
     return results

@@ -132,3 +132,44 @@ def plot_scores(
     finally:
         plt.close(fig)
     return path
+
+
+def run_header(
+    benchmark: str, generator: Any, model_name: str | None, config: Any, **fields: Any
+) -> dict[str, Any]:
+    """The first keys of every results.json: what ran, on which model, with which config."""
+    from datetime import datetime, timezone
+
+    model = model_name or getattr(generator, "name_or_path", None) or type(generator).__name__
+    return {
+        "benchmark": benchmark,
+        "model": model,
+        **fields,
+        "config": config.model_dump(mode="json"),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def finish_header(results: dict[str, Any]) -> None:
+    from datetime import datetime, timezone
+
+    results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def progress_bars(console: Any, show: bool) -> Any:
+    """The rich Progress every evaluation shows (description, bar, done/total, elapsed)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=not show,
+    )
+
+
+def write_report(
+    out: Path, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], console: Any,
+    note: str = "",
+) -> None:
+    """results.md (the table as Markdown, plus a note) and the same table on the console."""
+    write_atomic(out / "results.md", f"# {title}\n\n" + markdown_table(columns, rows) + note)
+    console.print(rich_table(title, columns, rows))

@@ -18,48 +18,36 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memrl.agents.memagent import MemAgent, MemAgentConfig, rich_progress_callback
+from memrl.agents.memagent import MemAgentConfig, rich_progress_callback
 from memrl.agents.trajectory import Trajectory
-from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
 from memrl.errors import MemrlInputError
-from memrl.eval.report import markdown_table, plot_scores, rich_table, write_json, write_jsonl
+from memrl.eval.report import (
+    finish_header,
+    plot_scores,
+    progress_bars,
+    run_header,
+    write_json,
+    write_jsonl,
+    write_report,
+)
 from memrl.inference.base import Generator
-from memrl.rewards.qa import qa_scores
+from memrl.tasks.memagent_qa import MemAgentQATask
 
 METRICS = ("em", "f1", "sub_em")
 TABLE_COLUMNS = ("N", "context tokens", "chunks", "EM", "F1", "sub-EM")
 
 
-def score_trajectories(
-    trajectories: Sequence[Trajectory], records: Sequence[QARecord]
-) -> list[dict[str, float]]:
-    """qa_scores of each trajectory's answer against its record's gold answers.
-
-    Also stores them in `trajectory.metrics`.
-    """
-    by_id = {r.id: r for r in records}
-    scores = []
-    for t in trajectories:
-        s = qa_scores(t.answer, by_id[t.record_id].answers)
-        t.metrics.update(s)
-        scores.append(s)
-    return scores
-
-
-def aggregate(
-    trajectories: Sequence[Trajectory], scores: Sequence[dict[str, float]]
-) -> dict[str, Any]:
-    """Means over all trajectories of one N (every sample counts once, as MemAgent does)."""
+def aggregate(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Means over all scored trajectories of one N (every sample counts once, as MemAgent)."""
     n = len(trajectories)
     if n == 0:
         return {"n": 0, **{m: None for m in METRICS}, "score": None, "context_tokens": None,
                 "chunks": None, "capped": 0, "no_answer": 0}
-    means = {m: sum(s[m] for s in scores) / n for m in METRICS}
+    means = {m: sum(t.metrics[m] for t in trajectories) / n for m in METRICS}
     return {
         "n": n,
         **means,
@@ -68,31 +56,6 @@ def aggregate(
         "chunks": sum(t.info["num_chunks"] for t in trajectories) / n,
         "capped": sum(bool(t.info["capped"]) for t in trajectories),
         "no_answer": sum(t.answer is None for t in trajectories),
-    }
-
-
-def trajectory_row(
-    t: Trajectory, record: QARecord, num_docs: int, scores: dict[str, float]
-) -> dict[str, Any]:
-    """What one line of `trajectories_{N}.jsonl` holds (no context: it is in the data file)."""
-    updates = [turn for turn in t.turns if turn.kind == "memory_update"]
-    final = next(turn for turn in t.turns if turn.kind == "final")
-    return {
-        "id": t.record_id,
-        "sample_index": t.sample_index,
-        "num_docs": num_docs,
-        "question": record.question,
-        "answers": record.answers,
-        "memories": t.info["memories"],
-        "memory_tokens": [turn.meta["response_tokens"] for turn in updates],
-        "memory_truncated": [turn.truncated for turn in updates],
-        "final_response": t.info["final_response"],
-        "final_truncated": final.truncated,
-        "answer": t.answer,
-        "scores": scores,
-        "num_chunks": t.info["num_chunks"],
-        "context_tokens": t.info["context_tokens"],
-        "capped": t.info["capped"],
     }
 
 
@@ -127,7 +90,6 @@ def evaluate_ruler_hqa(
     once; the generator splits big calls into its own micro-batches).
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not num_docs_list:
         raise MemrlInputError("give at least one number of documents", location="--num-docs")
@@ -150,32 +112,15 @@ def evaluate_ruler_hqa(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     console = console or Console()
-    agent = MemAgent(generator, config)
+    task = MemAgentQATask(config)
     started = time.perf_counter()
-    results: dict[str, Any] = {
-        "benchmark": "ruler_hqa",
-        "model": model_name or getattr(generator, "name_or_path", None) or type(generator).__name__,
-        "data_dir": str(data_dir),
-        "num_docs": num_docs_list,
-        "limit": limit,
-        "num_samples": num_samples,
-        "records_per_run": records_per_run,
-        "config": config.model_dump(mode="json"),
-        "metric": "sub_em",
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "results": {},
-        "timings": {"per_num_docs_s": {}, "total_s": 0.0},
-    }
-
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not show_progress,
+    results = run_header(
+        "ruler_hqa", generator, model_name, config,
+        data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
+        records_per_run=records_per_run, metric="sub_em",
     )
-    with progress:
+    results.update(results={}, timings={"per_num_docs_s": {}, "total_s": 0.0})
+    with progress_bars(console, show_progress) as progress:
         for n in num_docs_list:
             path = ruler_hqa_path(data_dir, n)
             records = load_ruler_hqa(path)[:limit]
@@ -184,33 +129,29 @@ def evaluate_ruler_hqa(
             trajectories: list[Trajectory] = []
             step = records_per_run or max(len(records), 1)
             for i in range(0, len(records), step):
-                trajectories += agent.run(
-                    records[i : i + step], num_samples, on_event, keep_token_ids=False
+                trajectories += task.rollout(
+                    generator, records[i : i + step], num_samples=num_samples,
+                    seed=config.seed, keep_token_ids=False, progress=on_event,
                 )
             elapsed = time.perf_counter() - t0
 
-            scores = score_trajectories(trajectories, records)
             by_id = {r.id: r for r in records}
             write_jsonl(
                 out / f"trajectories_{n}.jsonl",
-                (trajectory_row(t, by_id[t.record_id], n, s)
-                 for t, s in zip(trajectories, scores, strict=True)),
+                (task.log_row(t, by_id[t.record_id]) for t in trajectories),
             )
             results["results"][str(n)] = {"num_docs": n, "num_records": len(records),
-                                          **aggregate(trajectories, scores), "seconds": elapsed}
+                                          **aggregate(trajectories), "seconds": elapsed}
             results["timings"]["per_num_docs_s"][str(n)] = elapsed
             results["timings"]["total_s"] = time.perf_counter() - started
             write_json(out / "results.json", results)
 
-    results["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    finish_header(results)
     results["timings"]["total_s"] = time.perf_counter() - started
     write_json(out / "results.json", results)
 
-    rows = table_rows(results["results"])
     title = f"RULER-HQA · {results['model']}"
-    (out / "results.md").write_text(f"# {title}\n\n" + markdown_table(TABLE_COLUMNS, rows),
-                                    encoding="utf-8")
-    console.print(rich_table(title, TABLE_COLUMNS, rows))
+    write_report(out, title, TABLE_COLUMNS, table_rows(results["results"]), console)
     _plot(out / "plot.png", results["results"], title)
     return results
 

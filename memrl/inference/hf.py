@@ -22,10 +22,8 @@ Conventions (see `Generation`):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams
 
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
@@ -52,52 +50,28 @@ class HFGenerator:
             pad = min(self.eos_token_ids) if self.eos_token_ids else 0
         self.pad_token_id: int = int(pad)
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        device: Any = None,
-        dtype: Any = None,
-        max_batch_size: int = 32,
-        **kw: Any,
-    ) -> HFGenerator:
-        """Load model + tokenizer from a directory (or hub id already in the local cache).
-
-        Defaults: CUDA with bfloat16 when a GPU is available, else CPU with float32.
-        Extra keyword arguments go to `AutoModelForCausalLM.from_pretrained`.
-        """
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        device = torch.device(device)
-        if dtype is None:
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        elif isinstance(dtype, str):
-            resolved = getattr(torch, dtype, None)
-            if not isinstance(resolved, torch.dtype):
-                raise MemrlInputError(f"unknown torch dtype {dtype!r}", location="dtype")
-            dtype = resolved
-        # transformers renamed `torch_dtype` to `dtype` in 4.56.
-        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-        dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: dtype}, **kw)
-        except (OSError, ValueError) as exc:
-            raise MemrlInputError(
-                f"cannot load a model and tokenizer from it: {exc}", location=str(path)
-            ) from exc
-        model.to(device)
-        model.eval()
-        return cls(model, tokenizer, max_batch_size=max_batch_size)
-
     @property
     def device(self) -> Any:
         return next(self.model.parameters()).device
+
+    # ---- the Engine seam: this engine samples from the very module being trained.
+    def sync_weights(self, policy: Any, step: int) -> None:
+        """Nothing to copy: generation uses `self.model`, which must be the policy itself."""
+        if policy is not None and _unwrap(policy) is not _unwrap(self.model):
+            raise ValueError(
+                "HFGenerator generates with the module it wraps; build it over the policy "
+                "being trained instead of syncing another module into it"
+            )
+
+    def sleep(self) -> None:
+        """Nothing to free: the KV cache lives only inside a `generate` call."""
+
+    def wake(self) -> None:
+        """Nothing to restore (see `sleep`)."""
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        """One request, answered at once (the in-process engine has no request queue)."""
+        return self.generate([prompt], params)[0]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -197,7 +171,7 @@ class HFGenerator:
         results = []
         for row in range(batch):
             text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
-            cut = _first_stop_end(text, stops)
+            cut = first_stop_end(text, stops)
             if cut is not None:
                 text = text[:cut]
             results.append(Generation(tokens[row], logprobs[row], text, finish[row] or "length"))
@@ -207,6 +181,12 @@ class HFGenerator:
         """Whether the newest token completed a stop string (only the tail is decoded)."""
         tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def _unwrap(model: Any) -> Any:
+    """The base module under a PEFT wrapper (generation and training share its weights)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 def _sample(logits: Any, params: SamplingParams, rng: Any) -> tuple[Any, Any]:
@@ -221,12 +201,12 @@ def _sample(logits: Any, params: SamplingParams, rng: Any) -> tuple[Any, Any]:
         logp = torch.log_softmax(logits / params.temperature, dim=-1)
         probs = logp.exp()
         if params.top_p < 1.0:
-            probs = _top_p_filter(probs, params.top_p)
+            probs = top_p_filter(probs, params.top_p)
         tokens = torch.multinomial(probs, 1, generator=rng).squeeze(-1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _top_p_filter(probs: Any, top_p: float) -> Any:
+def top_p_filter(probs: Any, top_p: float) -> Any:
     """Zero every token outside the smallest most-likely set whose mass reaches top_p.
 
     A token is kept when the mass of the tokens ranked above it is still below top_p, so
@@ -241,7 +221,7 @@ def _top_p_filter(probs: Any, top_p: float) -> Any:
     return torch.zeros_like(probs).scatter(-1, sorted_idx, sorted_probs)
 
 
-def _first_stop_end(text: str, stop: Sequence[str]) -> int | None:
+def first_stop_end(text: str, stop: Sequence[str]) -> int | None:
     """End index of the stop string occurrence that ends first in `text`, if any."""
     ends = [text.find(s) + len(s) for s in stop if s and s in text]
     return min(ends) if ends else None

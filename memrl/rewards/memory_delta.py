@@ -182,8 +182,8 @@ def llm_answer_scores(
     All prompts go to `generator` in ONE greedy generate call. A reply that normalises to
     nothing scores 0 (qa_scores' rule).
     """
-    from memrl.agents.prompts import encode_chat
-    from memrl.inference.base import SamplingParams
+    from memrl.inference.base import SamplingParams, generate_checked, response_text
+    from memrl.inference.chat import encode_chat
 
     if not len(questions) == len(memories) == len(answers):
         raise ValueError(
@@ -196,14 +196,9 @@ def llm_answer_scores(
         for q, m in zip(questions, memories, strict=True)
     ]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, seed=seed)
-    generations = generator.generate(prompts, params)
-    if len(generations) != len(prompts):
-        raise RuntimeError(
-            f"generator returned {len(generations)} generations for {len(prompts)} prompts"
-        )
+    generations = generate_checked(generator, prompts, params)
     out = []
     for gen, gold in zip(generations, answers, strict=True):
-        text = generator.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
-        prediction = extract_answer(text)
+        prediction = extract_answer(response_text(generator.tokenizer, gen))
         out.append((qa_scores(prediction, gold)["f1"], prediction))
     return out

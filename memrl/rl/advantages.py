@@ -9,9 +9,11 @@ hashable group ids, and return a tensor of the same shape and float dtype. The c
 each conversation (Turn) of a trajectory that trajectory's advantage.
 
 Conventions shared by every estimator here (and where they differ from verl):
-- A group of size 1 gets advantage exactly 0: it has no baseline to compare against.
-  (verl's GRPO uses mean 0 and std 1 for such groups, i.e. it trains on the raw reward;
-  its RLOO leaves the raw reward too.)
+- A group of size 1 gets advantage exactly 0 by default (``size1="zero"``): it has no
+  baseline to compare against. ``size1="raw_reward"`` is verl's behaviour instead: GRPO uses
+  mean 0 and std 1 for such groups (the advantage is the raw reward, over 1 + eps with the
+  std division), RLOO keeps the raw reward, REINFORCE++-baseline uses mean 0 before
+  whitening.
 - A group whose rewards are all equal gets advantage exactly 0. Mathematically it already
   is, but ``r - mean(r)`` in floating point can leave a 1-ulp residue that the GRPO
   division by ``std + eps`` would blow up to a visible number (e.g. 0.007 in float32).
@@ -25,7 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+SIZE1_MODES = ("zero", "raw_reward")
+"""How a group of one trajectory is treated (see the module docstring)."""
+
 __all__ = [
+    "ESTIMATORS",
+    "SIZE1_MODES",
+    "compute_advantages",
     "GroupStats",
     "dynamic_sampling_keep",
     "grpo_advantages",
@@ -60,6 +68,20 @@ def _as_rewards(rewards: Tensor | Sequence[float]) -> Tensor:
     if not torch.isfinite(r).all():
         raise ValueError(f"rewards must be finite, got {r.tolist()}")
     return r
+
+
+def _check_size1(size1: str) -> None:
+    if size1 not in SIZE1_MODES:
+        raise ValueError(f"size1 must be one of {', '.join(SIZE1_MODES)}, got {size1!r}")
+
+
+def _baseline(st: GroupStats, size1: str) -> tuple[Tensor, Tensor]:
+    """(group mean, which trajectories get advantage 0) under the size-1 convention."""
+    _check_size1(size1)
+    single = st.size == 1
+    if size1 == "raw_reward":
+        return torch.where(single, torch.zeros_like(st.mean), st.mean), st.all_equal & ~single
+    return st.mean, st.all_equal
 
 
 def group_stats(rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable]) -> GroupStats:
@@ -104,48 +126,57 @@ def grpo_advantages(
     *,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    size1: str = "zero",
 ) -> Tensor:
     """GRPO advantage of each trajectory relative to the others of its group."""
     r = _as_rewards(rewards)
     st = group_stats(r, group_ids)
-    adv = r - st.mean
+    mean, zero = _baseline(st, size1)
+    adv = r - mean
     if norm_by_std:
-        adv = adv / (st.std + eps)
-    return torch.where(st.all_equal, torch.zeros_like(adv), adv)
+        std = torch.where(st.size == 1, torch.ones_like(st.std), st.std)  # verl: std 1
+        adv = adv / (std + eps)
+    return torch.where(zero, torch.zeros_like(adv), adv)
 
 
 # RLOO, leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740):
 #   A_i = r_i - 1/(n-1) * sum_{j != i} r_j  =  n/(n-1) * (r_i - mean(r_group))
 # Matches verl `compute_rloo_outcome_advantage` for n > 1; size-1 groups get 0 (verl keeps r_i).
-def rloo_advantages(rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable]) -> Tensor:
+def rloo_advantages(
+    rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable], *, size1: str = "zero"
+) -> Tensor:
     """Reward minus the mean reward of the *other* trajectories of the group."""
     r = _as_rewards(rewards)
     st = group_stats(r, group_ids)
+    _, zero = _baseline(st, size1)
     n = st.size.to(r.dtype)
     others_mean = (st.mean * n - r) / (n - 1).clamp(min=1)
-    adv = r - others_mean
-    return torch.where(st.all_equal, torch.zeros_like(adv), adv)
+    adv = torch.where(st.size == 1, r, r - others_mean)
+    return torch.where(zero, torch.zeros_like(adv), adv)
 
 
 # REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262):
 #   c_i = r_i - mean(r_group);  A_i = (c_i - mean_B(c)) / sqrt(var_B(c) + 1e-8)
 # i.e. subtract the group mean, then whiten over the whole batch B. verl
 # (`compute_reinforce_plus_plus_baseline_outcome_advantage` + `masked_whiten`) whitens over
-# *tokens*, so a trajectory weighs in proportion to its response length; here the statistics
-# are over *trajectories* (each counts once). Pass `token_counts` (response tokens of each
-# trajectory, all its turns together) to weigh by tokens and reproduce verl exactly: the
-# advantage is constant over a trajectory's tokens, so token-level whitening equals this
-# weighted trajectory-level one. var_B is unbiased (W/(W-1), W = total weight) as in verl.
+# *tokens*, so a trajectory weighs in proportion to its response length. Pass `token_counts`
+# (response tokens of each trajectory, all its turns together: the training recipe always
+# does) to reproduce verl exactly: the advantage is constant over a trajectory's tokens, so
+# token-level whitening equals this token-weighted trajectory-level one. Without
+# `token_counts` each trajectory counts once. var_B is unbiased (W/(W-1), W = total weight)
+# as in verl.
 def reinforce_pp_baseline_advantages(
     rewards: Tensor | Sequence[float],
     group_ids: Sequence[Hashable],
     *,
     token_counts: Tensor | Sequence[int] | None = None,
+    size1: str = "zero",
 ) -> Tensor:
     """Group-mean baseline, then batch whitening (trajectory-level or token-weighted)."""
     r = _as_rewards(rewards)
     st = group_stats(r, group_ids)
-    centred = torch.where(st.all_equal, torch.zeros_like(r), r - st.mean)
+    mean, zero = _baseline(st, size1)
+    centred = torch.where(zero, torch.zeros_like(r), r - mean)
     if token_counts is None:
         w = torch.ones_like(r)
     else:
@@ -168,5 +199,33 @@ def reinforce_pp_baseline_advantages(
 def dynamic_sampling_keep(
     rewards: Tensor | Sequence[float], group_ids: Sequence[Hashable]
 ) -> Tensor:
-    """Bool mask of trajectories whose group has reward std > 0."""
+    """Bool mask of trajectories whose group has reward std > 0 (groups of one: never)."""
     return ~group_stats(rewards, group_ids).all_equal
+
+
+ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def compute_advantages(
+    estimator: str,
+    rewards: Tensor | Sequence[float],
+    group_ids: Sequence[Hashable],
+    *,
+    token_counts: Tensor | Sequence[int],
+    norm_by_std: bool = False,
+    size1: str = "zero",
+) -> Tensor:
+    """The advantage of every trajectory under ``estimator`` (verl `adv_estimator` names).
+
+    ``token_counts``: response tokens of each trajectory (all its turns), used by the
+    token-weighted whitening of REINFORCE++-baseline, as verl.
+    """
+    if estimator == "grpo":
+        return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std, size1=size1)
+    if estimator == "rloo":
+        return rloo_advantages(rewards, group_ids, size1=size1)
+    if estimator == "reinforce_plus_plus_baseline":
+        return reinforce_pp_baseline_advantages(
+            rewards, group_ids, token_counts=token_counts, size1=size1
+        )
+    raise ValueError(f"unknown advantage estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")

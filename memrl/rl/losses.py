@@ -5,18 +5,22 @@ trainable samples). Everything here is a pure function of its tensor arguments.
 
 Exact micro-batching
 --------------------
-Every aggregation mode is a weighted token sum, ``loss = sum_b w_b * sum_t mask[b,t] * l[b,t]``,
-where the weight ``w_b`` of a row depends only on statistics of the *whole* batch (token
-count, number of sequences, tokens per trajectory). `loss_row_weights` computes those weights
-once for the full (mini-)batch; a trainer slices them per micro-batch and passes them as
-``row_weights``; the micro-batch losses then sum to the full-batch loss, and so do their
+Every aggregation mode is ``loss = (1/D) * sum_b (1/d_b) * sum_t mask[b,t] * l[b,t]``: a row
+divisor ``d_b`` and a global divisor ``D`` that depend only on statistics of the *whole*
+(mini-)batch (token count, number of sequences, tokens per trajectory). `loss_norm` computes
+them once for the full batch; a trainer slices the row divisors per micro-batch
+(`LossNorm.rows`); the micro-batch losses then sum to the full-batch loss, and so do their
 gradients (``backward()`` per micro-batch, no rescaling). This fixes verl's approximation,
 which takes the token mean *within* each micro-batch and rescales by micro/mini batch size.
-With data parallelism, compute the weights over the global mini-batch (all ranks) and *sum*
-gradients across ranks (DDP/FSDP average them: multiply the loss by the world size).
+The divisions are done in the loss dtype, in verl's order (row sums, then the divisor), so a
+single micro-batch gives verl's `agg_loss` value. With data parallelism, ``D`` is summed over
+ranks (`LossNorm.global_count`) and gradients are summed (DDP/FSDP average them: multiply the
+loss by the world size).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -26,17 +30,24 @@ from memrl.errors import MemrlInputError
 __all__ = [
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "LossNorm",
     "agg_loss",
     "entropy_from_logits",
     "kl_penalty",
     "kl_penalty_reward",
     "logprobs_from_logits",
-    "loss_row_weights",
+    "loss_norm",
     "masked_mean",
     "policy_loss",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "traj-mean-token-mean")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+    "traj-mean-token-mean",
+)
 """verl's `loss_agg_mode` names, plus memrl's per-trajectory mean for multi-conversation runs."""
 
 KL_KINDS = {
@@ -66,37 +77,69 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return s / m.sum().clamp(min=1)
 
 
-# Loss aggregation (verl `agg_loss`), written as per-row token weights w_b:
-#   token-mean            w_b = 1 / N                    N = loss tokens in the batch
-#   seq-mean-token-sum    w_b = 1 / S                    S = rows with >= 1 loss token
-#   seq-mean-token-mean   w_b = 1 / (S * n_b)            n_b = loss tokens of row b
-#   traj-mean-token-mean  w_b = 1 / (T * m_traj(b))      m_k = loss tokens of trajectory k
-#                                                        (all its rows), T = trajectories
-#                                                        with >= 1 loss token
+@dataclass(frozen=True)
+class LossNorm:
+    """The divisors of one aggregation over a whole (mini-)batch (see module docstring)."""
+
+    row_divisor: Tensor
+    """d_b per row (float64, (B,)); 1 where a row has no loss token (its sum is 0 anyway)."""
+    divisor: float
+    """D: what the summed row terms are divided by (1 for an empty batch)."""
+    global_count: bool = True
+    """True when D is a count that data-parallel ranks add up; False for a constant."""
+
+    def rows(self, index: Tensor | list[int]) -> LossNorm:
+        """The same norm restricted to some rows (a micro-batch): D stays the batch's."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return LossNorm(self.row_divisor[idx], self.divisor, self.global_count)
+
+    def with_divisor(self, divisor: float) -> LossNorm:
+        return LossNorm(self.row_divisor, float(divisor) or 1.0, self.global_count)
+
+
+# Loss aggregation (verl `agg_loss`), as row divisors d_b and a global divisor D:
+#   token-mean               d_b = 1     D = N     N = loss tokens in the batch
+#   seq-mean-token-sum       d_b = 1     D = S     S = rows with >= 1 loss token
+#   seq-mean-token-mean      d_b = n_b   D = S     n_b = loss tokens of row b
+#   seq-mean-token-sum-norm  d_b = 1     D = C     C = a constant (Dr.GRPO's normaliser,
+#                                                  verl's loss_scale_factor)
+#   traj-mean-token-mean     d_b = m_k   D = T     m_k = loss tokens of row b's trajectory
+#                                                  (all its rows), T = trajectories with
+#                                                  >= 1 loss token
 # token-mean is the global token mean of DAPO (arXiv:2503.14476 §3.3) and MemAgent;
 # seq-mean-token-mean is the per-sample mean of the original GRPO objective (arXiv:2402.03300);
+# seq-mean-token-sum-norm is Dr.GRPO's (arXiv:2503.20783) constant normaliser;
 # traj-mean-token-mean makes each trajectory weigh the same however many conversations it has.
-# Rows with no loss token (e.g. overlong-masked turns) get weight 0 and are not counted in
-# S or T (verl's torch.mean over rows would count them); an empty batch has all weights 0.
-def loss_row_weights(
-    num_loss_tokens: Tensor, mode: str, *, traj_ids: Tensor | None = None
-) -> Tensor:
-    """Weight of each loss token of each row for ``mode``, over the whole batch (float64, (B,))."""
+# Rows with no loss token (e.g. overlong-masked turns) are not counted in S or T (verl's
+# torch.mean over rows would count them); an empty batch has D = 1 and a zero loss.
+def loss_norm(
+    num_loss_tokens: Tensor,
+    mode: str,
+    *,
+    traj_ids: Tensor | None = None,
+    scale_factor: float | None = None,
+) -> LossNorm:
+    """Row and global divisors of ``mode`` over the whole batch (see the table above)."""
     _check_mode(mode)
     n = num_loss_tokens.to(torch.float64)
     if n.dim() != 1:
         raise ValueError(f"num_loss_tokens must have shape (batch,), got {tuple(n.shape)}")
     has = n > 0
-    zeros = torch.zeros_like(n)
+    ones = torch.ones_like(n)
     if mode == "token-mean":
-        total = n.sum()
-        return zeros if total == 0 else torch.where(has, 1.0 / total, zeros)
+        return LossNorm(ones, float(n.sum()) or 1.0)
     if mode == "seq-mean-token-sum":
-        s = has.sum()
-        return zeros if s == 0 else torch.where(has, zeros + 1.0 / s, zeros)
+        return LossNorm(ones, float(has.sum()) or 1.0)
     if mode == "seq-mean-token-mean":
-        s = has.sum()
-        return zeros if s == 0 else torch.where(has, 1.0 / (s * n.clamp(min=1)), zeros)
+        return LossNorm(torch.where(has, n, ones), float(has.sum()) or 1.0)
+    if mode == "seq-mean-token-sum-norm":
+        if scale_factor is None or not scale_factor > 0:
+            raise MemrlInputError(
+                "seq-mean-token-sum-norm needs a positive constant normaliser "
+                f"(loss_scale_factor), got {scale_factor}",
+                location="loss_scale_factor",
+            )
+        return LossNorm(ones, float(scale_factor), global_count=False)
     # traj-mean-token-mean
     if traj_ids is None:
         raise ValueError("loss_agg_mode 'traj-mean-token-mean' needs traj_ids (one per row)")
@@ -105,11 +148,8 @@ def loss_row_weights(
     uniq, inverse = torch.unique(traj_ids.to(n.device), return_inverse=True)
     per_traj = torch.zeros(uniq.numel(), dtype=n.dtype, device=n.device)
     per_traj.index_add_(0, inverse, n)
-    t = (per_traj > 0).sum()
-    if t == 0:
-        return zeros
     m = per_traj[inverse]
-    return torch.where(has, 1.0 / (t * m.clamp(min=1)), zeros)
+    return LossNorm(torch.where(m > 0, m, ones), float((per_traj > 0).sum()) or 1.0)
 
 
 def agg_loss(
@@ -118,14 +158,16 @@ def agg_loss(
     mode: str = "token-mean",
     *,
     traj_ids: Tensor | None = None,
-    row_weights: Tensor | None = None,
+    norm: LossNorm | None = None,
+    scale_factor: float | None = None,
 ) -> Tensor:
-    """Aggregate a (batch, seq) loss matrix to a scalar (see `loss_row_weights` for modes).
+    """Aggregate a (batch, seq) loss matrix to a scalar (see `loss_norm` for modes).
 
-    ``row_weights``: the rows' slice of ``loss_row_weights(...)`` computed with the same mode
-    over the full batch; given, the result is this micro-batch's exact share of the
-    full-batch loss. Omitted, they are computed from this batch (it *is* the full batch).
-    ``traj_ids`` (batch,) is only needed for 'traj-mean-token-mean' without row_weights.
+    ``norm``: the rows' slice (`LossNorm.rows`) of ``loss_norm(...)`` computed with the same
+    mode over the full batch; given, the result is this micro-batch's exact share of the
+    full-batch loss. Omitted, it is computed from this batch (it *is* the full batch);
+    ``traj_ids`` (batch,) and ``scale_factor`` are only needed then, for the modes that use
+    them.
     """
     _check_mode(mode)
     if loss_mat.shape != mask.shape or loss_mat.dim() != 2:
@@ -134,15 +176,16 @@ def agg_loss(
             "(batch, seq) shape"
         )
     m = mask.to(loss_mat.dtype)
-    if row_weights is None:
-        row_weights = loss_row_weights(m.sum(-1), mode, traj_ids=traj_ids)
-    if row_weights.shape != loss_mat.shape[:1]:
+    if norm is None:
+        norm = loss_norm(mask.sum(-1), mode, traj_ids=traj_ids, scale_factor=scale_factor)
+    if norm.row_divisor.shape != loss_mat.shape[:1]:
         raise ValueError(
-            f"row_weights must have shape ({loss_mat.shape[0]},), got {tuple(row_weights.shape)}"
+            f"the norm must have {loss_mat.shape[0]} rows, got {tuple(norm.row_divisor.shape)}"
         )
     # where(), not a product alone: a non-finite loss at a masked position must not leak in.
     row_sums = torch.where(m != 0, loss_mat * m, torch.zeros_like(loss_mat)).sum(-1)
-    return (row_weights.to(loss_mat) * row_sums).sum()
+    d = norm.row_divisor.to(device=loss_mat.device, dtype=loss_mat.dtype)
+    return (row_sums / d).sum() / norm.divisor
 
 
 # PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347 eq. 7), per token:
@@ -163,15 +206,18 @@ def policy_loss(
     *,
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = None,
+    clip_ratio_c: float | None = 3.0,
     loss_agg_mode: str = "token-mean",
     traj_ids: Tensor | None = None,
-    row_weights: Tensor | None = None,
+    norm: LossNorm | None = None,
+    scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped policy-gradient loss and its metrics (detached scalars, over this batch).
 
     ``advantages`` is per token (batch, seq) or per row (batch,), broadcast over tokens.
-    ``clip_ratio_c=None`` disables the dual clip (verl's default is 3.0).
+    ``clip_ratio_c=None`` disables the dual clip (verl's default, and memrl's, is 3.0).
+    Metrics are means over this batch's loss tokens: weigh them by ``response_mask.sum()``
+    to combine micro-batches.
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise MemrlInputError(
@@ -201,7 +247,8 @@ def policy_loss(
         lower = torch.zeros_like(pg_losses, dtype=torch.bool)
 
     loss = agg_loss(
-        pg_losses, response_mask, loss_agg_mode, traj_ids=traj_ids, row_weights=row_weights
+        pg_losses, response_mask, loss_agg_mode, traj_ids=traj_ids, norm=norm,
+        scale_factor=scale_factor,
     )
     with torch.no_grad():
         metrics = {
@@ -266,8 +313,10 @@ def kl_penalty_reward(
     return rewards - coef * per_traj.to(rewards.dtype)
 
 
-def _row_chunks(x: Tensor, chunk_rows: int | None) -> tuple[Tensor, int]:
+def _row_chunks(x: Tensor, chunk_rows: int | None, temperature: float) -> tuple[Tensor, int]:
     """The (rows, vocab) view of ``x`` and how many rows to process at a time."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     flat = x.reshape(-1, x.shape[-1])
     return flat, max(chunk_rows or flat.shape[0], 1)
 
@@ -276,16 +325,28 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
 
 
+def _scaled(chunk: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """A chunk of logits in the compute dtype, divided by the sampling temperature.
+
+    Dividing per chunk, after the cast, keeps half-precision logits in their own dtype: the
+    caller never holds a full float32 copy of (tokens, vocab).
+    """
+    z = chunk.to(dtype)
+    return z if temperature == 1.0 else z / temperature
+
+
 # Entropy of softmax(logits): H = logsumexp(z) - sum_i softmax(z)_i z_i (verl
 # `entropy_from_logits`), evaluated in float32 (or float64) chunk by chunk; -inf logits
 # (masked vocabulary) contribute 0 instead of 0 * inf = NaN.
-def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = 1024) -> Tensor:
-    """Entropy per position, shape ``logits.shape[:-1]`` (float32 for half-precision input)."""
-    flat, step = _row_chunks(logits, chunk_rows)
+def entropy_from_logits(
+    logits: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = 1024
+) -> Tensor:
+    """Entropy of softmax(logits / temperature) per position, shape ``logits.shape[:-1]``."""
+    flat, step = _row_chunks(logits, chunk_rows, temperature)
     dt = _compute_dtype(logits)
     out = []
     for s in range(0, flat.shape[0], step):
-        z = flat[s : s + step].to(dt)
+        z = _scaled(flat[s : s + step], dt, temperature)
         p = torch.softmax(z, dim=-1)
         z_safe = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
         out.append(torch.logsumexp(z, dim=-1) - (p * z_safe).sum(-1))
@@ -298,19 +359,19 @@ def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = 1024) -> Ten
 # is bounded (verl `logprobs_from_logits_v2`). Under autograd each chunk's float32 copy is
 # kept for backward; run under torch.no_grad() for rollout/reference log-probs.
 def logprobs_from_logits(
-    logits: Tensor, labels: Tensor, *, chunk_rows: int | None = 1024
+    logits: Tensor, labels: Tensor, *, temperature: float = 1.0, chunk_rows: int | None = 1024
 ) -> Tensor:
-    """Log-probability of each label under softmax(logits); shape ``labels.shape``."""
+    """Log-probability of each label under softmax(logits / temperature); ``labels.shape``."""
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + (vocab,)"
         )
-    flat, step = _row_chunks(logits, chunk_rows)
+    flat, step = _row_chunks(logits, chunk_rows, temperature)
     flat_labels = labels.reshape(-1).long()
     dt = _compute_dtype(logits)
     out = []
     for s in range(0, flat.shape[0], step):
-        z = flat[s : s + step].to(dt)
+        z = _scaled(flat[s : s + step], dt, temperature)
         picked = torch.gather(z, -1, flat_labels[s : s + step].unsqueeze(-1)).squeeze(-1)
         out.append(picked - torch.logsumexp(z, dim=-1))
     res = torch.cat(out) if out else flat.new_zeros(0, dtype=dt)

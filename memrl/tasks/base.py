@@ -1,24 +1,32 @@
-"""A Task is one agent workflow with its data and its reward, as the trainer sees it.
+"""A Task is one agent workflow with its data and its reward, as training and evaluation see it.
 
-The trainer (`memrl.rl`) only calls these methods and reads the Trajectories they return,
-so it never knows which agent produced them; adding an agent means adding a Task.
+The recipe (`memrl.recipes`) and the evaluations (`memrl.eval`) only call these methods and
+read the Trajectories they return; `memrl.rl` never sees a task at all. Adding an agent means
+adding a Task and registering it in `memrl.tasks.TASKS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
 
 from memrl.agents.trajectory import Trajectory
 from memrl.inference.base import Generator
 
 
 class Task(Protocol):
-    name: str
+    name: ClassVar[str]
+    rewards: ClassVar[tuple[str, ...]]
+    """Reward names this task accepts for `rl.reward`; the first is its default."""
+
+    @classmethod
+    def from_config(cls, config: Any) -> Task:
+        """Build from a training config: its `<name>` section and `rl.reward`."""
+        ...
 
     @property
     def sampling_temperature(self) -> float:
-        """Temperature of training rollouts (the trainer scales logits by it too)."""
+        """Temperature of training rollouts (the actor scales logits by it too)."""
         ...
 
     def load(self, path: str, fmt: str, *, what: str) -> list[Any]:
@@ -33,9 +41,12 @@ class Task(Protocol):
         num_samples: int,
         seed: int,
         temperature: float | None = None,
+        keep_token_ids: bool = True,
+        progress: Callable[[Any], None] | None = None,
     ) -> list[Trajectory]:
         """`num_samples` trajectories per record (record_id = record.id), each with its
-        scalar `reward` and per-trajectory scores in `metrics` already set."""
+        scalar `reward` and per-trajectory scores in `metrics` already set.
+        `keep_token_ids=False` drops token ids from turns (evaluation does not train)."""
         ...
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -1,9 +1,14 @@
-"""MemAgent on long-document QA: chunked reading, overwritten memory, boxed answer."""
+"""MemAgent on long-document QA: chunked reading, overwritten memory, boxed answer.
+
+The task owns what the agent leaves open: it extracts the answer from the final response
+(the last `\\boxed{}`), scores it (EM, F1, sub-EM against every gold answer) and turns one
+score into the reward. Training and `memrl eval ruler-hqa` both roll out through it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -11,21 +16,68 @@ from memrl.agents.memagent import MemAgent, MemAgentConfig
 from memrl.agents.trajectory import Trajectory
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
-from memrl.eval.ruler_hqa import score_trajectories, trajectory_row
 from memrl.inference.base import Generator
-from memrl.rewards.qa import qa_scores
+from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
+
+REWARDS = ("sub_em", "em", "f1", "context_overlap")
+"""Rewards of the final answer; context_overlap is a dense smoke-test reward for tiny random
+models (memrl.rewards.shaping), not a measure of answer quality."""
+
+
+def score_trajectory(trajectory: Trajectory, record: QARecord) -> dict[str, float]:
+    """Set the trajectory's answer (last \\boxed{} of the final response) and its QA scores
+    (`trajectory.metrics`); return the scores."""
+    trajectory.answer = extract_boxed(trajectory.info["final_response"])
+    scores = qa_scores(trajectory.answer, record.answers)
+    trajectory.metrics.update(scores)
+    return scores
+
+
+def trajectory_row(t: Trajectory, record: QARecord) -> dict[str, Any]:
+    """One line of a trajectories file (no context: it is in the data file)."""
+    updates = [turn for turn in t.turns if turn.kind == "memory_update"]
+    final = next(turn for turn in t.turns if turn.kind == "final")
+    return {
+        "id": t.record_id,
+        "sample_index": t.sample_index,
+        "num_docs": record.num_docs or 0,
+        "question": record.question,
+        "answers": record.answers,
+        "memories": t.info["memories"],
+        "memory_tokens": [turn.meta["response_tokens"] for turn in updates],
+        "memory_truncated": [turn.truncated for turn in updates],
+        "final_response": t.info["final_response"],
+        "final_truncated": final.truncated,
+        "answer": t.answer,
+        "scores": {k: t.metrics[k] for k in ("em", "f1", "sub_em") if k in t.metrics},
+        "num_chunks": t.info["num_chunks"],
+        "context_tokens": t.info["context_tokens"],
+        "capped": t.info["capped"],
+    }
 
 
 class MemAgentQATask:
     """Reward: em / f1 / sub_em of the \\boxed{} answer, or the dense context_overlap."""
 
-    name = "memagent"
+    name: ClassVar[str] = "memagent"
+    rewards: ClassVar[tuple[str, ...]] = REWARDS
 
     def __init__(self, config: MemAgentConfig, reward: str = "sub_em") -> None:
+        if reward not in REWARDS:
+            raise MemrlInputError(
+                f"unknown reward {reward!r} for the memagent task; choose one of "
+                + ", ".join(REWARDS),
+                location="rl.reward",
+            )
         self.config = config
         self.reward = reward
         self._context_ids: dict[str, frozenset[int]] = {}
+
+    @classmethod
+    def from_config(cls, config: Any) -> MemAgentQATask:
+        """From a TrainConfig: its `memagent` section and `rl.reward`."""
+        return cls(config.memagent, reward=config.rl.reward or REWARDS[0])
 
     @property
     def sampling_temperature(self) -> float:
@@ -50,28 +102,35 @@ class MemAgentQATask:
         records: Sequence[QARecord],
         *,
         num_samples: int,
-        seed: int,
+        seed: int | None,
         temperature: float | None = None,
+        keep_token_ids: bool = True,
+        progress: Callable[[Any], None] | None = None,
     ) -> list[Trajectory]:
         update: dict[str, Any] = {"seed": seed}
         if temperature is not None:
             update["temperature"] = temperature
         agent = MemAgent(generator, self.config.model_copy(update=update))
-        trajectories = agent.run(records, num_samples=num_samples)
-        score_trajectories(trajectories, records)
+        trajectories = agent.run(
+            records, num_samples=num_samples, progress=progress, keep_token_ids=keep_token_ids
+        )
         by_id = {r.id: r for r in records}
         for t in trajectories:
-            t.reward = self._reward(t, by_id[t.record_id], generator.tokenizer)
+            record = by_id[t.record_id]
+            scores = score_trajectory(t, record)
+            t.reward = (
+                self._overlap(t, record, generator.tokenizer)
+                if self.reward == "context_overlap"
+                else scores[self.reward]
+            )
         return trajectories
 
-    def _reward(self, trajectory: Trajectory, record: QARecord, tokenizer: Any) -> float:
-        if self.reward == "context_overlap":
-            if record.id not in self._context_ids:
-                ids = tokenizer.encode(record.render_context(), add_special_tokens=False)
-                self._context_ids[record.id] = frozenset(ids)
-            response = trajectory.turns[-1].response_ids
-            return context_overlap_reward(response, self._context_ids[record.id])
-        return qa_scores(trajectory.answer, record.answers)[self.reward]
+    def _overlap(self, trajectory: Trajectory, record: QARecord, tokenizer: Any) -> float:
+        if record.id not in self._context_ids:
+            ids = tokenizer.encode(record.render_context(), add_special_tokens=False)
+            self._context_ids[record.id] = frozenset(ids)
+        response = trajectory.turns[-1].response_ids
+        return context_overlap_reward(response, self._context_ids[record.id])
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if not trajectories:
@@ -88,5 +147,4 @@ class MemAgentQATask:
         }
 
     def log_row(self, trajectory: Trajectory, record: QARecord) -> dict[str, Any]:
-        row = trajectory_row(trajectory, record, record.num_docs or 0, trajectory.metrics)
-        return {**row, "reward": trajectory.reward}
+        return {**trajectory_row(trajectory, record), "reward": trajectory.reward}

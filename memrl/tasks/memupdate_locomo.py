@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -130,7 +130,8 @@ def score_memories(
 class MemoryUpdateTask:
     """The Task the trainer runs for `agent: memupdate` (see memrl.tasks.base.Task)."""
 
-    name = "memupdate"
+    name: ClassVar[str] = "memupdate"
+    rewards: ClassVar[tuple[str, ...]] = ("memory_delta",)
 
     def __init__(
         self,
@@ -145,8 +146,6 @@ class MemoryUpdateTask:
         self.embedder = embedder if embedder is not None else make_embedder(self.config.embedder)
         self.store = MemoryStore(self.embedder)
         self.max_base_namespaces = max_base_namespaces
-        self.keep_token_ids = True
-        """False drops prompt/response ids from turns (evaluation does not train)."""
         self._indexes: dict[str, EmbeddingIndex] = {}
         self._bases: OrderedDict[str, None] = OrderedDict()
         self._initial: dict[str, MemoryScore] = {}
@@ -154,7 +153,7 @@ class MemoryUpdateTask:
 
     @classmethod
     def from_config(cls, config: Any) -> MemoryUpdateTask:
-        """From a TrainConfig: its `memupdate` section."""
+        """From a TrainConfig: its `memupdate` section (its reward is always memory_delta)."""
         return cls(config.memupdate)
 
     @property
@@ -240,22 +239,28 @@ class MemoryUpdateTask:
         records: Sequence[MemoryEpisode],
         *,
         num_samples: int,
-        seed: int,
+        seed: int | None,
         temperature: float | None = None,
+        keep_token_ids: bool = True,
+        progress: Callable[[Any], None] | None = None,
     ) -> list[Trajectory]:
+        """Trajectories with rewards; `progress` (if given) is called with the number of
+        episodes finished."""
         config = self.config
         if temperature is not None:
             config = config.model_copy(update={"temperature": temperature})
         self.ensure_bases(records)
         agent = MemoryUpdateAgent(generator, self.store, config)
         trajectories = agent.run(
-            records, num_samples, seed=seed, keep_token_ids=self.keep_token_ids
+            records, num_samples, seed=seed, keep_token_ids=keep_token_ids
         )
         try:
             self._score(trajectories, records, generator, seed)
         finally:
             for t in trajectories:
                 self.store.release(t.info["namespace"], missing_ok=True)
+        if progress is not None:
+            progress(len(records))
         return trajectories
 
     def _initial_scores(

@@ -1,4 +1,4 @@
-"""End-to-end tests of the RL Trainer on a tiny model (CPU).
+"""End-to-end tests of the GRPO recipe, the actor and the reference on a tiny model (CPU).
 
 The learning test uses a dense, reachable reward (the share of final-answer tokens that occur
 in the document): a random tiny model never writes `\\boxed{...}`, so a 0/1 answer reward
@@ -20,15 +20,19 @@ import pytest
 import torch
 import yaml
 
+from memrl.agents.trajectory import Trajectory
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
 from memrl.metrics import read_metrics
-from memrl.rl.config import TrainConfig
-from memrl.rl.samples import trajectories_to_samples
-from memrl.rl.trainer import Trainer
+from memrl.recipes import grpo
+from memrl.recipes.config import TrainConfig
+from memrl.rl.advantages import compute_advantages
+from memrl.rl.batch import RolloutBatch
+from memrl.rl.rollout import collect_groups
+from memrl.tasks.memagent_qa import MemAgentQATask
 
 BASE = [
     "memagent.chunk_size=48",
@@ -90,7 +94,7 @@ def test_learning_reward_rises(tiny_model_dir, tiny_tokenizer, data_dir, tmp_pat
         "rl.norm_adv_by_std=true",
         "rl.reward=context_overlap",
     )
-    Trainer(cfg).fit()
+    grpo.train(cfg)
     rewards = [
         r["train/reward_mean"]
         for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -102,6 +106,18 @@ def test_learning_reward_rises(tiny_model_dir, tiny_tokenizer, data_dir, tmp_pat
     assert (tmp_path / "run" / "training.png").stat().st_size > 0
 
 
+def rollout_batch(run, records, n, seed=0, reward=None, overlong="keep"):
+    """A batch of `n` trajectories per record with the run's task and engine, its old
+    log-probs set; `reward(trajectory, record)` replaces the task's reward when given."""
+    trajs = run.task.rollout(run.engine, records, num_samples=n, seed=seed)
+    if reward is not None:
+        by_id = {r.id: r for r in records}
+        for t in trajs:
+            t.reward = reward(t, by_id[t.record_id])
+    batch = RolloutBatch.from_trajectories(trajs, overlong=overlong)
+    return batch.with_logprobs(run.actor.logprobs(batch))
+
+
 def test_memory_update_turns_get_gradient_from_final_reward(
     tiny_model_dir, tiny_tokenizer, data_dir, tmp_path
 ):
@@ -110,33 +126,30 @@ def test_memory_update_turns_get_gradient_from_final_reward(
     cfg = make_config(
         tiny_model_dir, data_dir, tmp_path / "run", "rl.rollout_n=4", "rl.use_kl_loss=false"
     )
-    trainer = Trainer(cfg)
-    trainer.setup()
-    records = trainer.train_records[:2]
-    trajs = trainer._rollout(records, 4, seed=0)
-    reward = document_token_reward(tiny_tokenizer)
-    by_id = {r.id: r for r in records}
-    rewards = torch.tensor([reward(t, by_id[t.record_id]) for t in trajs])
-    assert all(t.turns[-1].kind == "final" for t in trajs)
-    adv = trainer._advantages(rewards, [t.record_id for t in trajs])
+    run = grpo.setup(cfg)
+    records = run.stream.records[:2]
+    batch = rollout_batch(run, records, 4, reward=document_token_reward(tiny_tokenizer))
+    assert all(s.turn_kind in ("memory_update", "final") for s in batch.samples)
+    adv = compute_advantages("grpo", batch.rewards, batch.group_ids,
+                             token_counts=batch.response_tokens)
     assert adv.abs().sum() > 0
 
     def memory_grad_norm(advantages) -> float:
-        samples = [
-            s
-            for s in trajectories_to_samples(trajs, advantages, overlong="keep")
-            if s.turn_kind == "memory_update"
+        only_memory = [
+            Trajectory(t.record_id, t.sample_index, [u for u in t.turns if u.kind != "final"],
+                       reward=0.0)
+            for t in trajs
         ]
-        assert samples
-        old = trainer._sequence_logprobs(trainer.policy, samples)
-        for s, lp in zip(samples, old, strict=True):
-            s.old_logprobs = lp
-        before = [p.detach().clone() for p in trainer.policy.parameters()]
-        metrics = trainer._update(samples, None)
-        after = list(trainer.policy.parameters())
+        mem = RolloutBatch.from_trajectories(only_memory, overlong="keep")
+        mem = mem.with_logprobs(run.actor.logprobs(mem)).with_advantages(advantages)
+        assert mem.samples
+        before = [p.detach().clone() for p in run.actor.model.parameters()]
+        metrics = run.actor.update(mem)
+        after = list(run.actor.model.parameters())
         changed = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
         return metrics["actor/grad_norm"], changed
 
+    trajs = run.task.rollout(run.engine, records, num_samples=4, seed=0)
     grad, changed = memory_grad_norm(adv)
     assert grad > 0 and changed
     grad0, _ = memory_grad_norm(torch.zeros_like(adv))
@@ -159,15 +172,25 @@ def test_dynamic_sampling_drops_equal_groups_and_refills(
         "rl.max_refill_rounds=3",
         "rl.use_kl_loss=false",
     )
-    trainer = Trainer(cfg, reward_fn=lambda t, r: float(t.sample_index) if int(
-        r.id.rsplit("-", 1)[-1]) % 2 else 0.0)
-    trainer.setup()
-    records, trajs, rewards, seen = trainer._collect_groups()
-    assert len(records) == 2
-    assert seen > 2  # the uninformative groups forced a refill
-    for rid in {t.record_id for t in trajs}:
-        group = [rw for t, rw in zip(trajs, rewards, strict=True) if t.record_id == rid]
-        assert len(set(group)) > 1
+    run = grpo.setup(cfg)
+    seeds = []
+
+    def rollout(records, seed):
+        seeds.append(seed)
+        trajs = run.task.rollout(run.engine, records, num_samples=2, seed=seed)
+        for t in trajs:  # odd-numbered questions have informative groups, even ones do not
+            odd = int(t.record_id.rsplit("-", 1)[-1]) % 2
+            t.reward = float(t.sample_index) if odd else 0.0
+        return trajs
+
+    groups = collect_groups(rollout, run.stream, want=2, dynamic_sampling=True,
+                            max_refill_rounds=3, round_seed=lambda r: 1000 + r)
+    assert len({t.record_id for t in groups.trajectories}) == 2
+    assert groups.generated > 2 and groups.rounds > 1  # the uninformative groups forced a refill
+    assert seeds == [1000 + r for r in range(groups.rounds)]
+    for rid in {t.record_id for t in groups.trajectories}:
+        rewards = [t.reward for t in groups.trajectories if t.record_id == rid]
+        assert len(set(rewards)) > 1
 
 
 def test_fresh_run_refuses_existing_checkpoints(tiny_model_dir, data_dir, tmp_path):
@@ -178,10 +201,10 @@ def test_fresh_run_refuses_existing_checkpoints(tiny_model_dir, data_dir, tmp_pa
         "model.gradient_checkpointing=true", "rl.use_dynamic_bsz=false",
         "rl.micro_batch_size=3",
     )
-    Trainer(cfg).fit()
+    grpo.train(cfg)
     assert (tmp_path / "run" / "checkpoints" / "latest").exists()
     with pytest.raises(MemrlInputError, match="--resume"):
-        Trainer(cfg).setup()
+        grpo.setup(cfg)
 
 
 def test_lora_with_kl_runs_and_exports(tiny_model_dir, data_dir, tmp_path):
@@ -191,7 +214,7 @@ def test_lora_with_kl_runs_and_exports(tiny_model_dir, data_dir, tmp_path):
         "model.lora.enabled=true", "model.lora.target_modules=[q_proj,v_proj]",
         "rl.kl_loss_coef=0.1", "optim.lr=1e-2", "rl.entropy_coeff=0.01",
     )
-    Trainer(cfg, reward_fn=lambda t, r: float(t.sample_index)).fit()
+    grpo.train(cfg, task=ScoredBy(cfg, lambda t: float(t.sample_index)))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert "actor/kl_loss" in rows[-1]
     assert cli_main(["export", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
@@ -207,9 +230,9 @@ def test_kl_in_reward_penalises_drift(tiny_model_dir, data_dir, tmp_path):
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=2",
         "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rl.rollout_n=4",
         "rl.use_kl_loss=false", "rl.use_kl_in_reward=true", "rl.kl_reward_coef=0.5",
-        "rl.kl_loss_type=k1", "optim.lr=5e-2", "rl.dynamic_sampling=false",
+        "rl.kl_penalty=k1", "optim.lr=5e-2", "rl.dynamic_sampling=false",
     )
-    Trainer(cfg, reward_fn=lambda t, r: float(t.sample_index % 2)).fit()
+    grpo.train(cfg, task=ScoredBy(cfg, lambda t: float(t.sample_index % 2)))
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
     assert rows[0]["train/kl_reward_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert rows[1]["train/kl_reward_penalty"] != 0.0
@@ -318,22 +341,40 @@ def test_train_cli_rejects_unknown_key(tiny_model_dir, data_dir, tmp_path, capsy
 
 def test_logged_losses_do_not_depend_on_micro_batching(tiny_model_dir, data_dir, tmp_path):
     """Micro-batch losses are shares of the mini-batch loss: the logged entropy and policy
-    loss are the mini-batch values however many micro-batches it was split into."""
+    loss are the mini-batch values however many micro-batches it was split into, and the
+    clip fraction and PPO-KL are token-weighted means over the whole update."""
     cfg = make_config(
         tiny_model_dir, data_dir, tmp_path / "run", "rl.rollout_n=4", "rl.use_kl_loss=false",
         "optim.lr=1e-12", "data.train_batch_size=2", "rl.ppo_mini_batch_size=2",
     )
-    trainer = Trainer(cfg)
-    trainer.setup()
-    trajs = trainer._rollout(trainer.train_records[:2], 4, seed=0)
-    adv = torch.linspace(-1, 1, len(trajs))
-    samples = trajectories_to_samples(trajs, adv, overlong="keep")
-    for s, lp in zip(samples, trainer._sequence_logprobs(trainer.policy, samples), strict=True):
-        s.old_logprobs = lp
-    trainer.config.rl.max_tokens_per_micro_batch = 10**6
-    whole = trainer._update(samples, None)
-    trainer.config.rl.max_tokens_per_micro_batch = 100
-    assert len(trainer._micro_batches(samples)) > 2
-    split = trainer._update(samples, None)
-    for key in ("actor/entropy", "actor/pg_loss"):
+    run = grpo.setup(cfg)
+    batch = rollout_batch(run, run.stream.records[:2], 4)
+    batch = batch.with_advantages(torch.linspace(-1, 1, batch.num_trajectories))
+    # Old log-probs a little off, so that some ratios leave the clip range.
+    g = torch.Generator().manual_seed(0)
+    shifted = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in batch.old_logprobs]
+    batch = batch.with_logprobs(shifted)
+    everything = list(range(len(batch.samples)))
+    run.actor.config.max_tokens_per_micro_batch = 10**6
+    assert len(run.actor.micro_batches(batch, everything)) == 1
+    whole = run.actor.update(batch)
+    run.actor.config.max_tokens_per_micro_batch = 100
+    assert len(run.actor.micro_batches(batch, everything)) > 2
+    split = run.actor.update(batch)
+    for key in ("actor/entropy", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"):
         assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+    assert 0 < whole["actor/pg_clipfrac"] < 1
+
+
+class ScoredBy(MemAgentQATask):
+    """The memagent task with a scripted reward of each trajectory (for tests)."""
+
+    def __init__(self, cfg, score):
+        super().__init__(cfg.memagent)
+        self.score = score
+
+    def rollout(self, *args, **kwargs):
+        trajs = super().rollout(*args, **kwargs)
+        for t in trajs:
+            t.reward = self.score(t)
+        return trajs

@@ -1,4 +1,4 @@
-"""Samples, packing and collation: hand-built alignment and never-drop properties."""
+"""The typed batch, packing and collation: hand-built alignment and never-drop properties."""
 
 from __future__ import annotations
 
@@ -11,15 +11,8 @@ from hypothesis import strategies as st
 
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
+from memrl.rl.batch import RolloutBatch, Sample, collate, pack_token_budget
 from memrl.rl.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
-from memrl.rl.samples import (
-    Sample,
-    collate,
-    pack_token_budget,
-    sample_loss_weights,
-    split_mini_batches,
-    trajectories_to_samples,
-)
 
 
 def turn(prompt, response, kind="memory_update", finish="stop"):
@@ -31,12 +24,6 @@ def turn(prompt, response, kind="memory_update", finish="stop"):
         response_text="x",
         finish_reason=finish,
     )
-
-
-def sample(size: int, traj_id: int = 0, trainable: bool = True) -> Sample:
-    """A sample of ``size`` tokens: 1 prompt token, size - 1 response tokens."""
-    return Sample([1], [2] * (size - 1), [0.0] * (size - 1), 1.0, traj_id, "g", 0, "k",
-                  trainable=trainable)
 
 
 TRAJS = [
@@ -53,53 +40,94 @@ TRAJS = [
 ]
 
 
-# ---------------------------------------------------------------- Sample / trajectories
+# ---------------------------------------------------------------- Sample / RolloutBatch
 
 def test_sample_checks_and_sizes():
-    s = Sample([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], 0.5, 0, "q", 0, "final")
+    s = Sample([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], 0, "q", 0, "final")
     assert s.num_tokens == 5
     assert s.num_loss_tokens == 3
-    assert Sample([1], [3], [-1.0], 0.5, 0, "q", 0, "f", trainable=False).num_loss_tokens == 0
+    assert Sample([1], [3], [-1.0], 0, "q", 0, "f", trainable=False).num_loss_tokens == 0
     with pytest.raises(ValueError):
-        Sample([1], [3, 4], [-1.0], 0.5, 0, "q", 0, "final")
+        Sample([1], [3, 4], [-1.0], 0, "q", 0, "final")
     with pytest.raises(ValueError):
-        Sample([], [3], [-1.0], 0.5, 0, "q", 0, "final")
+        Sample([], [3], [-1.0], 0, "q", 0, "final")
 
 
-def test_one_sample_per_turn_with_its_trajectory_advantage():
-    samples = trajectories_to_samples(TRAJS, torch.tensor([0.5, -0.5]))
-    assert [(s.traj_id, s.turn_index, s.turn_kind) for s in samples] == [
+def test_one_sample_per_turn_and_one_reward_per_trajectory():
+    batch = RolloutBatch.from_trajectories(TRAJS)
+    assert [(s.traj_index, s.turn_index, s.turn_kind) for s in batch.samples] == [
         (0, 0, "memory_update"), (0, 1, "memory_update"), (0, 2, "final"), (1, 0, "final")
     ]
-    assert [s.advantage for s in samples] == [0.5, 0.5, 0.5, -0.5]
-    assert [s.group_id for s in samples] == ["q1"] * 4
-    assert samples[1].prompt_ids == [5] and samples[1].response_ids == [6, 7, 8]
-    assert samples[1].old_logprobs == pytest.approx([-0.1, -0.2, -0.3])
-    assert [s.truncated for s in samples] == [False, True, False, False]
+    assert [s.group_id for s in batch.samples] == ["q1"] * 4
+    assert batch.samples[1].prompt_ids == [5] and batch.samples[1].response_ids == [6, 7, 8]
+    assert batch.samples[1].rollout_logprobs == pytest.approx([-0.1, -0.2, -0.3])
+    assert [s.truncated for s in batch.samples] == [False, True, False, False]
+    assert batch.rewards.tolist() == [1.0, 0.0] and batch.group_ids == ("q1", "q1")
+    assert batch.response_tokens.tolist() == [6, 1]  # all turns of each trajectory
+    assert batch.old_logprobs is None and batch.advantages is None
+
+
+def test_the_batch_is_frozen_and_each_step_makes_a_new_version():
+    batch = RolloutBatch.from_trajectories(TRAJS)
+    with pytest.raises(AttributeError):
+        batch.advantages = torch.zeros(2)  # nobody patches a batch
+    old = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
+    with_lp = batch.with_logprobs(old)
+    done = with_lp.with_advantages(torch.tensor([0.5, -0.5]))
+    assert batch.old_logprobs is None and with_lp.advantages is None
+    assert done.old_logprobs is not None and done.advantages.tolist() == [0.5, -0.5]
+    with pytest.raises(ValueError, match="log-prob rows"):
+        batch.with_logprobs(old[:2])
+    with pytest.raises(ValueError, match="shape"):
+        batch.with_logprobs([torch.zeros(1)] * 4)
+    with pytest.raises(ValueError, match="finite"):
+        batch.with_advantages(torch.tensor([0.5, math.nan]))
 
 
 def test_overlong_mask_vs_keep():
-    masked = trajectories_to_samples(TRAJS, [0.5, -0.5])
+    masked = RolloutBatch.from_trajectories(TRAJS).samples
     assert [s.trainable for s in masked] == [True, False, True, True]
     assert [s.num_loss_tokens for s in masked] == [2, 0, 1, 1]
-    kept = trajectories_to_samples(TRAJS, [0.5, -0.5], overlong="keep")
+    kept = RolloutBatch.from_trajectories(TRAJS, overlong="keep").samples
     assert [s.trainable for s in kept] == [True] * 4
     assert len(masked) == len(kept) == 4  # masking never drops a conversation
 
 
-def test_trajectories_to_samples_errors():
+def test_from_trajectories_errors():
     with pytest.raises(MemrlInputError):
-        trajectories_to_samples(TRAJS, [0.5, -0.5], overlong="drop")
+        RolloutBatch.from_trajectories(TRAJS, overlong="drop")
+    with pytest.raises(ValueError, match="no reward"):
+        RolloutBatch.from_trajectories([Trajectory("q", turns=[turn([1], [2])])])
+    with pytest.raises(ValueError, match="finite"):
+        RolloutBatch.from_trajectories([Trajectory("q", turns=[turn([1], [2])], reward=math.inf)])
+
+
+def test_mini_batches_take_whole_groups_in_order():
+    trajs = [Trajectory(g, i, [turn([1], [2]), turn([1], [3])], reward=0.0)
+             for g, i in (("a", 0), ("b", 0), ("a", 1), ("c", 0))]
+    batch = RolloutBatch.from_trajectories(trajs)
+    assert batch.mini_batches(2) == [[0, 1, 2, 3, 4, 5], [6, 7]]
+    assert batch.mini_batches(1) == [[0, 1, 4, 5], [2, 3], [6, 7]]
+    assert batch.mini_batches(5) == [list(range(8))]
     with pytest.raises(ValueError):
-        trajectories_to_samples(TRAJS, [0.5])
+        batch.mini_batches(0)
+
+
+def test_kl_sums_over_every_turn_of_a_trajectory():
+    batch = RolloutBatch.from_trajectories(TRAJS)
+    old = [torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.5]),
+           torch.tensor([-1.0])]
+    ref = [torch.zeros(2), torch.zeros(3), torch.zeros(1), torch.zeros(1)]
+    kl = batch.with_logprobs(old, ref).kl("k1")
+    assert kl.tolist() == [3.5, -1.0]
     with pytest.raises(ValueError):
-        trajectories_to_samples(TRAJS, [0.5, math.nan])
+        batch.kl("k1")
 
 
 # ---------------------------------------------------------------- packing / mini-batches
 
 def test_pack_first_fit_decreasing_by_hand():
-    samples = [sample(n) for n in (5, 3, 8, 2, 12)]
+    samples = (5, 3, 8, 2, 12)
     # longest first: 12 alone (oversize); 8 new; 5 new; 3 joins 5; 2 joins 8
     assert pack_token_budget(samples, 10) == [[4], [2, 3], [0, 1]]
     # padded cost = rows x longest: 8+2 would cost 16, 5+3+2 would cost 15
@@ -109,7 +137,7 @@ def test_pack_first_fit_decreasing_by_hand():
 def test_pack_errors_and_empty():
     assert pack_token_budget([], 5) == []
     with pytest.raises(MemrlInputError):
-        pack_token_budget([sample(2)], 0)
+        pack_token_budget([2], 0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -119,34 +147,25 @@ def test_pack_errors_and_empty():
     padded=st.booleans(),
 )
 def test_pack_never_drops_and_respects_budget(sizes, budget, padded):
-    samples = [sample(n) for n in sizes]
-    batches = pack_token_budget(samples, budget, padded=padded)
+    batches = pack_token_budget(sizes, budget, padded=padded)
     flat = sorted(i for b in batches for i in b)
     assert flat == list(range(len(sizes)))  # every index exactly once
     for b in batches:
         assert b
         cost = len(b) * max(sizes[i] for i in b) if padded else sum(sizes[i] for i in b)
         assert cost <= budget or (len(b) == 1 and sizes[b[0]] > budget)
-    assert pack_token_budget(samples, budget, padded=padded) == batches  # deterministic
-
-
-def test_split_mini_batches():
-    assert split_mini_batches(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert split_mini_batches(6, 3) == [[0, 1, 2], [3, 4, 5]]
-    assert split_mini_batches(2, 5) == [[0, 1]]
-    assert split_mini_batches(0, 3) == []
-    with pytest.raises(MemrlInputError):
-        split_mini_batches(4, 0)
+    assert pack_token_budget(sizes, budget, padded=padded) == batches  # deterministic
 
 
 # ---------------------------------------------------------------- collate
 
-A = Sample([5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], 0.5, 0, "q", 0, "memory_update")
-B = Sample([11], [12], [-0.4], -1.0, 1, "q", 0, "final", truncated=True, trainable=False)
+A = Sample([5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], 0, "q", 0, "memory_update")
+B = Sample([11], [12], [-0.4], 1, "q", 0, "final", truncated=True, trainable=False)
 
 
 def test_collate_by_hand():
-    b = collate([A, B], pad_id=0)
+    adv = [torch.full((3,), 0.5), torch.tensor([-1.0])]
+    b = collate([A, B], pad_id=0, advantages=adv)
     assert b["input_ids"].tolist() == [[5, 6, 7, 8, 2], [11, 12, 0, 0, 0]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
     assert b["position_ids"].tolist() == [[0, 1, 2, 3, 4], [0, 1, 1, 1, 1]]
@@ -155,12 +174,12 @@ def test_collate_by_hand():
     assert b["response_mask"].int().tolist() == [[0, 1, 1, 1, 0], [1, 0, 0, 0, 0]]
     assert b["loss_mask"].int().tolist() == [[0, 1, 1, 1, 0], [0, 0, 0, 0, 0]]
     torch.testing.assert_close(
-        b["old_logprobs"], torch.tensor([[0, -0.1, -0.2, -0.3, 0], [-0.4, 0, 0, 0, 0]])
+        b["rollout_logprobs"], torch.tensor([[0, -0.1, -0.2, -0.3, 0], [-0.4, 0, 0, 0, 0]])
     )
     torch.testing.assert_close(
         b["advantages"], torch.tensor([[0, 0.5, 0.5, 0.5, 0], [-1.0, 0, 0, 0, 0]])
     )
-    assert b["traj_ids"].tolist() == [0, 1]
+    assert b["traj_index"].tolist() == [0, 1]
     assert b["num_loss_tokens"].tolist() == [3, 0]
     with pytest.raises(ValueError):
         collate([], pad_id=0)
@@ -183,21 +202,22 @@ def test_collate_alignment_with_a_bigram_model():
     torch.testing.assert_close(logp[1][b["response_mask"][1]], torch.tensor([math.log(0.2)]))
 
 
-def test_sample_loss_weights_by_hand():
-    samples = [
-        Sample([1], [2, 3, 4], [0.0] * 3, 1.0, 4, "g", 0, "k"),
-        Sample([1], [2], [0.0], 1.0, 4, "g", 1, "k", trainable=False),
-        Sample([1], [2, 3], [0.0] * 2, 1.0, 1, "g", 0, "k"),
+def test_loss_norm_of_a_mini_batch_by_hand():
+    trajs = [
+        Trajectory("g", 0, [turn([1], [2, 3, 4]), turn([1], [2], finish="length")], reward=0.0),
+        Trajectory("h", 0, [turn([1], [2, 3])], reward=0.0),
     ]
+    batch = RolloutBatch.from_trajectories(trajs)  # loss tokens 3, 0 (overlong), 2
     expected = {
-        "token-mean": [0.2, 0.0, 0.2],
-        "seq-mean-token-sum": [0.5, 0.0, 0.5],
-        "seq-mean-token-mean": [1 / 6, 0.0, 1 / 4],
-        "traj-mean-token-mean": [1 / 6, 0.0, 1 / 4],
+        "token-mean": ([1, 1, 1], 5),
+        "seq-mean-token-sum": ([1, 1, 1], 2),
+        "seq-mean-token-mean": ([3, 1, 2], 2),
+        "traj-mean-token-mean": ([3, 3, 2], 2),
     }
-    for mode, w in expected.items():
-        torch.testing.assert_close(sample_loss_weights(samples, mode),
-                                   torch.tensor(w, dtype=torch.float64))
+    for mode, (rows, divisor) in expected.items():
+        norm = batch.loss_norm([0, 1, 2], mode)
+        assert (norm.row_divisor.tolist(), norm.divisor) == (rows, divisor), mode
+    assert batch.loss_norm([0, 1], "token-mean").divisor == 3
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
@@ -208,23 +228,28 @@ def test_packed_micro_batches_give_the_full_batch_loss(mode):
         Trajectory("q1", 1, [turn([1, 2], [3, 4, 5], finish="length"), turn([9], [8, 7])]),
         Trajectory("q2", 0, [turn([4] * 6, [5] * 5), turn([1], [3, 3, 3]), turn([2], [2])]),
     ]
-    samples = trajectories_to_samples(trajs, [1.0, -1.0, 0.25])
+    for t, r in zip(trajs, (1.0, 0.0, 0.5), strict=True):
+        t.reward = r
+    batch = RolloutBatch.from_trajectories(trajs)
+    batch = batch.with_logprobs([torch.tensor(s.rollout_logprobs) for s in batch.samples])
+    batch = batch.with_advantages(torch.tensor([1.0, -1.0, 0.25]))
+    everything = list(range(len(batch.samples)))
     g = torch.Generator().manual_seed(0)
 
     def forward(batch):  # fake current-policy log-probs: a fixed function of the tokens
         return -0.2 + 0.01 * (batch["input_ids"] * 7 % 11).to(torch.float32)
 
-    kw = dict(clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode)
-    full = collate(samples, pad_id=0)
+    kw = dict(clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode, scale_factor=5.0)
+    full = batch.collate(everything, pad_id=0)
     perturb = torch.randn(full["input_ids"].shape, generator=g) * 0.3
     full_loss, _ = policy_loss(forward(full) + perturb, full["old_logprobs"], full["advantages"],
-                               full["loss_mask"], traj_ids=full["traj_ids"], **kw)
-    weights = sample_loss_weights(samples, mode)
+                               full["loss_mask"], traj_ids=full["traj_index"], **kw)
+    norm = batch.loss_norm(everything, mode, scale_factor=5.0)
     total = 0.0
-    for idx in pack_token_budget(samples, 12):
-        mb = collate([samples[i] for i in idx], pad_id=0)
+    for idx in pack_token_budget([s.num_tokens for s in batch.samples], 12):
+        mb = batch.collate(idx, pad_id=0)
         width = mb["input_ids"].shape[1]
         loss, _ = policy_loss(forward(mb) + perturb[idx, :width], mb["old_logprobs"],
-                              mb["advantages"], mb["loss_mask"], row_weights=weights[idx], **kw)
+                              mb["advantages"], mb["loss_mask"], norm=norm.rows(idx), **kw)
         total += loss.item()
     assert total == pytest.approx(full_loss.item(), rel=1e-6, abs=1e-7)

@@ -1,0 +1,80 @@
+"""One loader for Hugging Face models and tokenizers (policy, reference, evaluation engines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memrl.errors import MemrlInputError
+
+
+def resolve_device(device: Any = None) -> Any:
+    """A torch.device: the given one (checked), else CUDA when available, else CPU."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise MemrlInputError(f"unknown device {device!r}: {exc}", location="device") from None
+
+
+def resolve_dtype(dtype: Any, device: Any) -> Any:
+    """A torch.dtype: the given one (a name or dtype), else bfloat16 on CUDA, float32 on CPU."""
+    import torch
+
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise MemrlInputError(f"unknown torch dtype {dtype!r}", location="dtype")
+        return resolved
+    return dtype
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise MemrlInputError(
+            f"cannot load a tokenizer from it: {_first_line(exc)}", location=str(path)
+        ) from None
+
+
+def load_model(path: str | Path, *, device: Any = None, dtype: Any = None, **kw: Any) -> Any:
+    """`AutoModelForCausalLM` from a directory (or a hub id already in the local cache), on
+    `device` in `dtype` (defaults: `resolve_device` / `resolve_dtype`), in eval mode."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    # transformers renamed `torch_dtype` to `dtype` in 4.56.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: dtype}, **kw)
+    except (OSError, ValueError, TypeError, RuntimeError) as exc:
+        raise MemrlInputError(
+            f"cannot load a model from it: {_first_line(exc)}", location=str(path)
+        ) from None
+    model.to(device)
+    model.eval()
+    return model
+
+
+def load_pretrained(
+    path: str | Path, *, device: Any = None, dtype: Any = None, **kw: Any
+) -> tuple[Any, Any]:
+    """(model, tokenizer) from one directory; see `load_model`."""
+    tokenizer = load_tokenizer(path)
+    return load_model(path, device=device, dtype=dtype, **kw), tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

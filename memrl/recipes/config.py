@@ -1,0 +1,130 @@
+"""The whole training config: every knob of `memrl train`, typed and validated.
+
+Sections map one-to-one to the objects they configure: `model` → the policy loader,
+`data` → the question stream, `memagent` / `memupdate` → the task's agent, `rl` and `optim`
+→ `memrl.rl` (advantages, losses, actor), `trainer` → the recipe's loop, logging and
+checkpoints. docs/configuration.md gives the verl key that each one corresponds to.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from memrl.agents.memagent import MemAgentConfig
+from memrl.agents.memupdate import MemUpdateConfig
+from memrl.config import StrictModel
+from memrl.rl.config import OptimConfig, RLConfig
+
+
+class LoraConfig(StrictModel):
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight (needs memrl[lora])."""
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = "all-linear"
+    """Module names (or "all-linear"); names that match nothing in the model are an error."""
+
+
+class ModelConfig(StrictModel):
+    path: str = Field(..., description="HF model directory or hub id of the policy")
+    """HF model directory (or a hub id already in the local cache) of the policy."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: float32 master weights; on CUDA the forward and backward passes run under
+    bfloat16 autocast (verl's mixed precision). bfloat16 / float16 store the weights in
+    half precision: only with LoRA (AdamW on half-precision weights loses small updates)."""
+    device: str | None = None
+    """torch device; None: cuda when available, else cpu."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (verl enable_gradient_checkpointing)."""
+    lora: LoraConfig = LoraConfig()
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        import torch
+
+        try:
+            device = torch.device(value)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"unknown device {value!r} ({exc})") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {value!r} asked for, but this machine has no CUDA GPU")
+        return value
+
+
+class DataConfig(StrictModel):
+    train_file: str
+    """Training questions (HotpotQA / RULER / memrl JSONL, parquet, or LoCoMo episodes)."""
+    val_file: str | None = None
+    """Validation questions, scored at test_freq steps and at the end."""
+    format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler", "locomo"] = "auto"
+    train_batch_size: int = Field(4, ge=1)
+    """Questions per training step (verl data.train_batch_size)."""
+    shuffle: bool = True
+    """Shuffle the training questions every epoch (by seed and epoch)."""
+    val_limit: int | None = Field(None, ge=1)
+    """Use only the first K validation questions."""
+
+
+class TrainerConfig(StrictModel):
+    out_dir: str = "runs/train"
+    """Run directory: metrics.jsonl, config.yaml, checkpoints/, val_samples/, training.png."""
+    total_epochs: int = Field(1, ge=1)
+    total_steps: int | None = Field(None, ge=1)
+    """Stop after this many steps even if epochs remain."""
+    test_freq: int = Field(0, ge=0)
+    """Validate every N steps (0 = never, except val_before_train and at the end)."""
+    val_before_train: bool = True
+    save_freq: int = Field(0, ge=0)
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Checkpoints kept on disk (older ones are deleted)."""
+    resume: Literal["auto", "never"] = "never"
+    """auto: continue from the latest checkpoint in out_dir/checkpoints if there is one.
+    never: start fresh, and refuse an out_dir that already holds checkpoints (nothing lost)."""
+    log_sinks: list[Literal["jsonl", "console", "tensorboard", "wandb"]] = ["jsonl", "console"]
+    wandb_project: str = "memrl"
+    num_logged_trajectories: int = Field(4, ge=0)
+    """Sample trajectories written to disk at each validation."""
+
+
+class TrainConfig(StrictModel):
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    """Seeds everything: weights init of LoRA, data order, every sampling call."""
+    agent: Literal["memagent", "memupdate"] = "memagent"
+    """The task to train: memagent (long-document QA) or memupdate (LoCoMo tool memory)."""
+    model: ModelConfig
+    data: DataConfig
+    memagent: MemAgentConfig = MemAgentConfig()
+    memupdate: MemUpdateConfig = MemUpdateConfig()
+    rl: RLConfig = RLConfig()
+    optim: OptimConfig = OptimConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.rl.ppo_mini_batch_size > self.data.train_batch_size:
+            raise ValueError(
+                f"rl.ppo_mini_batch_size ({self.rl.ppo_mini_batch_size}) exceeds "
+                f"data.train_batch_size ({self.data.train_batch_size})"
+            )
+        if self.model.dtype in ("bfloat16", "float16") and not self.model.lora.enabled:
+            raise ValueError(
+                f"model.dtype {self.model.dtype} with full fine-tuning: AdamW updates of "
+                "half-precision weights round away (at lr 1e-6 almost no weight changes). "
+                "Use model.dtype=auto (float32 master weights, bf16 autocast on CUDA), or LoRA"
+            )
+        from memrl.tasks import task_class
+
+        rewards = task_class(self.agent).rewards
+        if self.rl.reward is not None and self.rl.reward not in rewards:
+            raise ValueError(
+                f"rl.reward {self.rl.reward!r} has no meaning for agent {self.agent}; "
+                f"choose one of {', '.join(rewards)}"
+            )
+        return self

@@ -1,0 +1,285 @@
+"""GRPO-family RL for memory agents: the training recipe, top to bottom.
+
+    for each step:
+        engine.sync_weights(policy)                  the engine samples the current policy
+        groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
+        batch  = RolloutBatch.from_trajectories(...)  one typed batch, one sample per turn
+        batch  = batch.with_logprobs(actor.logprobs(batch), reference.logprobs(batch))
+        batch  = batch.with_advantages(compute_advantages(...))   one per trajectory
+        metrics = actor.update(batch, dist)          PPO over mini/micro-batches
+        if dist.is_main: log, validate, checkpoint
+
+The task (agent + data + reward), the engine and the models come from the config
+(`setup`); `memrl.rl` holds the maths and the actor. docs/architecture.md traces one step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memrl.config import config_to_yaml
+from memrl.dist import Dist
+from memrl.errors import MemrlInputError
+from memrl.fileio import write_atomic
+from memrl.inference.base import derive_seed
+from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
+from memrl.recipes import models
+from memrl.recipes.config import TrainConfig
+from memrl.rl.actor import Actor, Reference
+from memrl.rl.advantages import compute_advantages
+from memrl.rl.batch import RolloutBatch
+from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memrl.rl.rollout import QuestionStream, TrainState, collect_groups, informative_groups
+from memrl.tasks import Task, build_task
+
+
+@dataclass
+class Run:
+    """Everything a training run holds between steps."""
+
+    config: TrainConfig
+    task: Task
+    engine: Any
+    actor: Actor
+    reference: Reference | None
+    tokenizer: Any
+    stream: QuestionStream
+    state: TrainState
+    val_records: list[Any] = field(default_factory=list)
+    dist: Dist = Dist()
+    console: Any = None
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config.trainer.out_dir)
+
+    def say(self, text: str) -> None:
+        if self.console is not None and self.dist.is_main:
+            self.console.print(text)
+
+
+def train(
+    config: TrainConfig, *, task: Task | None = None, dist: Dist | None = None, console: Any = None
+) -> TrainState:
+    """Train to `trainer.total_steps` (or epochs); validate and checkpoint on the cadence."""
+    run = setup(config, task=task, dist=dist, console=console)
+    tcfg, total = config.trainer, total_steps(config, len(run.stream.records))
+    if run.dist.is_main:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run.out_dir / "config.yaml", scrub_env_secrets(config_to_yaml(config)))
+    with MetricsLogger(
+        run.out_dir,
+        tcfg.log_sinks if run.dist.is_main else [],
+        run_config=config.model_dump(mode="json"),
+        wandb_project=tcfg.wandb_project,
+    ) as logger:
+        if run.state.step == 0 and tcfg.val_before_train and run.val_records:
+            logger.log(0, validate(run))
+        while run.state.step < total:
+            metrics = train_step(run)
+            run.state.step += 1
+            step = run.state.step
+            if run.val_records and ((tcfg.test_freq and step % tcfg.test_freq == 0)
+                                    or step == total):
+                metrics.update(validate(run))
+            logger.log(step, metrics)
+            if (tcfg.save_freq and step % tcfg.save_freq == 0) or step == total:
+                save(run)
+    if run.dist.is_main:
+        plot_training_curves(run.out_dir / "metrics.jsonl", run.out_dir / "training.png")
+    return run.state
+
+
+def train_step(run: Run) -> dict[str, float]:
+    """One step of the algorithm; returns its metrics."""
+    cfg, rl = run.config, run.config.rl
+    t0 = time.perf_counter()
+
+    # 1. The engine samples from the current weights.
+    run.engine.wake()
+    run.engine.sync_weights(run.actor.model, run.state.step)
+    t_sync = time.perf_counter() - t0
+
+    # 2. Rollout groups (+ DAPO dynamic sampling with refill from the next questions).
+    groups = collect_groups(
+        lambda records, seed: run.task.rollout(
+            run.engine, records, num_samples=rl.rollout_n, seed=seed
+        ),
+        run.stream,
+        want=cfg.data.train_batch_size,
+        dynamic_sampling=rl.dynamic_sampling,
+        max_refill_rounds=rl.max_refill_rounds,
+        round_seed=lambda r: derive_seed(cfg.seed, "train", run.state.step, r),
+    )
+    run.engine.sleep()
+    t_rollout = time.perf_counter() - t0 - t_sync
+
+    # 3. One typed batch: a sample per conversation, a reward per trajectory.
+    batch = RolloutBatch.from_trajectories(groups.trajectories, overlong=rl.overlong)
+
+    # 4. Old and reference log-probs (no grad).
+    t1 = time.perf_counter()
+    ref = run.reference.logprobs(batch) if run.reference is not None else None
+    batch = batch.with_logprobs(run.actor.logprobs(batch), ref)
+    t_logprobs = time.perf_counter() - t1
+
+    # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
+    task_rewards = batch.rewards
+    if rl.use_kl_in_reward and rl.kl_reward_coef > 0:
+        batch = batch.with_rewards(task_rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
+    batch = batch.with_advantages(
+        compute_advantages(
+            rl.adv_estimator,
+            batch.rewards,
+            batch.group_ids,
+            token_counts=batch.response_tokens,
+            norm_by_std=rl.norm_adv_by_std,
+            size1=rl.size1_group_advantage,
+        )
+    )
+
+    # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights.
+    lr = run.actor.lr
+    t2 = time.perf_counter()
+    update = run.actor.update(batch, run.dist)
+    t_update = time.perf_counter() - t2
+
+    # 7. Metrics.
+    trajs = groups.trajectories
+    samples = batch.samples
+    lengths: dict[str, list[int]] = {}
+    for s in samples:
+        lengths.setdefault(s.turn_kind, []).append(len(s.response_ids))
+    train_tokens = sum(s.num_tokens for s in samples)
+    return {
+        "train/reward_mean": float(task_rewards.mean()),
+        "train/reward_std": float(task_rewards.std(unbiased=False)),
+        **{f"train/{k}": v for k, v in run.task.summarize(trajs).items()},
+        "train/groups": float(len(set(batch.group_ids))),
+        "train/informative_groups": float(informative_groups(trajs)),
+        "train/groups_generated": float(groups.generated),
+        "train/samples": float(len(samples)),
+        **{f"train/{k}_response_len": float(np.mean(v)) for k, v in lengths.items()},
+        "train/truncated_frac": float(np.mean([s.truncated for s in samples])),
+        "train/advantage_abs_mean": float(batch.advantages.abs().mean()),
+        "train/kl_reward_penalty": float((task_rewards - batch.rewards).mean()),
+        "train/lr": lr,
+        **update,
+        "perf/rollout_tokens_per_s": float(batch.response_tokens.sum()) / max(t_rollout, 1e-9),
+        "perf/train_tokens_per_s": train_tokens * rl.ppo_epochs / max(t_update, 1e-9),
+        "perf/sync_s": t_sync,
+        "perf/rollout_s": t_rollout,
+        "perf/logprobs_s": t_logprobs,
+        "perf/update_s": t_update,
+        "perf/step_time_s": time.perf_counter() - t0,
+    }
+
+
+def validate(run: Run) -> dict[str, float]:
+    """Score the validation questions with the current policy; log sample trajectories."""
+    cfg, rl = run.config, run.config.rl
+    run.engine.wake()
+    run.engine.sync_weights(run.actor.model, run.state.step)
+    trajs = run.task.rollout(
+        run.engine,
+        run.val_records,
+        num_samples=rl.val_n,
+        seed=derive_seed(cfg.seed, "val", run.state.step),
+        temperature=rl.val_temperature,
+    )
+    metrics = {
+        "val/score": float(np.mean([t.reward for t in trajs])),
+        **{f"val/{key}": v for key, v in run.task.summarize(trajs).items()},
+    }
+    k = cfg.trainer.num_logged_trajectories
+    if k and run.dist.is_main:
+        from memrl.eval.report import write_jsonl
+
+        by_id = {r.id: r for r in run.val_records}
+        rows = [run.task.log_row(t, by_id[t.record_id]) for t in trajs[:k]]
+        write_jsonl(run.out_dir / "val_samples" / f"step_{run.state.step:06d}.jsonl", rows)
+    run.say(f"validation @ step {run.state.step}: score {metrics['val/score']:.3f}")
+    return metrics
+
+
+def save(run: Run) -> Path | None:
+    """A checkpoint of the policy, optimizer, schedule, RNG and data cursor (main rank)."""
+    if not run.dist.is_main:
+        return None
+    return save_checkpoint(
+        run.out_dir / "checkpoints",
+        run.state.step,
+        model=run.actor.model,
+        optimizer=run.actor.optimizer,
+        scheduler=run.actor.scheduler,
+        tokenizer=run.tokenizer,
+        trainer_state=asdict(run.state),
+        config_yaml=config_to_yaml(run.config),
+        keep_last=run.config.trainer.keep_last,
+    )
+
+
+def total_steps(config: TrainConfig, num_records: int) -> int:
+    if config.trainer.total_steps is not None:
+        return config.trainer.total_steps
+    per_epoch = max(1, num_records // config.data.train_batch_size)
+    return per_epoch * config.trainer.total_epochs
+
+
+def setup(
+    config: TrainConfig, *, task: Task | None = None, dist: Dist | None = None, console: Any = None
+) -> Run:
+    """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint."""
+    seed_everything(config.seed)
+    dist = dist or Dist.from_environment()
+    task = task if task is not None else build_task(config)
+    train_records = task.load(config.data.train_file, config.data.format, what="training")
+    val_records: list[Any] = []
+    if config.data.val_file:
+        val_records = task.load(config.data.val_file, config.data.format, what="validation")
+        val_records = val_records[: config.data.val_limit]
+
+    policy, tokenizer = models.load_policy(config.model)
+    temperature = task.sampling_temperature
+    actor = models.build_actor(config, policy, tokenizer, temperature)
+    reference = models.build_reference(config, policy, tokenizer, temperature)
+    engine = models.build_engine(config, policy, tokenizer)
+
+    state = TrainState()
+    out_dir = Path(config.trainer.out_dir)
+    latest = latest_checkpoint(out_dir / "checkpoints")
+    if config.trainer.resume == "auto" and latest is not None:
+        saved = load_checkpoint(
+            latest, model=policy, optimizer=actor.optimizer, scheduler=actor.scheduler
+        )
+        state = TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
+        if dist.is_main:
+            truncate_metrics(out_dir / "metrics.jsonl", state.step)
+        if console is not None and dist.is_main:
+            console.print(f"resumed from {latest} at step {state.step}")
+    elif latest is not None:
+        raise MemrlInputError(
+            f"{out_dir / 'checkpoints'} already holds checkpoints: pass --resume "
+            "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
+            location="trainer.out_dir",
+        )
+    elif (out_dir / "metrics.jsonl").exists() and dist.is_main:
+        truncate_metrics(out_dir / "metrics.jsonl", -1)  # a fresh run in a used directory
+    stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
+    return Run(config, task, engine, actor, reference, tokenizer, stream, state,
+               val_records, dist, console)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,112 @@
+"""Building the trained models from a config: the policy (+LoRA), the reference, the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from memrl.errors import MemrlInputError, require
+from memrl.inference.hf import HFGenerator
+from memrl.inference.loader import load_model, load_tokenizer, resolve_device
+from memrl.recipes.config import ModelConfig, TrainConfig
+from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
+
+
+def master_dtype(mcfg: ModelConfig) -> torch.dtype:
+    """dtype of the stored weights: float32 for `auto` (mixed precision), else as named."""
+    return torch.float32 if mcfg.dtype == "auto" else getattr(torch, mcfg.dtype)
+
+
+def autocast_dtype(mcfg: ModelConfig) -> torch.dtype | None:
+    """bfloat16 autocast for `auto` (used on CUDA only), none otherwise."""
+    return torch.bfloat16 if mcfg.dtype == "auto" else None
+
+
+def load_policy(mcfg: ModelConfig) -> tuple[Any, Any]:
+    """(policy in train mode, tokenizer); LoRA adapters wrapped on when enabled."""
+    device = resolve_device(mcfg.device)
+    tokenizer = load_tokenizer(mcfg.path)
+    model = load_model(mcfg.path, device=device, dtype=master_dtype(mcfg))
+    if mcfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    if mcfg.lora.enabled:
+        model = _with_lora(model, mcfg)
+    model.train()
+    return model, tokenizer
+
+
+def _with_lora(model: Any, mcfg: ModelConfig) -> Any:
+    peft = require("peft", extra="lora", feature="LoRA training")
+    targets = mcfg.lora.target_modules
+    if targets != "all-linear":
+        names = [targets] if isinstance(targets, str) else list(targets)
+        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise MemrlInputError(
+                f"no module of the model is named {', '.join(missing)}",
+                location="model.lora.target_modules",
+            )
+    lora = peft.LoraConfig(
+        r=mcfg.lora.r,
+        lora_alpha=mcfg.lora.alpha,
+        lora_dropout=mcfg.lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+    )
+    return peft.get_peft_model(model, lora)
+
+
+def build_actor(config: TrainConfig, policy: Any, tokenizer: Any, temperature: float) -> Actor:
+    optimizer = build_optimizer(
+        policy,
+        lr=config.optim.lr,
+        betas=config.optim.betas,
+        weight_decay=config.optim.weight_decay,
+    )
+    return Actor(
+        policy,
+        config.rl,
+        optimizer=optimizer,
+        scheduler=warmup_schedule(optimizer, config.optim.warmup_steps),
+        grad_clip=config.optim.grad_clip,
+        pad_id=pad_token_id(tokenizer),
+        temperature=temperature,
+        autocast_dtype=autocast_dtype(config.model),
+    )
+
+
+def build_reference(
+    config: TrainConfig, policy: Any, tokenizer: Any, temperature: float
+) -> Reference | None:
+    """The frozen initial policy when a KL term needs it: the policy with its adapters off
+    (LoRA), else a second copy of the initial weights."""
+    if not config.rl.needs_reference:
+        return None
+    kw = dict(
+        pad_id=pad_token_id(tokenizer),
+        temperature=temperature,
+        autocast_dtype=autocast_dtype(config.model),
+    )
+    if config.model.lora.enabled:
+        return Reference(policy, config.rl, adapters_off=True, **kw)
+    device = next(policy.parameters()).device
+    ref = load_model(config.model.path, device=device, dtype=master_dtype(config.model))
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return Reference(ref, config.rl, **kw)
+
+
+def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> HFGenerator:
+    """The rollout engine: in-process generation with the policy module itself."""
+    return HFGenerator(policy, tokenizer, max_batch_size=config.rl.generation_batch_size)
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    return int(pad or 0)

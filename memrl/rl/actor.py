@@ -1,0 +1,312 @@
+"""The policy being trained (`Actor`) and the frozen one it is kept near (`Reference`).
+
+Both compute per-token log-probs of a `RolloutBatch`'s responses; the actor also runs the
+PPO update. Neither knows which agent or engine produced the batch.
+
+    actor.logprobs(batch)      old log-probs, no grad, eval mode
+    actor.update(batch, dist)  ppo_epochs × mini-batches (ppo_mini_batch_size questions)
+                               × token-budget micro-batches, one optimizer step per
+                               mini-batch; the loss of every micro-batch is its exact share
+                               of the mini-batch loss (`LossNorm`), so gradients do not
+                               depend on how the mini-batch was split
+
+Memory: the final hidden states are projected to the vocabulary only at response positions,
+so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from memrl.dist import Dist
+from memrl.rl.batch import RolloutBatch, pack_token_budget
+from memrl.rl.config import RLConfig
+from memrl.rl.losses import (
+    LossNorm,
+    agg_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    policy_loss,
+)
+
+__all__ = ["Actor", "Reference", "build_optimizer", "response_logprobs", "warmup_schedule"]
+
+
+def build_optimizer(model: torch.nn.Module, *, lr: float, betas, weight_decay: float):
+    """AdamW over the trainable parameters (all of them, or the LoRA adapters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+
+
+# verl `get_constant_schedule_with_warmup`: the lr multiplier of optimizer step s (0-based)
+# is s / W while s < W, then 1; so with W = 3 steps the first steps use lr x 0, 1/3, 2/3, 1.
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int):
+    """Linear warmup over `warmup_steps` optimizer-schedule steps, then constant."""
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    w = warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: float(s) / float(max(1, w)) if s < w else 1.0
+    )
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """The transformer body and the vocabulary projection, when logits are a plain
+    projection of the last hidden state (no soft-capping or scaling), else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if any(getattr(config, k, None) not in (None, 1.0) for k in
+           ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    get_decoder = getattr(base, "get_decoder", None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    decoder = get_decoder() if callable(get_decoder) else None
+    if decoder is None or head is None or decoder is base:
+        return None
+    return decoder, head
+
+
+def response_logprobs(
+    model: Any,
+    tensors: dict[str, Tensor],
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of the response tokens of a collated batch, as (B, L)
+    float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere).
+
+    Logits are computed at response positions only. ``temperature`` is the sampling
+    temperature of the rollout (log-probs of softmax(logits / T)).
+    """
+    device = next(model.parameters()).device
+    mask = tensors["response_mask"].to(device)
+    inputs = {
+        k: tensors[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")
+    }
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        decoder, head = parts
+        hidden = decoder(**inputs, use_cache=False).last_hidden_state
+        logits = head(hidden[mask])
+    else:  # a model whose logits are not a plain projection: full logits, then select
+        logits = model(**inputs, use_cache=False).logits[mask]
+    labels = tensors["labels"].to(device)[mask]
+    flat = logprobs_from_logits(logits, labels, temperature=temperature)
+    out = torch.zeros(mask.shape, dtype=flat.dtype, device=device).masked_scatter(mask, flat)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = entropy_from_logits(logits, temperature=temperature)
+            entropy = torch.zeros(mask.shape, dtype=ent.dtype, device=device).masked_scatter(
+                mask, ent
+            )
+    return out, entropy
+
+
+class _PolicyModel:
+    """Shared by Actor and Reference: micro-batching and no-grad log-probs of a batch."""
+
+    def __init__(
+        self,
+        model: Any,
+        config: RLConfig,
+        *,
+        pad_id: int,
+        temperature: float = 1.0,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.autocast_dtype = autocast_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast over fp32 master weights (CUDA), else nothing."""
+        if self.autocast_dtype is None or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    def micro_batches(self, batch: RolloutBatch, indices: Sequence[int]) -> list[list[int]]:
+        """Positions within `indices` of each micro-batch (token budget or fixed size)."""
+        cfg = self.config
+        if cfg.use_dynamic_bsz:
+            sizes = [batch.samples[i].num_tokens for i in indices]
+            return pack_token_budget(sizes, cfg.max_tokens_per_micro_batch, padded=True)
+        n, k = len(indices), cfg.micro_batch_size
+        return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
+
+    def _forward(self, tensors: dict[str, Tensor], **kw: Any) -> tuple[Tensor, Tensor | None]:
+        with self.autocast():
+            return response_logprobs(self.model, tensors, temperature=self.temperature, **kw)
+
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
+        """Log-prob of every sample's response tokens (float32, CPU), in eval mode."""
+        was_training = self.model.training
+        self.model.eval()
+        out: list[Tensor | None] = [None] * len(batch.samples)
+        everything = list(range(len(batch.samples)))
+        try:
+            for micro in self.micro_batches(batch, everything):
+                tensors = batch.collate(micro, self.pad_id)
+                lp, _ = self._forward(tensors)
+                mask = tensors["response_mask"].to(lp.device)
+                for row, i in enumerate(micro):
+                    out[i] = lp[row][mask[row]].float().cpu()
+        finally:
+            self.model.train(was_training)
+        return [x for x in out if x is not None]
+
+
+class Reference(_PolicyModel):
+    """The frozen initial policy: a separate model, or the policy with its LoRA adapters
+    disabled (`model` is then the PEFT policy itself)."""
+
+    def __init__(self, model: Any, config: RLConfig, *, adapters_off: bool = False, **kw: Any):
+        super().__init__(model, config, **kw)
+        self.adapters_off = adapters_off
+
+    def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
+        if not self.adapters_off:
+            return super().logprobs(batch)
+        with self.model.disable_adapter():
+            return super().logprobs(batch)
+
+
+class _Averages:
+    """Running averages: plain (one value per event) or weighted (e.g. by tokens)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float = 1.0) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+
+
+class Actor(_PolicyModel):
+    """The policy being trained: its optimizer, lr schedule and PPO update."""
+
+    def __init__(
+        self,
+        model: Any,
+        config: RLConfig,
+        *,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        grad_clip: float,
+        **kw: Any,
+    ) -> None:
+        super().__init__(model, config, **kw)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def update(self, batch: RolloutBatch, dist: Dist = Dist()) -> dict[str, float]:
+        """PPO epochs over mini-batches; one optimizer step each; then one lr-schedule step.
+
+        Returns `actor/*` metrics: losses are mini-batch values averaged over optimizer steps;
+        clip fractions and PPO-KL are means over every loss token of the update.
+        """
+        cfg = self.config
+        if batch.old_logprobs is None or batch.advantages is None:
+            raise ValueError("update needs old log-probs and advantages in the batch")
+        use_kl = cfg.use_kl_loss and cfg.kl_loss_coef > 0
+        if use_kl and batch.ref_logprobs is None:
+            raise ValueError("a KL loss needs reference log-probs in the batch")
+        avg = _Averages()
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mini in batch.mini_batches(cfg.ppo_mini_batch_size):
+                norm = batch.loss_norm(mini, cfg.loss_agg_mode, scale_factor=cfg.loss_scale_factor)
+                if norm.global_count:
+                    norm = norm.with_divisor(dist.all_reduce_sum(norm.divisor))
+                self.optimizer.zero_grad(set_to_none=True)
+                losses: dict[str, float] = {}
+                for positions in self.micro_batches(batch, mini):
+                    indices = [mini[p] for p in positions]
+                    terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg)
+                    for name, value in terms.items():
+                        losses[name] = losses.get(name, 0.0) + value
+                grad_norm = self._optimizer_step()
+                for name, value in losses.items():
+                    avg.add(name, dist.all_reduce_sum(value))
+                avg.add("actor/grad_norm", grad_norm)
+                avg.add("actor/skipped_nonfinite_steps", float(not math.isfinite(grad_norm)))
+        self.scheduler.step()
+        return avg.result()
+
+    def _micro_step(
+        self,
+        batch: RolloutBatch,
+        indices: list[int],
+        norm: LossNorm,
+        use_kl: bool,
+        avg: _Averages,
+    ) -> dict[str, float]:
+        """Forward + backward of one micro-batch; returns its shares of the loss terms."""
+        cfg = self.config
+        tensors = batch.collate(indices, self.pad_id)
+        logprobs, entropy = self._forward(
+            tensors, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0
+        )
+        dev = logprobs.device
+        mask = tensors["loss_mask"].to(dev)
+        agg = dict(mode=cfg.loss_agg_mode, norm=norm)
+        pg, pg_metrics = policy_loss(
+            logprobs,
+            tensors["old_logprobs"].to(dev),
+            tensors["advantages"].to(dev),
+            mask,
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode,
+            norm=norm,
+        )
+        ent = agg_loss(entropy, mask, **agg)
+        loss = pg - cfg.entropy_coeff * ent if cfg.entropy_coeff else pg
+        terms = {"actor/pg_loss": float(pg.detach()), "actor/entropy": float(ent.detach())}
+        if use_kl:
+            kl_mat = kl_penalty(logprobs, tensors["ref_logprobs"].to(dev), cfg.kl_loss_type)
+            kl = agg_loss(kl_mat, mask, **agg)
+            loss = loss + cfg.kl_loss_coef * kl
+            terms["actor/kl_loss"] = float(kl.detach())
+        loss.backward()
+        tokens = float(mask.sum())
+        for name, value in pg_metrics.items():
+            avg.add(f"actor/{name}", float(value), tokens)
+        return terms
+
+    def _optimizer_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm

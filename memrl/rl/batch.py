@@ -1,0 +1,306 @@
+"""The training batch: trajectories → one typed `RolloutBatch`, built once per step.
+
+One `Sample` per conversation (Turn); every sample belongs to a trajectory, and every
+trajectory to a group (its question). The batch holds what the update needs, each piece
+added in the recipe's order and never changed afterwards (`RolloutBatch` is frozen; the recipe
+makes the next version with `with_logprobs` / `with_advantages`):
+
+    samples             token ids, rollout log-probs, turn kind, trainable flag (per sample)
+    group_ids, rewards  one per trajectory
+    response_tokens     response tokens of each trajectory, all its turns together
+    old_logprobs        the policy's log-probs before the update (per sample)
+    ref_logprobs        the reference policy's log-probs (per sample; only with a KL term)
+    advantages          one per trajectory, shared by all its conversations
+
+No conversation is ever dropped or trimmed to make a batch divide evenly: the micro-batches
+vary in size instead (`pack_token_budget`), and the loss norm (`RolloutBatch.loss_norm`)
+keeps the objective exact however the samples are split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from memrl.agents.trajectory import Trajectory
+from memrl.errors import MemrlInputError
+from memrl.rl.losses import LossNorm, kl_penalty, loss_norm
+
+__all__ = [
+    "OVERLONG_MODES",
+    "RolloutBatch",
+    "Sample",
+    "collate",
+    "pack_token_budget",
+]
+
+OVERLONG_MODES = ("mask", "keep")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One conversation of one trajectory, ready to train on."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    """The engine's log-probability of each response token (the behaviour policy)."""
+    traj_index: int
+    """Position of the trajectory in the batch (index into `RolloutBatch.rewards`)."""
+    group_id: str
+    """The question id (`Trajectory.record_id`): trajectories of one group share it."""
+    turn_index: int
+    turn_kind: str
+    truncated: bool = False
+    """The response was cut at max_new_tokens (finish_reason "length")."""
+    trainable: bool = True
+    """False: the sample is kept (for logging, batching) but its tokens carry no loss."""
+
+    def __post_init__(self) -> None:
+        if len(self.rollout_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"sample has {len(self.response_ids)} response tokens but "
+                f"{len(self.rollout_logprobs)} logprobs"
+            )
+        if not self.prompt_ids:
+            # The first response token is predicted by the logits at the last prompt position.
+            raise ValueError("sample has an empty prompt: its first response token has no logit")
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + response tokens: what the sample costs in a forward pass."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return len(self.response_ids) if self.trainable else 0
+
+
+# Overlong filtering (DAPO, arXiv:2503.14476 §3.4; verl's overlong buffer/filter): a response
+# cut at max_new_tokens is not a judgement on the policy's answer, so with overlong="mask" a
+# truncated turn (finish_reason "length") stays in the batch with trainable=False (zero loss
+# weight); overlong="keep" trains on it like any other turn. Only the truncated turn is
+# masked: the trajectory's other turns keep their advantage.
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Everything one training step learns from (see the module docstring)."""
+
+    samples: tuple[Sample, ...]
+    group_ids: tuple[str, ...]
+    rewards: Tensor
+    """(T,) float32: each trajectory's reward."""
+    response_tokens: Tensor
+    """(T,) long: response tokens of each trajectory over all its turns."""
+    old_logprobs: tuple[Tensor, ...] | None = None
+    ref_logprobs: tuple[Tensor, ...] | None = None
+    advantages: Tensor | None = None
+    """(T,) float32."""
+
+    @classmethod
+    def from_trajectories(
+        cls, trajectories: Sequence[Trajectory], *, overlong: str = "mask"
+    ) -> RolloutBatch:
+        """One Sample per Turn, trajectory by trajectory, turn by turn; rewards must be set."""
+        if overlong not in OVERLONG_MODES:
+            raise MemrlInputError(
+                f"overlong must be one of {', '.join(OVERLONG_MODES)}, got {overlong!r}",
+                location="rl.overlong",
+            )
+        samples = []
+        for traj_index, traj in enumerate(trajectories):
+            if traj.reward is None:
+                raise ValueError(f"trajectory {traj_index} ({traj.record_id}) has no reward")
+            for turn_index, turn in enumerate(traj.turns):
+                samples.append(
+                    Sample(
+                        prompt_ids=list(turn.prompt_ids),
+                        response_ids=list(turn.response_ids),
+                        rollout_logprobs=[float(x) for x in turn.response_logprobs],
+                        traj_index=traj_index,
+                        group_id=traj.record_id,
+                        turn_index=turn_index,
+                        turn_kind=turn.kind,
+                        truncated=turn.truncated,
+                        trainable=not (turn.truncated and overlong == "mask"),
+                    )
+                )
+        rewards = torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32)
+        if not torch.isfinite(rewards).all():
+            raise ValueError(f"rewards must be finite, got {rewards.tolist()}")
+        tokens = torch.zeros(len(trajectories), dtype=torch.long)
+        for s in samples:
+            tokens[s.traj_index] += len(s.response_ids)
+        return cls(tuple(samples), tuple(t.record_id for t in trajectories), rewards, tokens)
+
+    # ---- the next version of the batch (the recipe's steps, in order)
+    def with_logprobs(
+        self, old: Sequence[Tensor], ref: Sequence[Tensor] | None = None
+    ) -> RolloutBatch:
+        for name, values in (("old", old), ("reference", ref)):
+            if values is not None:
+                self._check_per_sample(name, values)
+        return dataclasses.replace(
+            self, old_logprobs=tuple(old), ref_logprobs=None if ref is None else tuple(ref)
+        )
+
+    def with_rewards(self, rewards: Tensor) -> RolloutBatch:
+        if rewards.shape != self.rewards.shape:
+            raise ValueError(f"rewards must have shape {tuple(self.rewards.shape)}")
+        return dataclasses.replace(self, rewards=rewards.to(torch.float32))
+
+    def with_advantages(self, advantages: Tensor) -> RolloutBatch:
+        if advantages.shape != self.rewards.shape or not torch.isfinite(advantages).all():
+            raise ValueError(f"advantages must be {tuple(self.rewards.shape)} finite numbers")
+        return dataclasses.replace(self, advantages=advantages.to(torch.float32))
+
+    def _check_per_sample(self, name: str, values: Sequence[Tensor]) -> None:
+        if len(values) != len(self.samples):
+            raise ValueError(f"{len(values)} {name} log-prob rows for {len(self.samples)} samples")
+        for i, (v, s) in enumerate(zip(values, self.samples, strict=True)):
+            if v.shape != (len(s.response_ids),):
+                raise ValueError(f"{name} log-probs of sample {i}: shape {tuple(v.shape)}")
+
+    # ---- views
+    @property
+    def num_trajectories(self) -> int:
+        return len(self.group_ids)
+
+    def traj_index(self, indices: Sequence[int] | None = None) -> Tensor:
+        """Trajectory of each sample (of `indices`, default all), long (S,)."""
+        idx = range(len(self.samples)) if indices is None else indices
+        return torch.tensor([self.samples[i].traj_index for i in idx], dtype=torch.long)
+
+    def kl(self, kind: str) -> Tensor:
+        """KL(π_old ‖ π_ref) estimate (`kl_penalty` of `kind`) summed over every response
+        token of every conversation of each trajectory, (T,): the reward penalty of verl's
+        `apply_kl_penalty` with an outcome reward (arXiv:1909.08593 §2)."""
+        if self.old_logprobs is None or self.ref_logprobs is None:
+            raise ValueError("the KL penalty needs old and reference log-probs in the batch")
+        out = torch.zeros(self.num_trajectories, dtype=torch.float32)
+        for s, old, ref in zip(self.samples, self.old_logprobs, self.ref_logprobs, strict=True):
+            out[s.traj_index] += kl_penalty(old, ref, kind).sum().to(torch.float32)
+        return out
+
+    def mini_batches(self, groups_per_mini_batch: int) -> list[list[int]]:
+        """Sample indices of each mini-batch: `groups_per_mini_batch` questions each (verl
+        ppo_mini_batch_size), with all conversations of all their trajectories, in order."""
+        if groups_per_mini_batch < 1:
+            raise ValueError(f"groups_per_mini_batch must be >= 1, got {groups_per_mini_batch}")
+        order = list(dict.fromkeys(s.group_id for s in self.samples))
+        where = {g: i // groups_per_mini_batch for i, g in enumerate(order)}
+        out: list[list[int]] = [[] for _ in range(-(-len(order) // groups_per_mini_batch))]
+        for i, s in enumerate(self.samples):
+            out[where[s.group_id]].append(i)
+        return out
+
+    def loss_norm(
+        self, indices: Sequence[int], mode: str, *, scale_factor: float | None = None
+    ) -> LossNorm:
+        """The loss norm of `mode` over these samples (a whole mini-batch)."""
+        n = torch.tensor([self.samples[i].num_loss_tokens for i in indices], dtype=torch.long)
+        return loss_norm(n, mode, traj_ids=self.traj_index(indices), scale_factor=scale_factor)
+
+    def collate(self, indices: Sequence[int], pad_id: int) -> dict[str, Tensor]:
+        """`collate` of these samples, with the batch's old / ref log-probs and advantages."""
+        samples = [self.samples[i] for i in indices]
+        per_sample = {}
+        if self.old_logprobs is not None:
+            per_sample["old_logprobs"] = [self.old_logprobs[i] for i in indices]
+        if self.ref_logprobs is not None:
+            per_sample["ref_logprobs"] = [self.ref_logprobs[i] for i in indices]
+        if self.advantages is not None:
+            per_sample["advantages"] = [
+                self.advantages[s.traj_index].expand(len(s.response_ids)) for s in samples
+            ]
+        return collate(samples, pad_id, **per_sample)
+
+
+# Dynamic batch size (verl use_dynamic_bsz / ppo_max_token_len_per_gpu), first-fit-decreasing
+# bin packing: take samples longest first (ties: lower index first) and put each into the
+# first micro-batch it fits in, else open a new one. Deterministic. A sample longer than the
+# budget gets a micro-batch of its own (never dropped, never trimmed). The cost of a
+# micro-batch is its real token count (padding-free, as verl's remove-padding path), or with
+# padded=True rows x longest row, the size of a right-padded `collate` batch.
+def pack_token_budget(
+    sizes: Sequence[int], max_tokens_per_micro_batch: int, *, padded: bool = False
+) -> list[list[int]]:
+    """Indices of items of these token `sizes` grouped into micro-batches within the budget."""
+    budget = max_tokens_per_micro_batch
+    if budget < 1:
+        raise MemrlInputError(
+            f"max_tokens_per_micro_batch must be >= 1, got {budget}",
+            location="max_tokens_per_micro_batch",
+        )
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    bins: list[list[int]] = []
+    totals: list[int] = []  # real tokens of each bin
+    for i in order:
+        size = sizes[i]
+        for b, members in enumerate(bins):
+            # Decreasing order: the bin's first member is its longest, and >= size.
+            cost = (len(members) + 1) * sizes[members[0]] if padded else totals[b] + size
+            if cost <= budget:
+                members.append(i)
+                totals[b] += size
+                break
+        else:
+            bins.append([i])
+            totals.append(size)
+    return [sorted(members) for members in bins]
+
+
+# Alignment. A causal LM's logits at position t predict token t+1. Every per-token tensor
+# here is indexed by the *logit* position t, so log-probs taken from `model(input_ids).logits`
+# at t line up with the response tensors with no further shifting:
+#   labels[b, t]        = input_ids[b, t+1]      (pad_id at the last real token and beyond)
+#   response_mask[b, t] = labels[b, t] is a response token
+# For a prompt of P tokens and a response of R tokens, response token j sits at input
+# position P+j and is predicted at t = P+j-1: response_mask[b, P-1 : P+R-1] is set and
+# per-token values (log-probs, advantages) of token j sit at [b, P-1+j].
+def collate(
+    samples: Sequence[Sample], pad_id: int, **per_sample: Sequence[Tensor]
+) -> dict[str, Tensor]:
+    """Right-padded (batch, seq) tensors for a forward pass and the loss.
+
+    Keys: input_ids, attention_mask, position_ids, labels (long, (B, L)); response_mask,
+    loss_mask (bool, (B, L); loss_mask = response_mask of trainable samples);
+    rollout_logprobs (float32, (B, L), 0 off the response); traj_index, num_loss_tokens
+    (long, (B,)); and every keyword given, each a per-sample (R,) tensor, placed like
+    rollout_logprobs.
+    """
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    bsz, seq = len(samples), max(s.num_tokens for s in samples)
+    input_ids = torch.full((bsz, seq), pad_id, dtype=torch.long)
+    labels = torch.full((bsz, seq), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((bsz, seq), dtype=torch.long)
+    response_mask = torch.zeros((bsz, seq), dtype=torch.bool)
+    extra = {"rollout_logprobs": [torch.tensor(s.rollout_logprobs) for s in samples]}
+    extra.update({k: list(v) for k, v in per_sample.items()})
+    placed = {k: torch.zeros((bsz, seq), dtype=torch.float32) for k in extra}
+    for b, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        ids = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        input_ids[b, : p + r] = ids
+        labels[b, : p + r - 1] = ids[1:]
+        attention_mask[b, : p + r] = 1
+        response_mask[b, p - 1 : p + r - 1] = True
+        for k, rows in extra.items():
+            placed[k][b, p - 1 : p + r - 1] = rows[b].to(torch.float32)
+    trainable = torch.tensor([s.trainable for s in samples], dtype=torch.bool)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        # As verl's compute_position_id_with_mask: 0..n-1, then n-1 repeated over the padding.
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "labels": labels,
+        "response_mask": response_mask,
+        "loss_mask": response_mask & trainable.unsqueeze(-1),
+        **placed,
+        "traj_index": torch.tensor([s.traj_index for s in samples], dtype=torch.long),
+        "num_loss_tokens": torch.tensor([s.num_loss_tokens for s in samples], dtype=torch.long),
+    }
