@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,7 +148,7 @@ class ToolResult:
 
 _OPEN = "<tool_call>"
 _TAG = re.compile(r"<tool_call>|</tool_call>")
-_FENCE = re.compile(r"\A```[A-Za-z]*\s*\n(.*)\n\s*```\Z", re.DOTALL)
+_FENCE = "```"
 
 
 def parse_tool_calls(text: str) -> ToolParseResult:
@@ -188,9 +189,9 @@ def parse_tool_calls(text: str) -> ToolParseResult:
 def _parse_one(body: str, number: int, result: ToolParseResult) -> None:
     where = f"tool call {number}"
     body = body.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1).strip()
+    fenced = _unfence(body)
+    if fenced is not None:
+        body = fenced.strip()
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -236,6 +237,30 @@ def _parse_one(body: str, number: int, result: ToolParseResult) -> None:
         result._error("bad_arguments", f"{where} ({name}): {'; '.join(problems)}")
         return
     result.calls.append(ToolCall(name, args))
+
+
+def _unfence(body: str) -> str | None:
+    """The content of a code fence that spans all of `body`, else None.
+
+    A fence is three backticks, an optional ASCII language tag, whitespace holding a
+    newline, the content, a newline, whitespace, and three backticks ending `body`. Same
+    result as the regex `\\A```[A-Za-z]*\\s*\\n(.*)\\n\\s*```\\Z` (DOTALL): the content
+    ends at the last newline of the whitespace before the closing backticks and starts after
+    the last newline of the whitespace after the tag that comes before that one.
+    """
+    # Linear: a few lstrip / rstrip / rfind passes. The regex this replaces backtracks over
+    # every split of a whitespace run: cubic time on an unclosed fence full of newlines.
+    if len(body) < 2 * len(_FENCE) or not (body.startswith(_FENCE) and body.endswith(_FENCE)):
+        return None
+    inner = body[len(_FENCE) : -len(_FENCE)].lstrip(string.ascii_letters)
+    lead = len(inner) - len(inner.lstrip())  # whitespace after the language tag
+    close = inner.rfind("\n", len(inner.rstrip()))  # in the whitespace before the fence end
+    if close < 0:
+        return None
+    opening = inner.rfind("\n", 0, min(lead, close))
+    if opening < 0:
+        return None
+    return inner[opening + 1 : close]
 
 
 def validate_arguments(name: str, arguments: dict[str, Any]) -> list[str]:

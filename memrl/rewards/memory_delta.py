@@ -48,14 +48,29 @@ def contains_tokens(haystack: Sequence[str], needle: Sequence[str]) -> bool:
 
     Token-level, so gold "7" is found in "on 7 May" but not inside "2017".
     """
-    n = len(needle)
-    if n == 0 or n > len(haystack):
+    # Knuth-Morris-Pratt: linear in len(haystack) + len(needle). Comparing the needle at
+    # every position is O(len(haystack) * len(needle)) on runs of one repeated token.
+    m = len(needle)
+    if m == 0 or m > len(haystack):
         return False
-    first = needle[0]
-    return any(
-        haystack[i] == first and list(haystack[i : i + n]) == list(needle)
-        for i in range(len(haystack) - n + 1)
-    )
+    border = [0] * m  # border[i]: length of the longest proper prefix of needle[: i + 1]
+    # that is also a suffix of it
+    k = 0
+    for i in range(1, m):
+        while k and needle[i] != needle[k]:
+            k = border[k - 1]
+        if needle[i] == needle[k]:
+            k += 1
+        border[i] = k
+    k = 0
+    for token in haystack:
+        while k and token != needle[k]:
+            k = border[k - 1]
+        if token == needle[k]:
+            k += 1
+            if k == m:
+                return True
+    return False
 
 
 def hit_answer_score(hit: str, answers: Sequence[str]) -> float:

@@ -33,10 +33,14 @@ def extract_boxed(text: str) -> str | None:
     without a trailing `$`. If the last occurrence is malformed (unbalanced, or nothing
     follows it), the answer is None: we never fall back to an earlier, superseded answer.
     """
-    matches = list(_BOXED.finditer(text))
-    if not matches:
+    # Linear: one regex pass (literals and a one-character lookahead, nothing to backtrack)
+    # keeps only the last match, then one brace scan from it; earlier ones are never rescanned.
+    last: re.Match[str] | None = None
+    for last in _BOXED.finditer(text):
+        pass
+    if last is None:
         return None
-    i = matches[-1].end()
+    i = last.end()
     n = len(text)
     j = i
     while j < n and text[j] in " \t":
