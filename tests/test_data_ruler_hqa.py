@@ -15,8 +15,10 @@ from memrl.data.hotpotqa import load_hotpotqa
 from memrl.data.records import Document, QARecord, render_documents
 from memrl.data.ruler_hqa import (
     build_ruler_hqa,
+    load_hotpotqa_pool,
     load_ruler_hqa,
     load_ruler_hqa_dir,
+    render_pool_context,
     ruler_hqa_path,
     select_questions,
     write_ruler_hqa,
@@ -234,7 +236,9 @@ GOOD = {"index": 0, "input": "Q", "answers": ["a"], "context": "c", "num_docs": 
         ({**GOOD, "answers": 3}, "field 'answers' must be a list or a string, got an integer"),
         ({**GOOD, "answers": [""]}, "field 'answers' has no non-empty answer"),
         ({**GOOD, "answers": ["a", None]}, "field 'answers[1]' must be a string, got null"),
-        ({**GOOD, "context": ["a"]}, "field 'context' must be a string, got a list"),
+        ({**GOOD, "context": 3}, "field 'context' must be a string or a list, got an integer"),
+        ({**GOOD, "context": ["a"]}, "field 'context[0]' must be an integer paragraph index"),
+        ({**GOOD, "context": [0, True]}, "field 'context[1]' must be an integer paragraph index"),
         ({**GOOD, "num_docs": True}, "field 'num_docs' must be an integer, got a boolean"),
         ({**GOOD, "num_docs": -1}, "field 'num_docs'"),
         ({**GOOD, "index": 0.5}, "field 'index' must be a string or an integer"),
@@ -285,6 +289,128 @@ def test_random_items_only_ever_raise_input_errors(items):
         except MemrlInputError:
             return
         assert len(records) == len(items)
+
+
+# --- index-list files (MemAgent's eval_12800 / eval_25600) -------------------------------
+
+# A tiny file in the official HotpotQA dev format: [title, [sentences]] pairs per question.
+# The pool is the distinct `title\n''.join(sentences)` strings SORTED (MemAgent's
+# read_hotpotqa), which here differs from the order of first appearance (Zeta, Alpha, ...).
+DEV = [
+    {"_id": "a", "question": "Q1?", "answer": "x", "type": "bridge", "level": "easy",
+     "supporting_facts": [["Zeta", 0]],
+     "context": [["Zeta", ["Z one. ", "Z two."]], ["Alpha", ["A one."]]]},
+    {"_id": "b", "question": "Q2?", "answer": "y", "type": "bridge", "level": "easy",
+     "supporting_facts": [["Mid", 0]],
+     "context": [["Alpha", ["A one."]], ["Mid", ["M", "."]], ["alpha", ["lower."]]]},
+]
+POOL = ["Alpha\nA one.", "Mid\nM.", "Zeta\nZ one. Z two.", "alpha\nlower."]
+
+
+@pytest.fixture
+def dev_pool(tmp_path) -> Path:
+    path = tmp_path / "hotpot_dev_distractor_v1.json"
+    path.write_text(json.dumps(DEV))
+    return path
+
+
+def write_items(path: Path, items: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(items))
+    return path
+
+
+INDEX_ITEMS = [
+    {"index": 0, "input": "Q1?", "answers": ["x"], "context": [2, 0, 3], "num_docs": 3},
+    {"index": 1, "input": "Q2?", "answers": ["y"], "context": [1, 3, 0], "num_docs": 3},
+]
+
+
+def test_pool_is_sorted_distinct_title_newline_sentences(dev_pool):
+    assert load_hotpotqa_pool(dev_pool) == POOL
+
+
+def test_index_list_file_renders_the_same_context_as_the_string_file(tmp_path, dev_pool):
+    index_file = write_items(tmp_path / "idx" / "eval_3.json", INDEX_ITEMS)
+    strings = [
+        "Document 1:\nZeta\nZ one. Z two.\n\nDocument 2:\nAlpha\nA one.\n\n"
+        "Document 3:\nalpha\nlower.",
+        "Document 1:\nMid\nM.\n\nDocument 2:\nalpha\nlower.\n\nDocument 3:\nAlpha\nA one.",
+    ]
+    string_file = write_items(tmp_path / "str" / "eval_3.json",
+                              [{**item, "context": s} for item, s in zip(INDEX_ITEMS, strings)])
+    from_indices = load_ruler_hqa(index_file, pool=dev_pool)
+    assert from_indices == load_ruler_hqa(string_file)
+    assert from_indices[0].context == render_documents([
+        Document(title="Zeta", text="Z one. Z two."), Document(title="Alpha", text="A one."),
+        Document(title="alpha", text="lower.")])
+    # a pool read once can be passed as a list; string files ignore the pool
+    assert load_ruler_hqa(index_file, pool=POOL) == from_indices
+    assert load_ruler_hqa(string_file, pool=tmp_path / "no-such-pool.json") == \
+        load_ruler_hqa(string_file)
+    assert render_pool_context([], POOL) == ""
+    # the directory loader shares the pool between files
+    write_items(tmp_path / "idx" / "eval_2.json", [{**INDEX_ITEMS[0], "context": [0, 1],
+                                                     "num_docs": 2}])
+    loaded = load_ruler_hqa_dir(tmp_path / "idx", [3, 2], pool=dev_pool)
+    assert loaded[3] == from_indices and loaded[2][0].num_docs == 2
+
+
+def test_index_list_file_without_pool_is_a_one_line_error(tmp_path):
+    path = write_items(tmp_path / "eval_3.json", INDEX_ITEMS)
+    err = error_of(load_ruler_hqa, path)
+    assert err.location == f"{path} item 0"
+    assert "list of paragraph indices" in err.message and "pool=" in err.message
+    assert "\n" not in str(err)
+    err = error_of(load_ruler_hqa_dir, tmp_path, [3])
+    assert err.location == f"{path} item 0" and "pool=" in err.message
+
+
+@pytest.mark.parametrize(("bad", "position"), [(4, 1), (-1, 1), (10**9, 2)])
+def test_out_of_range_index_names_file_item_and_index(tmp_path, dev_pool, bad, position):
+    context = [0, bad, 1] if position == 1 else [0, 1, bad]
+    path = write_items(tmp_path / "eval_3.json",
+                       [INDEX_ITEMS[0], {**INDEX_ITEMS[1], "context": context}])
+    err = error_of(load_ruler_hqa, path, pool=dev_pool)
+    assert err.location == f"{path} item 1"
+    assert err.message == (f"context[{position}] = {bad} is out of range for the pool of 4 "
+                           f"paragraphs ({dev_pool})")
+    assert "\n" not in str(err)
+
+
+def test_pool_file_errors(tmp_path):
+    path = tmp_path / "dev.json"
+    for data, expected in [
+        ({"data": []}, "expected the HotpotQA dev JSON (a list of questions), got an object"),
+        ([], "holds no paragraphs"),
+        ([{"question": "Q"}], "missing field 'context'"),
+        ([{"context": [["T", "not a list"]]}], "field 'context[0]' must be a [title, "),
+        ([{"context": [["T", ["s"], "extra"]]}], "field 'context[0]' must be a [title, "),
+    ]:
+        path.write_text(json.dumps(data))
+        assert expected in error_of(load_hotpotqa_pool, path).message
+    items = write_items(tmp_path / "eval_3.json", INDEX_ITEMS)
+    err = error_of(load_ruler_hqa, items, pool=tmp_path / "missing.json")
+    assert err.message == "file not found" and err.location == str(tmp_path / "missing.json")
+
+
+def test_num_docs_must_match_n_unless_the_file_is_given_alone(tmp_path, dev_pool):
+    path = write_items(tmp_path / "eval_3.json", [{**GOOD, "num_docs": 4}])
+    err = error_of(load_ruler_hqa_dir, tmp_path, [3])
+    assert err.location == f"{path} item 0"
+    assert err.message.startswith("num_docs is 4 but the file was loaded as N=3")
+    assert load_ruler_hqa(path)[0].num_docs == 4  # given explicitly: loaded as it is
+    # records that disagree with each other
+    write_items(path, [{**GOOD, "num_docs": 3}, {**GOOD, "index": 1, "num_docs": 5}])
+    assert error_of(load_ruler_hqa, path, expected_num_docs=3).location == f"{path} item 1"
+    assert [r.num_docs for r in load_ruler_hqa(path)] == [3, 5]
+    # no num_docs field: an index list counts its indices, a string is not checked
+    write_items(path, [{k: v for k, v in INDEX_ITEMS[0].items() if k != "num_docs"},
+                       {k: v for k, v in GOOD.items() if k != "num_docs"} | {"index": 1}])
+    records = load_ruler_hqa(path, pool=dev_pool, expected_num_docs=3)
+    assert [r.num_docs for r in records] == [3, None]
+    assert "loaded as N=2" in error_of(load_ruler_hqa, path, pool=dev_pool,
+                                       expected_num_docs=2).message
 
 
 # --- real data ------------------------------------------------------------------------------
