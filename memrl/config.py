@@ -23,18 +23,107 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; syntax errors and non-mapping documents name the file and line."""
-    p = Path(path)
-    if not p.is_file():
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping that repeats a key (YAML forbids it; PyYAML keeps the last silently)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
+        self.key = key
+        self.first_line = first.line + 1
+        self.again_line = again.line + 1
+        super().__init__(
+            problem=f"duplicate key {key!r} (first at line {self.first_line}, again at line "
+            f"{self.again_line})",
+            problem_mark=again,
+        )
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_BaseLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StrictSafeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """`yaml.SafeLoader` (the C parser when available) that rejects duplicate mapping keys.
+
+    Each mapping's keys are checked against a dict while the mapping is constructed, so the
+    check is linear in the document's size. Keys are compared after construction (`1` and
+    `0x1`, `yes` and `true` are the same key). Merge keys (`<<: *base`) are not duplicates:
+    keys they bring in may be overridden by the mapping's own keys, as YAML intends.
+    """
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # unhashable key: the base class reports it
+                    continue
+                if first is not key_node:
+                    raise DuplicateKeyError(key, first.start_mark, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def yaml_load_strict(text: str) -> Any:
+    """Parse one YAML document safely; a repeated mapping key raises DuplicateKeyError."""
+    return yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _read_text(p: Path) -> str:
+    """A config file's text: unreadable, binary or non-UTF-8 files are one-line errors."""
+    if not p.exists():
         raise MemrlInputError("config file not found", location=str(p))
+    if not p.is_file():
+        raise MemrlInputError("config path is not a file", location=str(p))
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = p.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise MemrlInputError(f"cannot read config file: {reason}", location=str(p)) from None
+    if b"\x00" in data:
+        raise MemrlInputError(
+            "binary file (contains NUL bytes), not YAML; a config must be UTF-8 text",
+            location=str(p),
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise MemrlInputError(
+            f"not valid UTF-8 text (byte {exc.start}); a config must be UTF-8 YAML",
+            location=f"{p}:{line}",
+        ) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; every way the file can be wrong is a one-line MemrlInputError.
+
+    Missing, unreadable (permissions), binary and non-UTF-8 files name the file (and the
+    line of the first bad byte); syntax errors and repeated keys name the file and line, a
+    repeated key also the line of its first occurrence; a document that is not a mapping
+    names the file.
+    """
+    p = Path(path)
+    text = _read_text(p)
+    try:
+        data = yaml_load_strict(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        if mark is not None:
+            where = f"{p}:{mark.line + 1}"
+        elif isinstance(getattr(exc, "position", None), int):  # yaml.ReaderError
+            line = text.count("\n", 0, exc.position) + 1
+            where = f"{p}:{line}"
+        else:
+            where = str(p)
+        if isinstance(exc, DuplicateKeyError):
+            raise MemrlInputError(str(exc.problem), location=where) from None
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise MemrlInputError(f"invalid YAML: {problem}", location=where) from None
+    except RecursionError:
+        raise MemrlInputError("invalid YAML: nested too deeply", location=str(p)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -53,7 +142,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if any(not part for part in parts):
         raise MemrlInputError(f"override {text!r} has an empty key segment")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_load_strict(raw) if raw.strip() else ""
+    except DuplicateKeyError as exc:
+        raise MemrlInputError(f"override {text!r}: {exc.problem}") from None
     except yaml.YAMLError:
         value = raw
     return parts, value

@@ -7,6 +7,8 @@ an uninterrupted run's. Configs shown to any sink pass through `scrub_secrets` f
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import math
 import os
@@ -20,6 +22,7 @@ from memrl.errors import MemrlInputError, require
 from memrl.fileio import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
+WANDB_RUN_ID_FILE = "wandb_run_id"
 SINKS = ("jsonl", "console", "tensorboard", "wandb")
 REDACTED = "***"
 
@@ -28,49 +31,91 @@ REDACTED = "***"
 _SECRET_WORDS = frozenset(
     {"key", "keys", "apikey", "token", "secret", "secrets", "password", "passwords", "passwd"}
 )
+_SECRET_LAST_WORDS = frozenset({"pat", "credential", "credentials", "auth"})
+"""Words that make a name secret only as its last word: `GITHUB_PAT`, `NPM_AUTH`, but not
+`pat_size` or `auth_enabled`."""
 _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
-_MIN_ENV_SECRET_LEN = 8
-"""Shorter env values ("1", "true") are too common to scrub from text without mangling it."""
+SHORT_SECRET_LEN = 8
+"""Secret values shorter than this are scrubbed from text only as whole tokens (see
+`scrub_env_secrets`); longer ones wherever they occur."""
 
 
 def is_secret_key(name: str) -> bool:
-    """Whether a config key names a secret: one of its words is key/token/secret/password.
+    """Whether a config key or environment variable names a secret.
 
-    Words, not substrings (`max_tokens_per_micro_batch`, `tokenizer`, `keep_last` are not
-    secrets); words split at `_`, `-`, `.`, digits and camelCase, case-insensitively.
+    Secret if one of its words is key/token/secret/password (`WANDB_API_KEY`, `hf_token`),
+    or its last word is pat/credential(s)/auth (`GITHUB_PAT`, `GOOGLE_CREDENTIALS`,
+    `NPM_AUTH`). Words, not substrings (`max_tokens_per_micro_batch`, `tokenizer`,
+    `keep_last`, `path`, `author` are not secrets); words split at `_`, `-`, `.`, digits and
+    camelCase, case-insensitively.
     """
     lowered = name.lower()
     if "password" in lowered or "secret" in lowered or "apikey" in lowered:
         return True
-    return any(w.lower() in _SECRET_WORDS for w in _WORDS.findall(name))
+    words = [w.lower() for w in _WORDS.findall(name)]
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    return bool(words) and words[-1] in _SECRET_LAST_WORDS
 
 
 def env_secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values of environment variables whose names are secret keys (e.g. WANDB_API_KEY)."""
+    """Values of environment variables whose names are secret keys (e.g. WANDB_API_KEY).
+
+    Every non-blank value counts, however short; longest first.
+    """
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if is_secret_key(k) and len(v) >= _MIN_ENV_SECRET_LEN}
-    return sorted(values, key=len, reverse=True)
+    values = {v for k, v in env.items() if is_secret_key(k) and v.strip()}
+    return sorted(values, key=lambda v: (-len(v), v))
+
+
+@functools.lru_cache(maxsize=32)
+def _secret_pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regex for all values: long ones anywhere, short ones only as whole tokens."""
+    parts = []
+    for value in values:  # longest first, so a secret containing another wins
+        if len(value) >= SHORT_SECRET_LEN:
+            parts.append(re.escape(value))
+        else:
+            parts.append(rf"(?<!\w){re.escape(value)}(?!\w)")
+    return re.compile("|".join(parts)) if parts else None
 
 
 def scrub_env_secrets(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """Replace every occurrence of a secret environment value in `text` by "***"."""
-    for value in env_secret_values(environ):
-        text = text.replace(value, REDACTED)
-    return text
+    """`text` with the values of secret-named environment variables replaced by "***".
+
+    The rule, chosen so that short values do not mangle ordinary text:
+
+    * a value of at least `SHORT_SECRET_LEN` (8) characters is replaced wherever it occurs,
+      also inside longer words (`https://h/?key=<value>&x`);
+    * a shorter value is replaced only where it is a whole token: not preceded or followed
+      by a letter, digit or `_`. With `X_TOKEN=1`, `"id 1"` and `"n=1,"` become `"id ***"`
+      and `"n=***,"`, but `"step 12"`, `"v1"`, `"x_1"` stay; with `X_PAT=a`, `"banana"`
+      stays and `"a"` becomes `"***"`.
+
+    A text equal to a secret value (after stripping blanks) is always replaced whole.
+    """
+    secrets = env_secret_values(environ)
+    if not secrets:
+        return text
+    return _scrub_text(text, secrets)
+
+
+def _scrub_text(text: str, secrets: list[str]) -> str:
+    if text.strip() in secrets:
+        return REDACTED
+    pattern = _secret_pattern(tuple(secrets))
+    return pattern.sub(REDACTED, text) if pattern is not None else text
 
 
 def scrub_secrets(obj: Any, environ: Mapping[str, str] | None = None) -> Any:
     """A copy of a config (nested dicts/lists) safe to log anywhere.
 
-    Values under secret-looking keys become "***" (None stays None: "not set" is no secret),
-    and secret environment values are cut out of every string.
+    Values under secret-looking keys become "***" (None stays None: "not set" is no secret).
+    Any other value equal to the value of a secret-named environment variable becomes
+    "***" whatever its length, numbers included (`port: 1234` with `MY_PAT=1234`); strings
+    are also scrubbed inside as `scrub_env_secrets` describes. Booleans are never scrubbed.
     """
     secrets = env_secret_values(environ)
-
-    def scrub_text(text: str) -> str:
-        for value in secrets:
-            text = text.replace(value, REDACTED)
-        return text
 
     def walk(x: Any) -> Any:
         if isinstance(x, Mapping):
@@ -83,7 +128,9 @@ def scrub_secrets(obj: Any, environ: Mapping[str, str] | None = None) -> Any:
         if isinstance(x, list | tuple):
             return [walk(v) for v in x]
         if isinstance(x, str):
-            return scrub_text(x)
+            return _scrub_text(x, secrets) if secrets else x
+        if isinstance(x, int | float) and not isinstance(x, bool) and str(x) in secrets:
+            return REDACTED
         return x
 
     return walk(obj)
@@ -270,11 +317,11 @@ class _WandbSink(_Sink):
                 "the wandb log sink needs WANDB_API_KEY in the environment "
                 "(or WANDB_MODE=offline)"
             )
-        id_file = out_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        id_file = out_dir / WANDB_RUN_ID_FILE
+        run_id = _read_run_id(id_file)
         if not run_id:
             run_id = wandb.util.generate_id()
-            id_file.write_text(run_id + "\n")
+            write_atomic(id_file, run_id + "\n", durable=True)
         self._run = wandb.init(
             project=project, config=config, dir=str(out_dir), id=run_id, resume="allow"
         )
@@ -284,6 +331,28 @@ class _WandbSink(_Sink):
 
     def close(self) -> None:
         self._run.finish()
+
+
+def _read_run_id(path: Path) -> str | None:
+    """The saved W&B run id, None if there is none yet; a damaged file is a one-line error."""
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise MemrlInputError(
+            f"cannot read the W&B run id ({reason}); delete the file to start a new W&B run",
+            location=str(path),
+        ) from None
+    run_id = text.strip()
+    if run_id and re.search(r"[\s/\\#?%:]", run_id):  # characters W&B refuses in run ids
+        raise MemrlInputError(
+            "not a W&B run id (it has blanks or one of / \\ # ? % :); delete the file to "
+            "start a new W&B run",
+            location=str(path),
+        )
+    return run_id or None
 
 
 # ----------------------------------------------------------------------------- files
@@ -421,6 +490,6 @@ def plot_training_curves(metrics_path: str | Path, out_png: str | Path) -> Path:
         ax.grid(alpha=0.3)
 
     out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    return out
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return write_atomic(out, buf.getvalue())

@@ -65,8 +65,8 @@ def test_scrub_secrets_nested_and_env_values():
         "servers": [{"url": "http://h?key=***", "Password": "***"}],
         "note": ["x", "***"],
     }
-    # Short values ("1") are not scrubbed out of text; they would mangle everything.
-    assert scrub_env_secrets(f"a {SECRET} b 1", env) == "a *** b 1"
+    # Short values ("1") are scrubbed from text only as whole tokens (not inside "b12").
+    assert scrub_env_secrets(f"a {SECRET} b12 1", env) == "a *** b12 ***"
     assert config["model"]["api_key"] == "abc"  # the input is not modified
 
 

@@ -1,12 +1,16 @@
 """`memrl` command line: thin wrappers that parse, load, and call one library function.
 
-Errors a user can cause (MemrlInputError) are printed as one line on stderr with exit code 2;
-anything else is a bug and keeps its traceback.
+Errors a user can cause (MemrlInputError, usage errors) are printed as one line on stderr with
+exit code 2; Ctrl-C is one line and exit code 130; anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+from typing import Any
 
 from memrl.cli.app import app
 from memrl.errors import MemrlInputError, MissingDependencyError
@@ -59,33 +63,130 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
     return out
 
 
+PROG_NAME = "memrl"
+"""The name error lines and usage hints use, also under `python -m memrl`."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `memrl` script; returns the process exit code."""
-    _register_commands()
-    _quiet_library_progress_bars()
+    """Entry point of the `memrl` script; returns the process exit code.
+
+    Every error a user can cause is one line on stderr, `error: <location>: <message>`, with
+    exit code 2: MemrlInputError, a missing optional dependency, and click/typer usage errors
+    (unknown option, bad value, missing argument; `memrl`/`memrl eval` without a command
+    print the help on stdout first). Lines are scrubbed of secret environment values.
+    Ctrl-C is one line `interrupted (SIGINT) ...` and exit code 130. Anything else is a bug
+    and keeps its traceback.
+    """
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
-        app(args=args, standalone_mode=False)
-    except MemrlInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except MissingDependencyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        _register_commands()
+        _quiet_library_progress_bars()
+        return _run(args)
+    except KeyboardInterrupt:
+        # A SIGINT the command did not handle itself (see memrl.interrupt for one that does).
+        import signal
+
+        from memrl.interrupt import exit_code_for, interrupt_message
+
+        print(_scrub(interrupt_message(signal.SIGINT, *_interrupt_hint(args))), file=sys.stderr)
+        return exit_code_for(signal.SIGINT)
+
+
+def _run(args: list[str]) -> int:
+    """Parse `args` and run the command (click's `main` without its own error printing)."""
+    import typer
+
+    command = typer.main.get_command(app)
+    try:
+        with command.make_context(PROG_NAME, args) as ctx:
+            command.invoke(ctx)
+    except (MemrlInputError, MissingDependencyError) as exc:
+        return print_error(str(exc))
+    except typer.Exit as exc:  # --help, typer.Exit(code) in a command
+        return int(exc.exit_code)
+    except typer.Abort:
+        print_error("aborted")
+        return 1
+    except typer.TyperException as exc:  # click's UsageError, BadParameter, NoSuchOption, ...
+        return _usage_error(exc, args)
+    except BrokenPipeError:  # `memrl ... | head`: the reader left; nothing to report
+        _silence_stdout()
+        return 1
     except SystemExit as exc:
-        return int(exc.code or 0)
-    except Exception as exc:
-        # Usage errors from typer's bundled click (bad option, missing argument) carry
-        # their own message and exit code (2); show them like click would, without traceback.
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
-            return int(exc.exit_code)
-        if type(exc).__name__ == "Abort":
-            print("Aborted.", file=sys.stderr)
-            return 1
-        raise
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        return print_error(str(exc.code), code=1)
     return 0
 
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks (and the blanks around them) folded into single spaces."""
+    return re.sub(r"\s*[\r\n]+\s*", " ", str(text)).strip()
+
+
+def _scrub(text: str) -> str:
+    from memrl.metrics import scrub_env_secrets
+
+    return scrub_env_secrets(text)
+
+
+def print_error(message: str, *, code: int = 2) -> int:
+    """Print `error: <message>` as one scrubbed line on stderr; return `code`."""
+    line = _scrub(one_line(message)) or "unknown error"
+    print(f"error: {line}", file=sys.stderr)
+    return code
+
+
+def _usage_error(exc: Exception, args: list[str]) -> int:
+    """One line for a click/typer usage error: `error: memrl eval ruler-hqa: <what>; <hint>`."""
+    ctx = getattr(exc, "ctx", None)
+    location = ctx.command_path if ctx is not None else _command_path(args)
+    code = int(getattr(exc, "exit_code", 2) or 2)
+    if any(c.__name__ == "NoArgsIsHelpError" for c in type(exc).__mro__):
+        # The help was asked for implicitly; typer's rich help is already on stdout.
+        help_text = exc.format_message()  # type: ignore[attr-defined]
+        if help_text.strip():
+            print(help_text)
+        what = "missing command" if getattr(ctx, "command", None) is not None and hasattr(
+            ctx.command, "commands") else "missing arguments"
+        return print_error(f"{location}: {what} (see the help above)", code=code)
+    message = one_line(exc.format_message()).rstrip(".")  # type: ignore[attr-defined]
+    return print_error(f"{location}: {message}; see '{location} --help'", code=code)
+
+
+def _command_path(args: list[str]) -> str:
+    """`memrl eval ruler-hqa`: the command names at the start of `args` (no parsing)."""
+    import typer
+
+    node: Any = typer.main.get_command(app)
+    path = [PROG_NAME]
+    for token in args:
+        commands = getattr(node, "commands", None)
+        if not commands or token not in commands:
+            break
+        path.append(token)
+        node = commands[token]
+    return " ".join(path)
+
+
+def _interrupt_hint(args: list[str]) -> tuple[str, str]:
+    """(where, how to continue) for an interrupted command line."""
+    name = _command_path(args)
+    if name == f"{PROG_NAME} train":
+        how = "run it again with --resume to continue from the last checkpoint"
+    else:
+        how = "run the command again to redo it"
+    return f"in '{name}'", how
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (captured output)
+        pass
 
 
 def run() -> None:

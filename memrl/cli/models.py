@@ -25,21 +25,38 @@ def init_tiny_model(
     ] = 1024,
 ) -> None:
     """Build a random-weight Qwen2 model + BPE tokenizer (ChatML) loadable by AutoModel."""
+    from memrl.models.tiny import MIN_VOCAB_SIZE, check_vocab_size
+
+    try:
+        check_vocab_size(vocab_size)
+    except MemrlInputError as exc:
+        raise MemrlInputError(
+            f"must be at least {MIN_VOCAB_SIZE} (the 256 byte symbols and the special tokens "
+            f"of a byte-level BPE), got {vocab_size}",
+            location="--vocab-size",
+        ) from exc
+    if out_dir.exists() and not out_dir.is_dir():
+        raise MemrlInputError("exists and is not a directory", location=str(out_dir))
+
     from transformers.utils import logging as hf_logging
 
     from memrl.models.tiny import build_tiny_model, count_parameters
 
-    if out_dir.exists() and not out_dir.is_dir():
-        raise MemrlInputError("exists and is not a directory", location=str(out_dir))
     hf_logging.disable_progress_bar()
-    path = build_tiny_model(
-        out_dir,
-        seed=seed,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab_size,
-    )
+    try:
+        path = build_tiny_model(
+            out_dir,
+            seed=seed,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            intermediate_size=intermediate_size,
+            vocab_size=vocab_size,
+        )
+    except OSError as exc:  # no permission, disk full, a file where a directory should be
+        where = exc.filename if exc.filename else out_dir
+        reason = exc.strerror or str(exc).splitlines()[0]
+        raise MemrlInputError(f"cannot write the model: {reason}", location=str(where)) \
+            from None
     typer.echo(f"tiny model: {count_parameters(path):,} parameters, written to {path}")

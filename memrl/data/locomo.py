@@ -25,7 +25,9 @@ Rules, decided after reading the real file:
     has `"D8:6; D9:17"`, `"D:11:26"`, `"D30:05"`); an id resolves when that turn exists.
     Unresolvable ids are dropped; a QA with no resolvable id is skipped with a `SkipNote`.
   * Answers: integers become strings (`2022` -> `"2022"`). Category 5 (adversarial) keeps its
-    `answer` when the file has one (2 items do), else takes `adversarial_answer`.
+    `answer` when the file has one (2 items do), else takes `adversarial_answer`. A NaN or
+    infinite answer (JSON `NaN`/`Infinity`, or such a float in parsed data) is an error
+    naming the file, conversation and question, e.g. `locomo10.json: [0].qa[3].answer`.
   * Broken structure (missing key, wrong type) raises MemrlInputError naming the file and the
     JSON path, e.g. `locomo10.json: [3].qa[17].evidence`.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -292,6 +295,11 @@ def _read_observations(obs: Mapping[str, Any], base: str,
 def _answer_text(value: Any, path: str, where: _Where) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise MemrlInputError(f"answer must be a string or a number, got {type_name(value)}",
+                              location=where(path))
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON `NaN`/`Infinity` (which json.loads accepts) would otherwise become the
+        # answers "nan"/"inf": a broken file, not a gold answer.
+        raise MemrlInputError(f"answer must be a string or a finite number, got {value}",
                               location=where(path))
     return value if isinstance(value, str) else str(value)
 

@@ -32,6 +32,13 @@ from memrl.memory.embedder import Embedder, l2_normalize
 
 NAMESPACE_MAX_LENGTH = 200
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+WINDOWS_RESERVED_NAMES = frozenset(
+    {"CON", "PRN", "AUX", "NUL"}
+    | {f"COM{i}" for i in range(10)}
+    | {f"LPT{i}" for i in range(10)}
+)
+"""Device names Windows refuses as file names, with any extension (`nul.txt`), any case.
+`COM0`/`LPT0` are included: current Windows documentation lists them too."""
 FORK_SEPARATOR = "--"
 
 
@@ -70,8 +77,10 @@ def validate_namespace(name: object) -> str:
     """`name` if it is a safe namespace name, else MemrlInputError.
 
     ASCII letters, digits and `._:-`, starting with a letter or digit, at most 200
-    characters, no `..`: safe as a file name, a Ray actor key or a collection name, and no
-    look-alike Unicode (fullwidth letters, zero-width or bidi characters) can slip through.
+    characters, no `..`, and not a Windows device name (`CON`, `PRN`, `AUX`, `NUL`,
+    `COM0`-`COM9`, `LPT0`-`LPT9`, in any case, alone or before `.`/`:`: `nul.txt`): safe as a
+    file name, a Ray actor key or a collection name, and no look-alike Unicode (fullwidth
+    letters, zero-width or bidi characters) can slip through.
     """
     if not isinstance(name, str):
         raise MemrlInputError(f"namespace must be a string, got {type(name).__name__}")
@@ -88,6 +97,12 @@ def validate_namespace(name: object) -> str:
         raise MemrlInputError(
             f"namespace {shown} must start with an ASCII letter or digit and contain only "
             "ASCII letters, digits and . _ : -"
+        )
+    stem = re.split(r"[.:]", name, maxsplit=1)[0].upper()  # Windows reads `NUL:` as NUL too
+    if stem in WINDOWS_RESERVED_NAMES:
+        raise MemrlInputError(
+            f"namespace {shown} is a reserved device name on Windows ({stem}), which cannot "
+            "be a file name there; choose another name"
         )
     return name
 

@@ -22,6 +22,12 @@ CHATML_TEMPLATE = (
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+BYTE_ALPHABET_SIZE = 256
+"""Byte-level BPE starts from one symbol per byte value, so any text can be encoded."""
+MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
+"""The smallest vocabulary (259): the byte alphabet plus the special tokens, no merges. A
+smaller `vocab_size` could not be honoured (the trainer would silently return 259)."""
+
 _BASE_CORPUS = [
     "You are presented with a problem, a section of an article that may contain the answer "
     "to the problem, and a previous memory. Please read the provided section carefully and "
@@ -86,9 +92,25 @@ def _train_tokenizer(corpus: Iterable[str], vocab_size: int):
     return tok
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    """MemrlInputError unless `vocab_size` holds the byte alphabet and the special tokens."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise MemrlInputError(f"vocab_size must be an integer, got {vocab_size!r}")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise MemrlInputError(
+            f"vocab_size must be at least {MIN_VOCAB_SIZE} ({BYTE_ALPHABET_SIZE} byte symbols + "
+            f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size}"
+        )
+
+
 def build_tiny_tokenizer(corpus: Iterable[str] = (), vocab_size: int = 1024):
-    """A byte-level BPE tokenizer (any text encodes) with ChatML special tokens and template."""
+    """A byte-level BPE tokenizer (any text encodes) with ChatML special tokens and template.
+
+    `vocab_size` is an upper bound of at least `MIN_VOCAB_SIZE` (259).
+    """
     from transformers import PreTrainedTokenizerFast
+
+    check_vocab_size(vocab_size)
 
     raw = _train_tokenizer([*_BASE_CORPUS, *corpus], vocab_size)
     tokenizer = PreTrainedTokenizerFast(
@@ -121,11 +143,12 @@ def build_tiny_model(
     """Build and save a random Qwen2 causal LM + tokenizer loadable by AutoModel/AutoTokenizer.
 
     The defaults give about 0.4M parameters (generation and a training step take
-    milliseconds on a CPU). `vocab_size` is an upper bound: BPE training stops early when
-    the corpus has no more pairs to merge, and the model's vocabulary is the tokenizer's
-    length. `initializer_range` is ten times Hugging Face's 0.02: with 0.02 an untrained
-    model's greedy output only repeats the prompt's last token, with 0.2 it depends on the
-    whole prompt, which gives generation and training tests something to see.
+    milliseconds on a CPU). `vocab_size` is an upper bound, at least `MIN_VOCAB_SIZE` (259):
+    BPE training stops early when the corpus has no more pairs to merge, and the model's
+    vocabulary is the tokenizer's length. `initializer_range` is ten times Hugging Face's
+    0.02: with 0.02 an untrained model's greedy output only repeats the prompt's last token,
+    with 0.2 it depends on the whole prompt, which gives generation and training tests
+    something to see.
     Deterministic by `seed` (the same arguments give byte-identical files); the global torch
     RNG is left as it was.
     """
@@ -133,6 +156,7 @@ def build_tiny_model(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     _check_shape(hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
+    check_vocab_size(vocab_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(corpus, vocab_size)

@@ -1,0 +1,131 @@
+"""Ctrl-C and `kill` as a clean exit: one line on stderr, exit code 130 (SIGINT) or 143 (SIGTERM).
+
+    with exit_on_signals("at step 12 of training", "rerun with --resume to continue"):
+        long_running_work()
+
+On the first SIGINT or SIGTERM inside the block the handler prints, once,
+
+    interrupted (SIGINT) at step 12 of training; rerun with --resume to continue
+
+and raises `Interrupted`, a `SystemExit` with code 128 + signal number (130 / 143, what a
+shell reports for a process killed by that signal). Being a SystemExit, it unwinds through
+`finally` blocks and context managers (files are closed, temp files removed) but not through
+`except Exception`, and ends the process without a traceback. A second signal during that
+cleanup raises again, without a second message, so a stuck cleanup can still be stopped.
+The previous handlers are restored when the block exits, however it exits.
+
+Signal handlers can only be installed from the main thread; elsewhere the block does nothing.
+Nothing in memrl uses this module yet; `memrl.cli.main` maps a bare KeyboardInterrupt to the
+same message and exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterable
+from types import FrameType
+from typing import IO, Any
+
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def exit_code_for(signum: int) -> int:
+    """The conventional exit status of a process stopped by `signum`: 128 + its number."""
+    return 128 + int(signum)
+
+
+def interrupt_message(signum: int, where: str = "", how: str = "") -> str:
+    """`interrupted (SIGINT) <where>; <how to continue>`, as one line."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    text = f"interrupted ({name})"
+    if where.strip():
+        text += f" {where.strip()}"
+    if how.strip():
+        text += f"; {how.strip()}"
+    return " ".join(text.split())
+
+
+class Interrupted(SystemExit):
+    """Raised by the handler of `exit_on_signals`; its `code` is 130 / 143."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(exit_code_for(signum))
+        self.signum = int(signum)
+        self.message = message
+
+
+class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signals(...):`
+    """Context manager: SIGINT/SIGTERM inside the block → one message, `Interrupted` raised.
+
+    `where` says what was interrupted, `how` how to continue (both may be empty).
+    `stream` is where the message goes (default: `sys.stderr` at the time of the signal).
+    After the block, `signum` is the signal that arrived first (None if none did).
+    """
+
+    def __init__(
+        self,
+        where: str = "",
+        how: str = "",
+        *,
+        signals: Iterable[int] = DEFAULT_SIGNALS,
+        stream: IO[str] | None = None,
+    ) -> None:
+        self.where = where
+        self.how = how
+        self.signals = tuple(signals)
+        self.stream = stream
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> exit_on_signals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        previous, self._previous = self._previous, {}
+        for sig, handler in previous.items():
+            # None means a handler installed from C; the default is the closest we can do.
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    @property
+    def message(self) -> str:
+        """The line printed for the signal that arrived (SIGINT's if none did)."""
+        return interrupt_message(self.signum or signal.SIGINT, self.where, self.how)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        if first:
+            self.signum = signum
+        message = interrupt_message(signum, self.where, self.how)
+        if first:
+            _print_line(message, self.stream)
+        raise Interrupted(signum, message)
+
+
+def _print_line(message: str, stream: IO[str] | None) -> None:
+    """Print from inside a signal handler: the stream may be mid-write, fall back to fd 2."""
+    out = stream if stream is not None else sys.stderr
+    try:
+        out.write(message + "\n")
+        out.flush()
+    except (OSError, RuntimeError, ValueError, AttributeError):  # reentrant or closed stream
+        try:
+            os.write(2, (message + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass

@@ -1,0 +1,222 @@
+"""Issue 9 (inputs) through `memrl.cli.main`: every malformed input is one line on stderr,
+`error: <location>: <message>`, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memrl.cli import main
+from memrl.errors import MemrlInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, args: list[str]) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str, *needles: str) -> str:
+    """The single stderr line, checked: starts with `error: `, names every needle."""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("error: ") and line[len("error: "):].strip(), line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    return line
+
+
+# ----------------------------------------------------------------------------- usage errors
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["eval", "ruler-hqa", "--num-docs", "abc"],
+         ["memrl eval ruler-hqa:", "--num-docs", "see 'memrl eval ruler-hqa --help'"]),
+        (["eval", "ruler-hqa", "--num-docs", "10", "x"], ["memrl eval ruler-hqa:", "--num-docs"]),
+        (["init-tiny-model"], ["memrl init-tiny-model:", "Missing argument", "out_dir"]),
+        (["init-tiny-model", "DIR", "--bogus"], ["memrl init-tiny-model:", "--bogus"]),
+        (["init-tiny-model", "DIR", "--seed"], ["memrl init-tiny-model:", "--seed"]),
+        (["init-tiny-model", "DIR", "--seed", "x"], ["memrl init-tiny-model:", "--seed"]),
+        (["no-such-command"], ["memrl:", "no-such-command"]),
+        (["eval", "nope"], ["memrl eval:", "nope"]),
+        (["train"], ["memrl train:", "Missing argument"]),
+    ],
+)
+def test_usage_errors_are_one_line(capsys, args, needles):
+    code, out, err = run(capsys, args)
+    assert code == 2
+    assert out == ""
+    one_error_line(err, *needles)
+
+
+@pytest.mark.parametrize("args", [[], ["eval"], ["prepare"]])
+def test_missing_command_prints_help_then_one_error_line(capsys, args):
+    code, out, err = run(capsys, args)
+    assert code == 2
+    assert "Usage:" in out and "Commands" in out
+    one_error_line(err, " ".join(["memrl", *args]) + ": missing command")
+
+
+def test_help_still_exits_0(capsys):
+    code, out, err = run(capsys, ["eval", "--help"])
+    assert code == 0 and "ruler-hqa" in out and err == ""
+
+
+def test_usage_error_in_a_real_process():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "memrl", "eval", "ruler-hqa", "--num-docs", "abc"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    one_error_line(result.stderr, "memrl eval ruler-hqa:", "--num-docs")
+
+
+# ----------------------------------------------------------------------------- config YAML
+
+
+def _config(tmp_path: Path, content: str | bytes) -> Path:
+    p = tmp_path / "train.yaml"
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content, encoding="utf-8")
+    return p
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "needles"),
+    [
+        ("optim:\n  lr: 0.001\nseed: 1\noptim:\n  weight_decay: 0.0\n", 4,
+         ["duplicate key 'optim'", "line 1", "line 4"]),
+        ("rl:\n  rollout_n: 4\n  rollout_n: 8\n", 3, ["duplicate key 'rollout_n'", "line 2"]),
+        (b"seed: 1\nname: caf\xe9\n", 2, ["not valid UTF-8"]),
+        (b"\x7fELF\x02\x01\x01\x00\x00\x00", None, ["binary file"]),
+        ("seed: [1\n", 2, ["invalid YAML"]),
+    ],
+)
+def test_bad_config_files_are_one_line(capsys, tmp_path, content, line, needles):
+    p = _config(tmp_path, content)
+    code, _, err = run(capsys, ["train", str(p)])
+    assert code == 2
+    location = f"{p}:{line}:" if line else f"{p}:"
+    one_error_line(err, location, *needles)
+
+
+def test_unreadable_config_is_one_line(capsys, tmp_path, monkeypatch):
+    p = _config(tmp_path, "seed: 1\n")
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self == p:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    code, _, err = run(capsys, ["train", str(p)])
+    assert code == 2
+    one_error_line(err, f"{p}: cannot read config file: Permission denied")
+
+
+def test_missing_config_is_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, ["train", str(tmp_path / "nope.yaml")])
+    assert code == 2
+    one_error_line(err, "nope.yaml: config file not found")
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+@pytest.mark.parametrize("secret", ["ghp_0123456789abcdefXYZ", "s3c"])
+def test_secret_in_an_override_key_is_not_echoed(capsys, tmp_path, monkeypatch, secret):
+    monkeypatch.setenv("MEMRL_TEST_PAT", secret)
+    p = _config(tmp_path, "{}\n")
+    for override in [f"model.{secret}=1", secret, f"{secret}.x.=1"]:
+        code, _, err = run(capsys, ["train", str(p), override])
+        assert code == 2
+        one_error_line(err, "***")
+        assert secret not in err
+
+
+def test_error_lines_scrub_secrets_from_any_message(capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_AUTH", "zz9")
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
+
+    def boom(*args, **kwargs):
+        raise MemrlInputError("token hf_abcdefghijklmnop and zz9 but not zz99\nsecond line",
+                              location="zz9.json")
+
+    monkeypatch.setattr("memrl.models.tiny.build_tiny_model", boom)
+    code, _, err = run(capsys, ["init-tiny-model", "out"])
+    assert code == 2
+    line = one_error_line(err)
+    assert line == "error: ***.json: token *** and *** but not zz99 second line"
+
+
+# ----------------------------------------------------------------------------- init-tiny-model
+
+
+@pytest.mark.parametrize("size", ["0", "100", "258", "-5"])
+def test_vocab_size_below_minimum_is_one_line(capsys, tmp_path, size):
+    out_dir = tmp_path / "m"
+    code, _, err = run(capsys, ["init-tiny-model", str(out_dir), "--vocab-size", size])
+    assert code == 2
+    one_error_line(err, "--vocab-size:", "at least 259", f"got {size}")
+    assert not out_dir.exists()
+
+
+def test_unwritable_model_dir_is_one_line(capsys, tmp_path, monkeypatch):
+    def denied(out_dir, **kwargs):
+        raise PermissionError(13, "Permission denied", str(Path(out_dir) / "config.json"))
+
+    monkeypatch.setattr("memrl.models.tiny.build_tiny_model", denied)
+    code, _, err = run(capsys, ["init-tiny-model", str(tmp_path / "m")])
+    assert code == 2
+    one_error_line(err, "config.json: cannot write the model: Permission denied")
+
+
+def test_keyboard_interrupt_is_exit_130_one_line(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("memrl.models.tiny.build_tiny_model", interrupted)
+    code, _, err = run(capsys, ["init-tiny-model", "out"])
+    assert code == 130
+    assert err.splitlines() == [
+        "interrupted (SIGINT) in 'memrl init-tiny-model'; run the command again to redo it"
+    ]
+
+
+# ----------------------------------------------------------------------------- LoCoMo
+
+
+def test_locomo_nan_answer_is_one_line(capsys, tmp_path):
+    data = [{
+        "sample_id": "conv-7",
+        "conversation": {
+            "session_1_date_time": "1 pm on 1 May, 2023",
+            "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "Hi."}],
+        },
+        "observation": {},
+        "qa": [
+            {"question": "Q0?", "answer": "a", "evidence": ["D1:1"], "category": 4},
+            {"question": "Q1?", "answer": 0, "evidence": ["D1:1"], "category": 4},
+        ],
+    }]
+    src = tmp_path / "locomo10.json"
+    src.write_text(json.dumps(data).replace('"answer": 0', '"answer": NaN'))
+    code, _, err = run(capsys, ["prepare", "locomo", "--input", str(src),
+                                "--out", str(tmp_path / "out")])
+    assert code == 2
+    one_error_line(err, f"{src}: [0].qa[1].answer:", "finite")
