@@ -177,3 +177,10 @@ def test_pairwise_properties(prediction: str, gold: str) -> None:
     if em == 1.0:
         assert f1 == 1.0
     assert f1_score(prediction, gold) == pytest.approx(f1_score(gold, prediction))
+
+
+def test_boxed_followed_only_by_other_whitespace_is_no_answer():
+    """Found by the 1 MB property test: `\\boxed` then a space, then only whitespace that is
+    not a space or tab (a newline, \\x0b, \\x1c) used to raise IndexError."""
+    for tail in (" \n", " \x0b", "\t\x1c\n "):
+        assert extract_boxed("so \\boxed" + tail) is None

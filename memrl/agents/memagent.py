@@ -41,7 +41,7 @@ class MemAgentConfig(BaseModel):
     tokens per call (memory and final answer alike), temperature 0.7, top-p 0.95.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     chunk_size: int = Field(5000, ge=1)
     """Context tokens per chunk."""
@@ -51,9 +51,10 @@ class MemAgentConfig(BaseModel):
     """New tokens allowed per memory update: this is what bounds the memory."""
     max_final_tokens: int = Field(1024, ge=1)
     """New tokens allowed for the final answer."""
-    temperature: float = Field(0.7, ge=0)
-    """0 means greedy decoding."""
+    temperature: float = Field(0.7, ge=0, allow_inf_nan=False)
+    """Sampling temperature (0 = greedy decoding)."""
     top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus sampling threshold."""
     seed: int | None = None
     """Base sampling seed; generate call i uses `derive_seed(seed, i)`, so runs are
     reproducible and no two calls share a seed."""

@@ -52,7 +52,7 @@ from memrl.memory.tools import (
 class MemUpdateConfig(BaseModel):
     """How the tool agent reads and samples, and how its memory edits are rewarded."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     # ---- the tool loop
     max_turns: int = Field(4, ge=1)
@@ -69,9 +69,10 @@ class MemUpdateConfig(BaseModel):
     memory_view_k: int = Field(10, ge=0)
     """Memories most similar to the piece shown with it (with ids, to update or delete);
     0 shows only the memory size, and the agent must search."""
-    temperature: float = Field(0.7, ge=0)
-    """0 means greedy decoding."""
+    temperature: float = Field(0.7, ge=0, allow_inf_nan=False)
+    """Sampling temperature (0 = greedy decoding)."""
     top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus sampling threshold."""
     seed: int | None = None
     """Base sampling seed; generate call i uses `derive_seed(seed, i)`."""
     embedder: Literal["minilm", "hashing"] = "minilm"

@@ -49,3 +49,59 @@ def load_generator(
     generator = HFGenerator(model_, tokenizer, max_batch_size=batch_size)
     generator.name_or_path = str(model)
     return generator
+
+
+def _cli_type(annotation: Any) -> Any:
+    """The type a CLI option parses: Literal names become str (the config validates them)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        inner = _cli_type(args[0]) if len(args) == 1 else str
+        return inner | None if type(None) in typing.get_args(annotation) else inner
+    return annotation
+
+
+def config_options(model: type[BaseModel], fields: list[str]) -> Any:
+    """Decorate a command: one `--field-name` option per config field, its default and help
+    taken from the config model (defined once, there), and the validated config passed to
+    the command as `config`. A bad value is a one-line error naming its option."""
+    import functools
+    import inspect
+    import typing
+
+    import typer
+
+    def wrap(command: Any) -> Any:
+        hints = typing.get_type_hints(command, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(command).parameters.values()
+            if p.name != "config"
+        ]
+        added = []
+        for name in fields:
+            info = model.model_fields[name]
+            help_text = (info.description or "").split("\n\n")[0].replace("\n", " ")
+            option = typer.Option("--" + name.replace("_", "-"), help=help_text)
+            added.append(inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
+                annotation=typing.Annotated[_cli_type(info.annotation), option],
+            ))
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in fields}
+            return command(**kwargs, config=config_from_options(model, **values))
+
+        params = own + added
+        run.__signature__ = inspect.Signature(params)
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        del run.__wrapped__
+        return run
+
+    return wrap

@@ -9,11 +9,16 @@ import typer
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import eval_app
-from memrl.cli.common import check_model_dir, config_from_options, load_generator
+from memrl.cli.common import check_model_dir, config_options, load_generator
 from memrl.errors import MemrlInputError
 
 
 @eval_app.command("ruler-hqa")
+@config_options(
+    MemAgentConfig,
+    ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens", "temperature",
+     "top_p", "seed"],
+)
 def ruler_hqa(
     model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
     data: Annotated[Path, typer.Option("--data", help="Directory holding eval_{N}.json files.")],
@@ -21,24 +26,16 @@ def ruler_hqa(
         list[int], typer.Option("--num-docs", help="Numbers of documents N, e.g. 50 100 200.")
     ],
     out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    config: MemAgentConfig,
     limit: Annotated[
         int | None, typer.Option(min=1, help="Evaluate the first K records per N.")
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
-    chunk_size: Annotated[int, typer.Option(help="Context tokens per chunk.")] = 5000,
-    max_chunks: Annotated[
-        int | None, typer.Option(help="Read at most this many chunks per context.")
-    ] = None,
-    max_memory_tokens: Annotated[int, typer.Option(help="New tokens per memory update.")] = 1024,
-    max_final_tokens: Annotated[int, typer.Option(help="New tokens for the final answer.")] = 1024,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.7,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 0.95,
     batch_size: Annotated[
         int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
     ] = 32,
     device: Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
 ) -> None:
     """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
@@ -54,18 +51,8 @@ def ruler_hqa(
                 f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
                 location=str(ruler_hqa_path(data, n)),
             )
-    config = config_from_options(
-        MemAgentConfig,
-        chunk_size=chunk_size,
-        max_chunks=max_chunks,
-        max_memory_tokens=max_memory_tokens,
-        max_final_tokens=max_final_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-    )
     generator = load_generator(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=seed
+        model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
     )
     evaluate_ruler_hqa(
         generator,

@@ -10,7 +10,7 @@ import typer
 
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.cli.app import eval_app
-from memrl.cli.common import check_model_dir, config_from_options, load_generator
+from memrl.cli.common import check_model_dir, config_options, load_generator
 from memrl.errors import MemrlInputError
 
 _SEPARATORS = re.compile(r"[\s,]+")
@@ -37,12 +37,18 @@ def parse_categories(values: list[str] | None) -> list[int]:
 
 
 @eval_app.command("locomo")
+@config_options(
+    MemUpdateConfig,
+    ["embedder", "answerer", "top_k", "max_turns", "max_parallel_calls", "max_response_tokens",
+     "session_chunk_turns", "memory_view_k", "temperature", "top_p", "seed"],
+)
 def locomo(
     model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
     data: Annotated[
         Path, typer.Option("--data", help="Output directory of `memrl prepare locomo`.")
     ],
     out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    config: MemUpdateConfig,
     limit: Annotated[
         int | None, typer.Option(min=1, help="Evaluate the first K episodes.")
     ] = None,
@@ -51,22 +57,6 @@ def locomo(
         typer.Option("--categories", help="LoCoMo categories, e.g. 1,2,3,4 (5 = adversarial)."),
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Trajectories per episode.")] = 1,
-    embedder: Annotated[
-        str, typer.Option(help="Memory embedder: minilm (the embed extra) or hashing (tests).")
-    ] = "minilm",
-    answerer: Annotated[str, typer.Option(help="retrieval (no model) or llm.")] = "retrieval",
-    top_k: Annotated[int, typer.Option(help="Memories retrieved per question.")] = 5,
-    max_turns: Annotated[int, typer.Option(help="Assistant replies per dialogue piece.")] = 4,
-    max_parallel_calls: Annotated[int, typer.Option(help="Tool calls run per reply.")] = 4,
-    max_response_tokens: Annotated[int, typer.Option(help="New tokens per reply.")] = 512,
-    session_chunk_turns: Annotated[
-        int | None, typer.Option(help="Dialogue turns per piece (default: all at once).")
-    ] = None,
-    memory_view_k: Annotated[
-        int, typer.Option(help="Related memories shown with each piece.")
-    ] = 10,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature (0 = greedy).")] = 0.7,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 0.95,
     episodes_per_run: Annotated[
         int, typer.Option(min=1, help="Episodes run together in lockstep.")
     ] = 32,
@@ -75,7 +65,6 @@ def locomo(
     ] = 32,
     device: Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
 ) -> None:
     """Run the MemoryUpdate agent on LoCoMo; write results.json, results.md, trajectories."""
@@ -90,22 +79,8 @@ def locomo(
             f"no {EPISODES_FILE} (build it with `memrl prepare locomo`)", location=f"--data {data}"
         )
     cats = parse_categories(categories)
-    config = config_from_options(
-        MemUpdateConfig,
-        embedder=embedder,
-        answerer=answerer,
-        top_k=top_k,
-        max_turns=max_turns,
-        max_parallel_calls=max_parallel_calls,
-        max_response_tokens=max_response_tokens,
-        session_chunk_turns=session_chunk_turns,
-        memory_view_k=memory_view_k,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-    )
     generator = load_generator(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=seed
+        model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
     )
     evaluate_locomo(
         generator,

@@ -67,7 +67,10 @@ def extract_boxed(text: str) -> str | None:
         # `\boxed` directly followed by a non-letter that is not a brace or a space,
         # e.g. `\boxed$`: no argument.
         return None
-    token = text[j:].split(maxsplit=1)[0].split("$", 1)[0]
+    rest = text[j:].split(maxsplit=1)
+    if not rest:  # only whitespace that is not " " or "\t" follows, e.g. "\\boxed \x0b"
+        return None
+    token = rest[0].split("$", 1)[0]
     return token or None
 
 

@@ -1,0 +1,149 @@
+"""The recipe's choices that verl makes too, each against hand or verl values: lr warmup,
+config refusals, sampling seeds across refill rounds, response-only logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memrl.config import load_config
+from memrl.data.hotpotqa import save_records_jsonl
+from memrl.data.synthetic import make_synthetic_records
+from memrl.errors import MemrlInputError
+from memrl.inference.loader import load_model
+from memrl.metrics import read_metrics
+from memrl.recipes import grpo
+from memrl.recipes.config import TrainConfig
+from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
+from memrl.rl.batch import Sample, collate
+from memrl.rl.losses import logprobs_from_logits
+
+
+def config(tmp_path, *extra):
+    return load_config(TrainConfig, None, [
+        "model.path=m", f"data.train_file={tmp_path / 'train.jsonl'}", *extra,
+    ])
+
+
+# ---------------------------------------------------------------- learning-rate warmup
+def test_warmup_schedule_is_verls():
+    """verl get_constant_schedule_with_warmup with W = 3: lr x 0, 1/3, 2/3, 1, 1."""
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, lr=0.3, betas=(0.9, 0.99), weight_decay=0.0)
+    sched = warmup_schedule(opt, 3)
+    seen = []
+    for _ in range(5):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.3])
+    opt = build_optimizer(model, lr=0.3, betas=(0.9, 0.99), weight_decay=0.0)
+    warmup_schedule(opt, 0)
+    assert opt.param_groups[0]["lr"] == 0.3  # no warmup: the full lr from the first step
+
+
+def test_train_lr_logs_the_lr_each_step_used(tiny_model_dir, tmp_path):
+    save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
+    cfg = config(
+        tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
+        "trainer.total_steps=4", "trainer.log_sinks=[jsonl]", "data.train_batch_size=1",
+        "rl.ppo_mini_batch_size=1", "rl.rollout_n=2", "rl.dynamic_sampling=false",
+        "rl.use_kl_loss=false", "optim.lr=0.03", "optim.warmup_steps=3",
+        "memagent.chunk_size=64", "memagent.max_chunks=1", "memagent.max_memory_tokens=4",
+        "memagent.max_final_tokens=4",
+    )
+    grpo.train(cfg)
+    lrs = [r["train/lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+    assert lrs == pytest.approx([0.0, 0.01, 0.02, 0.03])
+
+
+# ---------------------------------------------------------------- config refusals
+def test_groups_of_one_are_a_config_error_unless_verls_raw_reward_is_asked(tmp_path):
+    with pytest.raises(MemrlInputError, match="rollout_n=1 makes groups of one"):
+        config(tmp_path, "rl.rollout_n=1")
+    with pytest.raises(MemrlInputError, match="dynamic_sampling"):
+        config(tmp_path, "rl.rollout_n=1", "rl.size1_group_advantage=raw_reward")
+    cfg = config(tmp_path, "rl.rollout_n=1", "rl.size1_group_advantage=raw_reward",
+                 "rl.dynamic_sampling=false")
+    assert cfg.rl.rollout_n == 1
+
+
+def test_half_precision_full_fine_tuning_is_refused(tmp_path):
+    with pytest.raises(MemrlInputError, match="AdamW updates of half-precision weights"):
+        config(tmp_path, "model.dtype=bfloat16")
+    cfg = config(tmp_path, "model.dtype=bfloat16", "model.lora.enabled=true")
+    assert cfg.model.dtype == "bfloat16"
+
+
+def test_rl_defaults_and_refusals_follow_verl(tmp_path):
+    cfg = config(tmp_path)
+    assert cfg.rl.clip_ratio_c == 3.0 and cfg.rl.kl_penalty == "k1"
+    assert cfg.rl.kl_loss_type == "low_var_kl"
+    with pytest.raises(MemrlInputError, match="loss_scale_factor"):
+        config(tmp_path, "rl.loss_agg_mode=seq-mean-token-sum-norm")
+    cfg = config(tmp_path, "rl.loss_agg_mode=seq-mean-token-sum-norm", "rl.loss_scale_factor=512")
+    assert cfg.rl.loss_scale_factor == 512
+    for bad in ("optim.betas=[0.9, 1.0]", "optim.lr=.nan", "rl.clip_ratio_high=.inf",
+                "seed=-1", "model.device=tpu:0"):
+        with pytest.raises(MemrlInputError):
+            config(tmp_path, bad)
+
+
+# ---------------------------------------------------------------- seeds
+def test_sampling_seeds_never_repeat_within_a_step(tiny_model_dir, tmp_path):
+    """With every group uninformative, a step rolls out 1 + max_refill_rounds rounds; no two
+    generate calls of the step (any round, any turn) share a seed."""
+    save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
+    cfg = config(
+        tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
+        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rl.rollout_n=2",
+        "rl.dynamic_sampling=true", "rl.max_refill_rounds=3", "rl.use_kl_loss=false",
+        "rl.reward=em", "memagent.chunk_size=32", "memagent.max_chunks=3",
+        "memagent.max_memory_tokens=3", "memagent.max_final_tokens=3",
+    )
+    run = grpo.setup(cfg)
+    seeds = []
+    generate = run.engine.generate
+
+    def recording(prompts, params):
+        seeds.append(params.seed)
+        return generate(prompts, params)
+
+    run.engine.generate = recording
+    metrics = grpo.train_step(run)
+    assert metrics["train/groups_generated"] == 2 * 4  # four rounds: nothing informative
+    assert len(seeds) > 8 and len(set(seeds)) == len(seeds)
+
+
+# ---------------------------------------------------------------- logits at responses only
+def test_response_logprobs_equal_a_full_forward(tiny_model_dir):
+    model = load_model(tiny_model_dir)
+    samples = [Sample(list(range(3, 40)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
+               Sample([5, 6], [11, 12], [0.0] * 2, 1, "g", 0, "final")]
+    t = collate(samples, pad_id=0)
+    with torch.no_grad():
+        got, ent = response_logprobs(model, t, temperature=0.7, with_entropy=True)
+        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                       position_ids=t["position_ids"]).logits
+        full = logprobs_from_logits(logits, t["labels"], temperature=0.7)
+    mask = t["response_mask"]
+    torch.testing.assert_close(got[mask], full[mask], rtol=1e-5, atol=1e-5)
+    assert (got[~mask] == 0).all() and (ent[mask] > 0).all()
+
+
+def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir):
+    """The vocabulary projection runs on response positions only: a 6K-token prompt with a
+    1K-token response projects 1K rows, as many as a 100-token prompt does."""
+    model = load_model(tiny_model_dir)
+    head_rows = []
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda mod, inp, out: head_rows.append(out.shape[0])
+    )
+    try:
+        for prompt_len in (100, 6000):
+            s = Sample([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
+            with torch.no_grad():
+                response_logprobs(model, collate([s], pad_id=0))
+    finally:
+        handle.remove()
+    assert head_rows == [1000, 1000]
