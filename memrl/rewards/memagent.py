@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from memrl.errors import MemrlInputError
+from memrl.rewards.qa import closing_brace
 
 # ---------------------------------------------------------------------------------------------
 # extraction (evaluation)
@@ -265,17 +266,9 @@ def last_boxed_content(text: str) -> str | None:
     at = text.rfind(_BOXED)
     if at < 0 or not text.startswith(_BOXED_BRACE, at):
         return None
-    depth = 0
     start = at + len(_BOXED_BRACE) - 1
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1:i]
-    return None
+    end = closing_brace(text, start, escapes=False)
+    return None if end is None else text[start + 1 : end]
 
 
 _STRIP_STEPS: tuple[tuple[str, str], ...] = (

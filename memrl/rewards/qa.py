@@ -25,6 +25,28 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _YES_NO = frozenset({"yes", "no", "noanswer"})
 
 
+def closing_brace(text: str, open_at: int, *, escapes: bool = True) -> int | None:
+    """Index of the `}` that closes the `{` at `open_at` (braces balanced), None if none.
+
+    With `escapes`, a backslash escapes the next character (`\\{` does not count);
+    without, every brace counts (MATH's `last_boxed_only_string`). One pass: linear.
+    """
+    depth, k, n = 0, open_at, len(text)
+    while k < n:
+        ch = text[k]
+        if escapes and ch == "\\":
+            k += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+        k += 1
+    return None
+
+
 def extract_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced; None if absent.
 
@@ -48,21 +70,8 @@ def extract_boxed(text: str) -> str | None:
     if j >= n:
         return None
     if text[j] == "{":
-        depth = 0
-        k = j
-        while k < n:
-            ch = text[k]
-            if ch == "\\":
-                k += 2
-                continue
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[j + 1 : k]
-            k += 1
-        return None
+        end = closing_brace(text, j)
+        return None if end is None else text[j + 1 : end]
     if j == i:
         # `\boxed` directly followed by a non-letter that is not a brace or a space,
         # e.g. `\boxed$`: no argument.
