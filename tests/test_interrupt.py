@@ -37,7 +37,7 @@ def _run_child(code: str, sig: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint,
     )
     try:
         assert proc.stdout.readline().strip() == "ready"
@@ -115,6 +115,13 @@ def test_message_format():
     )
 
 
+def default_sigint() -> None:
+    """In the child: SIGINT as a terminal would deliver it. A runner started in the background
+    by a non-interactive shell ignores SIGINT, the child would inherit that, and Python then
+    installs no KeyboardInterrupt handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_cli_main_maps_a_real_sigint_to_130(tmp_path):
     """`memrl init-tiny-model` interrupted by Ctrl-C: one line, exit 130, no traceback."""
     code = textwrap.dedent(
@@ -135,6 +142,7 @@ def test_cli_main_maps_a_real_sigint_to_130(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(tmp_path / "model")], cwd=ROOT, env=env,
         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=default_sigint,
     )
     try:
         assert proc.stdout.readline().strip() == "ready"
