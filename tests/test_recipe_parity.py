@@ -131,19 +131,46 @@ def test_response_logprobs_equal_a_full_forward(tiny_model_dir):
     assert (got[~mask] == 0).all() and (ent[mask] > 0).all()
 
 
-def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir):
+def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir, monkeypatch):
     """The vocabulary projection runs on response positions only: a 6K-token prompt with a
     1K-token response projects 1K rows, as many as a 100-token prompt does."""
+    import memrl.rl.actor as actor_module
+
     model = load_model(tiny_model_dir)
     head_rows = []
-    handle = model.get_output_embeddings().register_forward_hook(
-        lambda mod, inp, out: head_rows.append(out.shape[0])
-    )
-    try:
-        for prompt_len in (100, 6000):
-            s = Sample([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
-            with torch.no_grad():
-                response_logprobs(model, collate([s], pad_id=0))
-    finally:
-        handle.remove()
+    fused = actor_module.linear_logprobs
+
+    def counting(hidden, *args, **kwargs):
+        head_rows.append(hidden.shape[0])
+        return fused(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(actor_module, "linear_logprobs", counting)
+    for prompt_len in (100, 6000):
+        s = Sample([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
+        with torch.no_grad():
+            response_logprobs(model, collate([s], pad_id=0))
     assert head_rows == [1000, 1000]
+
+
+def test_fused_projection_gives_the_gradients_of_the_plain_one(tiny_model_dir):
+    """linear_logprobs (chunked projection + log-prob with its own backward) against the plain
+    head(hidden) -> log_softmax path (taken when the entropy needs a gradient)."""
+    model = load_model(tiny_model_dir)
+    model.train()
+    samples = [Sample(list(range(3, 30)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
+               Sample([5, 6], [11, 12, 13], [0.0] * 3, 1, "g", 0, "final")]
+    t = collate(samples, pad_id=0)
+    grads = []
+    for plain in (False, True):
+        model.zero_grad()
+        lp, ent = response_logprobs(model, t, temperature=0.8, with_entropy=True,
+                                    entropy_grad=plain)
+        (lp * torch.linspace(-1, 1, lp.numel()).reshape(lp.shape)).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        values = (lp.detach(), ent.detach())
+        if not plain:
+            fused_values = values
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fused_values[0], values[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_values[1], values[1], rtol=1e-5, atol=1e-5)

@@ -430,3 +430,22 @@ def test_dual_clip_is_on_by_default_as_in_verl():
     loss, metrics = policy_loss(lp, t([[0.0]]), t([[-1.0]]), t([[1.0]]))
     close(loss, 3.0)
     assert metrics["pg_clipfrac_lower"].item() == 1.0
+
+
+def test_linear_logprobs_equals_the_plain_path_and_passes_gradcheck():
+    from memrl.rl.losses import linear_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g, dtype=F64, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, dtype=F64, requires_grad=True)
+    y = torch.randint(0, 50, (37,), generator=g)
+    lp, ent = linear_logprobs(h, w, y, temperature=0.7, chunk_rows=8)
+    z = h @ w.t()
+    close(lp, logprobs_from_logits(z, y, temperature=0.7), tol=1e-12)
+    close(ent, entropy_from_logits(z, temperature=0.7), tol=1e-10)
+    assert not ent.requires_grad
+    assert torch.autograd.gradcheck(
+        lambda a, b: linear_logprobs(a, b, y, temperature=0.7, chunk_rows=8)[0], (h, w)
+    )
+    with pytest.raises(ValueError):
+        linear_logprobs(h, w, y[:3])

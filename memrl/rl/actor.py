@@ -11,7 +11,9 @@ PPO update. Neither knows which agent or engine produced the batch.
                                depend on how the mini-batch was split
 
 Memory: the final hidden states are projected to the vocabulary only at response positions,
-so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K.
+so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K; and for a
+plain linear head the projection is fused with the log-prob, chunk by chunk
+(`memrl.rl.losses.linear_logprobs`), so no (tokens, vocab) tensor is kept for backward.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from memrl.rl.losses import (
     agg_loss,
     entropy_from_logits,
     kl_penalty,
+    linear_logprobs,
     logprobs_from_logits,
     policy_loss,
 )
@@ -94,24 +97,36 @@ def response_logprobs(
     inputs = {
         k: tensors[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")
     }
-    parts = _decoder_and_head(model)
-    if parts is not None:
-        decoder, head = parts
-        hidden = decoder(**inputs, use_cache=False).last_hidden_state
-        logits = head(hidden[mask])
-    else:  # a model whose logits are not a plain projection: full logits, then select
-        logits = model(**inputs, use_cache=False).logits[mask]
     labels = tensors["labels"].to(device)[mask]
-    flat = logprobs_from_logits(logits, labels, temperature=temperature)
-    out = torch.zeros(mask.shape, dtype=flat.dtype, device=device).masked_scatter(mask, flat)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = entropy_from_logits(logits, temperature=temperature)
-            entropy = torch.zeros(mask.shape, dtype=ent.dtype, device=device).masked_scatter(
-                mask, ent
-            )
-    return out, entropy
+    parts = _decoder_and_head(model)
+    ent = None
+    if parts is not None and _plain_linear(parts[1]) and not entropy_grad:
+        # Fused, chunked projection + log-prob: no (tokens, vocab) logits, even for backward.
+        decoder, head = parts
+        hidden = decoder(**inputs, use_cache=False).last_hidden_state[mask]
+        flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature)
+    else:
+        if parts is not None:
+            decoder, head = parts
+            logits = head(decoder(**inputs, use_cache=False).last_hidden_state[mask])
+        else:  # logits are not a plain projection: full logits, then select
+            logits = model(**inputs, use_cache=False).logits[mask]
+        flat = logprobs_from_logits(logits, labels, temperature=temperature)
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = entropy_from_logits(logits, temperature=temperature)
+
+    def padded(values: Tensor) -> Tensor:
+        return torch.zeros(mask.shape, dtype=values.dtype, device=device).masked_scatter(
+            mask, values
+        )
+
+    return padded(flat), (padded(ent) if with_entropy else None)
+
+
+def _plain_linear(head: Any) -> bool:
+    """A bias-free nn.Linear (not a LoRA-wrapped one): its weight is the whole projection."""
+    return type(head) is torch.nn.Linear and head.bias is None
 
 
 class _PolicyModel:

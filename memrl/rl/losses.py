@@ -35,6 +35,7 @@ __all__ = [
     "entropy_from_logits",
     "kl_penalty",
     "kl_penalty_reward",
+    "linear_logprobs",
     "logprobs_from_logits",
     "loss_norm",
     "masked_mean",
@@ -377,3 +378,73 @@ def logprobs_from_logits(
     res = torch.cat(out) if out else flat.new_zeros(0, dtype=dt)
     return res.reshape(labels.shape)
 
+
+
+# Fused projection + log-prob, chunk by chunk (the idea of liger-kernel's fused linear
+# cross-entropy, in plain PyTorch): logits z = h W^T / T of `chunk_rows` rows at a time, so a
+# (tokens, vocab) tensor never exists, not even for backward. The backward recomputes each
+# chunk's logits: d log p(y) / dz = onehot(y) - softmax(z), so with g the incoming gradient
+#   dL/dh = (g (onehot - p) / T) W        dL/dW = (g (onehot - p) / T)^T h
+# Entropy (H = logsumexp(z) - sum p z) comes out of the same chunks as a no-grad metric.
+class _LinearLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, chunk_rows):
+        logps, ents = [], []
+        dt = _compute_dtype(hidden)
+        with torch.no_grad():
+            for s in range(0, hidden.shape[0], chunk_rows):
+                z = (hidden[s : s + chunk_rows] @ weight.t()).to(dt) / temperature
+                lse = torch.logsumexp(z, dim=-1)
+                y = labels[s : s + chunk_rows].unsqueeze(-1)
+                logps.append(z.gather(-1, y).squeeze(-1) - lse)
+                p = torch.exp(z - lse.unsqueeze(-1))
+                z_safe = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+                ents.append(lse - (p * z_safe).sum(-1))
+        empty = hidden.new_zeros(0, dtype=dt)
+        logp = torch.cat(logps) if logps else empty
+        entropy = torch.cat(ents) if ents else empty
+        ctx.save_for_backward(hidden, weight, labels)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, labels = ctx.saved_tensors
+        t, step = ctx.temperature, ctx.chunk_rows
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        dt = _compute_dtype(hidden)
+        grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device)
+        for s in range(0, hidden.shape[0], step):
+            h = hidden[s : s + step]
+            z = (h @ weight.t()).to(dt) / t
+            g = -torch.softmax(z, dim=-1)
+            g.scatter_add_(-1, labels[s : s + step].unsqueeze(-1), torch.ones_like(g[:, :1]))
+            g = g * (grad_logp[s : s + step].to(dt) / t).unsqueeze(-1)
+            if need_h:
+                grad_h[s : s + step] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                grad_w += g.t().to(h.dtype) @ h
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+
+
+def linear_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = 1024,
+) -> tuple[Tensor, Tensor]:
+    """(log p(label), entropy) of softmax(hidden @ weight^T / temperature) per row (float32;
+    float64 for float64 input),
+    without materialising the (rows, vocab) logits; gradients flow to hidden and weight
+    through log p (the entropy is a metric, no gradient)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden must be (rows, dim) and labels (rows,), got "
+                         f"{tuple(hidden.shape)} and {tuple(labels.shape)}")
+    return _LinearLogprobs.apply(hidden, weight, labels.long(), float(temperature),
+                                 max(int(chunk_rows), 1))
