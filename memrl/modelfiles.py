@@ -66,10 +66,14 @@ def check_safetensors(file: Path) -> None:
                     location=str(file),
                 )
             (n,) = struct.unpack("<Q", head)
-            if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+            if n > MAX_SAFETENSORS_HEADER:
                 raise MemrlInputError(
-                    f"truncated or corrupt weights file: its header claims {n} bytes, the file "
-                    f"has {size}",
+                    f"corrupt weights file: a {n}-byte header is not safetensors",
+                    location=str(file),
+                )
+            if 8 + n > size:
+                raise MemrlInputError(
+                    f"truncated weights file: {size} bytes, its header alone needs {8 + n}",
                     location=str(file),
                 )
             raw = f.read(n)
@@ -136,6 +140,8 @@ def check_tokenizer_dir(directory: Path) -> None:
     for file in (directory / "tokenizer.json", directory / "tokenizer_config.json"):
         if file.is_file():
             read_json_file(file, "tokenizer file")
+    if (directory / "config.json").is_file():  # AutoTokenizer reads it too
+        read_json_file(directory / "config.json", "model config")
 
 
 def check_model_dir(directory: Path) -> None:
