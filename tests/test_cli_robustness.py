@@ -303,9 +303,11 @@ def test_broken_model_dir_for_eval(capsys, tmp_path, rh_data, broken_model, dama
 
 
 @pytest.mark.parametrize("damage", ["no tokenizer files", "weights truncated", "no weights",
-                                    "config.json not JSON"])
+                                    "config.json not JSON", "config.json missing"])
 def test_broken_model_dir_for_train(capsys, tmp_path, broken_model, damage):
     model, needle = broken_model(damage)
+    if damage == "config.json missing":  # the loader's words (eval's CLI checks earlier)
+        needle = f"{model / 'config.json'}: not a Hugging Face model directory: no config.json"
     code, _, err = run(capsys, ["train", train_config(tmp_path, model, tmp_path / "run")])
     assert code == 2
     one_error_line(err, "error: " + needle)
@@ -324,6 +326,32 @@ def test_truncated_weights_in_a_real_process(tmp_path, rh_data, broken_model):
 
 
 # ----------------------------------------------------------------------------- checkpoints
+
+
+def test_disk_full_during_a_training_checkpoint(capsys, tmp_path, tiny_model_dir, monkeypatch):
+    """The second save of a run hits a full disk: one line, exit 2, step 1 stays the latest."""
+    import torch
+
+    cfg = train_config(tmp_path, tiny_model_dir, tmp_path / "run")
+    real_save = torch.save
+    calls = []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) > 3:  # optimizer.pt, scheduler.pt, rng.pt of the first checkpoint
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    code, _, err = run(capsys, ["train", cfg, "trainer.total_steps=2", "trainer.save_freq=1",
+                                "rl.rollout_n=2", "memagent.chunk_size=48", "memagent.max_chunks=1",
+                                "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4"])
+    assert code == 2
+    ckpts = tmp_path / "run" / "checkpoints"
+    one_error_line(err, f"error: {ckpts / 'step_00000002'}: cannot save the checkpoint: No space "
+                   "left on device; the previous checkpoints are intact")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000001"]
+    assert (ckpts / "latest").read_text() == "step_00000001\n"
 
 
 @pytest.fixture(scope="module")
