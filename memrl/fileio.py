@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
+
+from memrl.errors import MemrlInputError
 
 
 def _umask() -> int:
@@ -85,3 +88,84 @@ def write_text_atomic(
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     return write_atomic(path, text, encoding=encoding, durable=durable)
+
+
+# ----------------------------------------------------------------------------- checking paths
+
+MIN_FREE_BYTES = 1 << 20
+"""An output location with less free space than this counts as a full disk."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` itself if it exists, else its closest existing ancestor."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_can_create_in(directory: Path, location: str) -> None:
+    """`directory` (which exists) takes new files: a directory, writable, not on a full disk."""
+    if not directory.is_dir():
+        raise MemrlInputError(
+            f"{directory} is a file, so nothing can be created below it", location=location
+        )
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise MemrlInputError(f"{directory} is not writable (permission denied)",
+                              location=location)
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    if free is not None and free < MIN_FREE_BYTES:
+        raise MemrlInputError(
+            f"no space left on the device of {directory} ({free} bytes free)", location=location
+        )
+    try:  # what os.access cannot see: read-only mounts, quotas, ACLs
+        fd, probe = tempfile.mkstemp(prefix=".memrl-probe-", dir=directory)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise MemrlInputError(f"cannot write in {directory}: {reason}", location=location) \
+            from None
+    os.close(fd)
+    Path(probe).unlink(missing_ok=True)
+
+
+def check_output_dir(path: str | Path, *, location: str | None = None) -> Path:
+    """Check, before any heavy work, that `path` can be (or already is) a directory we write
+    into: not a file, writable, not on a full disk. Creates nothing. Problems are one-line
+    `MemrlInputError`s located at `location` (default: the path)."""
+    path = Path(path)
+    location = location or str(path)
+    if path.exists() and not path.is_dir():
+        raise MemrlInputError("is a file, but a directory is needed here", location=location)
+    _check_can_create_in(_nearest_existing(path), location)
+    return path
+
+
+def check_output_file(path: str | Path, *, location: str | None = None) -> Path:
+    """Like `check_output_dir` for a file we are about to (re)write: not a directory, and its
+    directory can take it."""
+    path = Path(path)
+    location = location or str(path)
+    if path.is_dir():
+        raise MemrlInputError("is a directory, but a file is needed here", location=location)
+    _check_can_create_in(_nearest_existing(path.parent), location)
+    return path
+
+
+def check_input_file(path: str | Path, *, location: str | None = None) -> Path:
+    """An existing, readable file (one line naming it otherwise)."""
+    path = Path(path)
+    location = location or str(path)
+    if not path.exists():
+        raise MemrlInputError("file not found", location=location)
+    if path.is_dir():
+        raise MemrlInputError("is a directory, but a file is needed here", location=location)
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise MemrlInputError(f"cannot read it: {reason}", location=location) from None
+    return path

@@ -14,9 +14,12 @@ shell reports for a process killed by that signal). Being a SystemExit, it unwin
 cleanup raises again, without a second message, so a stuck cleanup can still be stopped.
 The previous handlers are restored when the block exits, however it exits.
 
+`where` and `how` may also be functions of no argument, called when the signal arrives, for
+a message that says how far the work got (`memrl train` names the step and the checkpoint).
+
 Signal handlers can only be installed from the main thread; elsewhere the block does nothing.
-Nothing in memrl uses this module yet; `memrl.cli.main` maps a bare KeyboardInterrupt to the
-same message and exit code.
+`memrl train` and `memrl eval ...` run inside such a block; `memrl.cli.main` maps a bare
+KeyboardInterrupt of any other command to the same message and exit code.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import IO, Any
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+Text = str | Callable[[], str]
+"""A message part: fixed text, or a function that says it when the signal arrives."""
 
 
 def exit_code_for(signum: int) -> int:
@@ -63,15 +69,16 @@ class Interrupted(SystemExit):
 class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signals(...):`
     """Context manager: SIGINT/SIGTERM inside the block → one message, `Interrupted` raised.
 
-    `where` says what was interrupted, `how` how to continue (both may be empty).
+    `where` says what was interrupted, `how` how to continue (both may be empty, or
+    functions returning the text when the signal arrives).
     `stream` is where the message goes (default: `sys.stderr` at the time of the signal).
     After the block, `signum` is the signal that arrived first (None if none did).
     """
 
     def __init__(
         self,
-        where: str = "",
-        how: str = "",
+        where: Text = "",
+        how: Text = "",
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         stream: IO[str] | None = None,
@@ -81,6 +88,7 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
         self.signals = tuple(signals)
         self.stream = stream
         self.signum: int | None = None
+        self._said = ""
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> exit_on_signals:
@@ -106,16 +114,26 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
     @property
     def message(self) -> str:
         """The line printed for the signal that arrived (SIGINT's if none did)."""
-        return interrupt_message(self.signum or signal.SIGINT, self.where, self.how)
+        return self._said or interrupt_message(self.signum or signal.SIGINT, *self._texts())
+
+    def _texts(self) -> tuple[str, str]:
+        """`where` and `how` as text now; a function that fails gives its part up."""
+        out = []
+        for part in (self.where, self.how):
+            if callable(part):
+                try:
+                    part = part()
+                except Exception:  # noqa: BLE001 - a message must never stop the exit
+                    part = ""
+            out.append(str(part))
+        return out[0], out[1]
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        first = self.signum is None
-        if first:
+        if self.signum is None:  # the first signal: say it, once
             self.signum = signum
-        message = interrupt_message(signum, self.where, self.how)
-        if first:
-            _print_line(message, self.stream)
-        raise Interrupted(signum, message)
+            self._said = interrupt_message(signum, *self._texts())
+            _print_line(self._said, self.stream)
+        raise Interrupted(signum, self._said)
 
 
 def _print_line(message: str, stream: IO[str] | None) -> None:

@@ -312,3 +312,92 @@ def test_cli_export(tmp_path, saved, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert str(tmp_path / "missing") in err
+
+
+# ----------------------------------------------------------------------------- issue 9
+
+
+def test_checkpoint_gets_the_users_umask_not_0700(tmp_path, tiny_model_dir):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = _save(tmp_path, 1, _model(tiny_model_dir))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert stat.S_IMODE((path / "model").stat().st_mode) == 0o755
+    for f in (path / "model" / "model.safetensors", path / "trainer_state.json",
+              path / "optimizer.pt" if (path / "optimizer.pt").exists() else path / "rng.pt"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+
+
+@pytest.mark.parametrize(
+    ("pointer", "problem"),
+    [
+        (b"step_00000009\n", "names step_00000009, which is missing or incomplete"),
+        (b"\xff\xfe garbage", "is corrupt (not the name of a step_* directory)"),
+        (b"../../etc\n", "is corrupt (not the name of a step_* directory)"),
+    ],
+)
+def test_bad_latest_falls_back_to_newest_complete_with_a_warning(
+    tmp_path, tiny_model_dir, pointer, problem
+):
+    model = _model(tiny_model_dir)
+    _save(tmp_path, 1, model)
+    newest = _save(tmp_path, 2, model)
+    (tmp_path / "latest").write_bytes(pointer)
+    said: list[str] = []
+    assert latest_checkpoint(tmp_path, warn=said.append) == newest
+    assert said == [f"{tmp_path / 'latest'} {problem}; using the newest complete checkpoint, "
+                    "step_00000002"]
+    assert resolve_checkpoint(tmp_path) == newest
+    said.clear()
+    (tmp_path / "latest").write_text("step_00000002\n")
+    assert latest_checkpoint(tmp_path, warn=said.append) == newest and said == []
+
+
+def test_disk_full_during_save_is_one_input_error_and_keeps_previous(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    import errno
+
+    model = _model(tiny_model_dir)
+    good = _save(tmp_path, 1, model)
+    real_save = torch.save
+
+    def full(obj, f, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(MemrlInputError) as err:
+        _save(tmp_path, 2, model)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert str(err.value) == (
+        f"{tmp_path / 'step_00000002'}: cannot save the checkpoint: No space left on device; "
+        "the previous checkpoints are intact"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001"]
+    assert latest_checkpoint(tmp_path) == good
+    assert load_checkpoint(good, model=model)["step"] == 1
+
+
+def test_failed_resave_of_the_same_step_puts_the_old_copy_back(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    model = _model(tiny_model_dir)
+    good = _save(tmp_path, 1, model)
+    real_rename = ckpt_mod.os.rename
+
+    def rename(src, dst):
+        if ".tmp-step_00000001" in str(src) and str(dst) == str(good):
+            raise KeyboardInterrupt  # Ctrl-C between moving the old copy aside and the rename
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(ckpt_mod.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 1, model)
+    monkeypatch.setattr(ckpt_mod.os, "rename", real_rename)
+    assert load_checkpoint(good, model=model)["step"] == 1
+    assert latest_checkpoint(tmp_path) == good

@@ -7,6 +7,7 @@ traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -63,6 +64,12 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
     return out
 
 
+ENVIRONMENT_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+)
+"""OSErrors that are the machine's state, not a bug: one line (naming the file) and exit 2
+even where no check caught them first."""
+
 PROG_NAME = "memrl"
 """The name error lines and usage hints use, also under `python -m memrl`."""
 
@@ -74,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     exit code 2: MemrlInputError, a missing optional dependency, and click/typer usage errors
     (unknown option, bad value, missing argument; `memrl`/`memrl eval` without a command
     print the help on stdout first). Lines are scrubbed of secret environment values.
-    Ctrl-C is one line `interrupted (SIGINT) ...` and exit code 130. Anything else is a bug
-    and keeps its traceback.
+    An OSError of the machine's state (no permission, disk full, read-only file system) is
+    one line naming the file, exit code 2. Ctrl-C is one line `interrupted (SIGINT) ...` and
+    exit code 130 (`memrl train` and `memrl eval` say more: where they stopped, how to go on;
+    SIGTERM there is 143). Anything else is a bug and keeps its traceback.
     """
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -112,6 +121,12 @@ def _run(args: list[str]) -> int:
     except BrokenPipeError:  # `memrl ... | head`: the reader left; nothing to report
         _silence_stdout()
         return 1
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        # No permission, a full disk, a read-only file system: the user's to fix, not a bug.
+        where = f"{exc.filename}: " if exc.filename else ""
+        return print_error(f"{where}{exc.strerror or os.strerror(exc.errno)}")
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return int(exc.code or 0)

@@ -21,13 +21,25 @@ def config_from_options(model: type[BaseModel], **fields: Any) -> Any:
 
 
 def check_model_dir(model: Path) -> None:
-    """A local Hugging Face model directory, checked before anything heavy is loaded."""
+    """A local Hugging Face model directory, checked before anything heavy is loaded: its
+    config, weights (headers) and tokenizer files (see `memrl.modelfiles`)."""
     if not model.is_dir():
         raise MemrlInputError("model directory not found", location=f"--model {model}")
     if not (model / "config.json").is_file():
         raise MemrlInputError(
             "not a Hugging Face model directory (no config.json)", location=f"--model {model}"
         )
+    from memrl.modelfiles import check_model_dir as check_files, check_tokenizer_dir
+
+    check_files(model)
+    check_tokenizer_dir(model)
+
+
+def check_out_dir(out: Path) -> None:
+    """`--out` can be the run directory: not a file, writable, not on a full disk."""
+    from memrl.fileio import check_output_dir
+
+    check_output_dir(out, location=f"--out {out}")
 
 
 def load_generator(
@@ -105,3 +117,23 @@ def config_options(model: type[BaseModel], fields: list[str]) -> Any:
         return run
 
     return wrap
+
+
+def eval_interruptible(out: Path) -> Any:
+    """Ctrl-C / SIGTERM during an evaluation: one line naming `out`, exit 130 / 143."""
+    from memrl.interrupt import exit_on_signals
+
+    return exit_on_signals(
+        f"while evaluating into {out}",
+        "finished episodes are kept there; run the same command again to continue",
+    )
+
+
+def print_warning(message: str) -> None:
+    """`warning: <message>` as one scrubbed line on stderr (the run goes on)."""
+    import sys
+
+    from memrl.cli import one_line
+    from memrl.metrics import scrub_env_secrets
+
+    print(f"warning: {scrub_env_secrets(one_line(message))}", file=sys.stderr, flush=True)

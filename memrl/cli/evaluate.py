@@ -9,7 +9,13 @@ import typer
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import eval_app
-from memrl.cli.common import check_model_dir, config_options, load_generator
+from memrl.cli.common import (
+    check_model_dir,
+    check_out_dir,
+    config_options,
+    eval_interruptible,
+    load_generator,
+)
 from memrl.errors import MemrlInputError
 
 
@@ -43,6 +49,7 @@ def ruler_hqa(
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
 
     check_model_dir(model)
+    check_out_dir(out)
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     for n in num_docs:
@@ -51,18 +58,19 @@ def ruler_hqa(
                 f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
                 location=str(ruler_hqa_path(data, n)),
             )
-    generator = load_generator(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
-    )
-    evaluate_ruler_hqa(
-        generator,
-        data,
-        num_docs,
-        config=config,
-        out_dir=out,
-        limit=limit,
-        num_samples=samples,
-        model_name=str(model),
-        show_progress=not quiet,
-    )
+    with eval_interruptible(out):
+        generator = load_generator(
+            model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
+        )
+        evaluate_ruler_hqa(
+            generator,
+            data,
+            num_docs,
+            config=config,
+            out_dir=out,
+            limit=limit,
+            num_samples=samples,
+            model_name=str(model),
+            show_progress=not quiet,
+        )
     typer.echo(f"results written to {out}")

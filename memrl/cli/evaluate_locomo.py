@@ -10,7 +10,13 @@ import typer
 
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.cli.app import eval_app
-from memrl.cli.common import check_model_dir, config_options, load_generator
+from memrl.cli.common import (
+    check_model_dir,
+    check_out_dir,
+    config_options,
+    eval_interruptible,
+    load_generator,
+)
 from memrl.errors import MemrlInputError
 
 _SEPARATORS = re.compile(r"[\s,]+")
@@ -72,6 +78,7 @@ def locomo(
     from memrl.eval.locomo import evaluate_locomo
 
     check_model_dir(model)
+    check_out_dir(out)
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     if not (data / EPISODES_FILE).is_file():
@@ -79,19 +86,20 @@ def locomo(
             f"no {EPISODES_FILE} (build it with `memrl prepare locomo`)", location=f"--data {data}"
         )
     cats = parse_categories(categories)
-    generator = load_generator(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
-    )
-    evaluate_locomo(
-        generator,
-        data,
-        config=config,
-        out_dir=out,
-        categories=cats,
-        limit=limit,
-        num_samples=samples,
-        episodes_per_run=episodes_per_run,
-        model_name=str(model),
-        show_progress=not quiet,
-    )
+    with eval_interruptible(out):
+        generator = load_generator(
+            model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
+        )
+        evaluate_locomo(
+            generator,
+            data,
+            config=config,
+            out_dir=out,
+            categories=cats,
+            limit=limit,
+            num_samples=samples,
+            episodes_per_run=episodes_per_run,
+            model_name=str(model),
+            show_progress=not quiet,
+        )
     typer.echo(f"results written to {out}")

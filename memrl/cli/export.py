@@ -29,9 +29,12 @@ def export(
     ] = None,
 ) -> None:
     """Write a model directory loadable by AutoModelForCausalLM (LoRA adapters merged)."""
+    from memrl.cli.common import print_warning
+    from memrl.fileio import check_output_dir
     from memrl.rl.checkpoint import export_checkpoint, read_checkpoint_marker, resolve_checkpoint
 
-    ckpt = resolve_checkpoint(checkpoint)
+    check_output_dir(out_dir)
+    ckpt = resolve_checkpoint(checkpoint, warn=print_warning)
     fmt = read_checkpoint_marker(ckpt)["format"]
     out = export_checkpoint(ckpt, out_dir, base_model_path=base_model)
     how = "LoRA merged into its base model" if fmt == "lora" else "full model"

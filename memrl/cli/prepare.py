@@ -14,6 +14,7 @@ from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import INCLUDE_MODES, write_ruler_hqa
 from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
+from memrl.fileio import check_output_dir, check_output_file
 
 console = Console(soft_wrap=True)
 
@@ -44,6 +45,7 @@ def prepare_hotpotqa(
     _check_choice("--format", format, FORMATS)
     if output.suffix.lower() not in (".jsonl", ".parquet"):
         raise MemrlInputError(f"--output must end in .jsonl or .parquet, got '{output}'")
+    check_output_file(output, location=f"--output {output}")
     records = load_hotpotqa(input, format=format)
     path = save_records(records, output)
     console.print(f"[green]wrote[/green] {path}: {_describe(records)}")
@@ -66,6 +68,7 @@ def prepare_ruler_hqa(
 ) -> None:
     """Build RULER-HQA files (MemAgent's eval_{N}.json) from HotpotQA questions."""
     _check_choice("--include", include, INCLUDE_MODES)
+    check_output_dir(out, location=f"--out {out}")
     records = load_hotpotqa(input)
     paths = write_ruler_hqa(records, out, num_docs, seed, num_questions=num_questions,
                             include=include)
@@ -90,6 +93,7 @@ def prepare_synthetic(
     """Write deterministic two-hop questions over fictional entities (offline data)."""
     if num_docs and len(num_docs) > 1:
         raise MemrlInputError(f"--num-docs takes one value here, got {len(num_docs)}")
+    check_output_file(out, location=f"--out {out}")
     records = make_synthetic_records(num_questions, num_docs=num_docs[0] if num_docs else 10,
                                      seed=seed)
     path = save_records(records, out)

@@ -22,6 +22,7 @@ from memrl.data.locomo import (
     unique_memory_texts,
 )
 from memrl.errors import MemrlInputError
+from memrl.fileio import check_output_dir
 
 console = Console(soft_wrap=True)
 
@@ -38,8 +39,7 @@ def prepare_locomo(
     """Write one memory-update episode per LoCoMo QA pair; skipped pairs go to skipped.jsonl."""
     if embed_batch_size < 1:
         raise MemrlInputError(f"--embed-batch-size must be at least 1, got {embed_batch_size}")
-    if out.exists() and not out.is_dir():
-        raise MemrlInputError("--out must be a directory", location=str(out))
+    check_output_dir(out, location=f"--out {out}")
     start = time.perf_counter()
     episodes, skipped = load_locomo(input)
     path = save_episodes(episodes, out)

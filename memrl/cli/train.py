@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,10 +21,16 @@ def train(
         False, "--resume", help="Continue from the latest checkpoint (trainer.resume=auto)."
     ),
 ) -> None:
-    """Train a memory agent with GRPO-family RL."""
+    """Train a memory agent with GRPO-family RL.
+
+    Ctrl-C or SIGTERM stops the run with one line saying at which step it stopped, its last
+    complete checkpoint and the command that continues from it; exit code 130 / 143.
+    """
     from rich.console import Console
 
     from memrl.config import load_config
+    from memrl.fileio import check_output_dir
+    from memrl.interrupt import exit_on_signals
     from memrl.recipes import grpo
     from memrl.recipes.config import TrainConfig
 
@@ -30,10 +38,46 @@ def train(
     if resume:
         extra.append("trainer.resume=auto")
     cfg = load_config(TrainConfig, config, extra)
+    out_dir = Path(cfg.trainer.out_dir)
+    check_output_dir(out_dir, location=f"trainer.out_dir {out_dir}")
     console = Console()
-    console.print(f"training → {cfg.trainer.out_dir}")
-    state = grpo.train(cfg, console=console)
+    console.print(f"training → {out_dir}")
+    progress = TrainProgress(out_dir)
+    how = "continue with: " + resume_command(config, list(overrides or []))
+    with exit_on_signals(progress.describe, how):
+        state = grpo.train(cfg, console=console, on_start=progress.started)
     console.print(
-        f"done: {state.step} steps; metrics {Path(cfg.trainer.out_dir) / 'metrics.jsonl'}, "
-        f"plot {Path(cfg.trainer.out_dir) / 'training.png'}"
+        f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}, "
+        f"plot {out_dir / 'training.png'}"
     )
+
+
+def resume_command(config: Path, overrides: list[str]) -> str:
+    """The command line that continues this run: `memrl train CONFIG [OVERRIDES] --resume`."""
+    args = ["memrl", "train", str(config), *overrides, "--resume"]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+class TrainProgress:
+    """How far a run got, said when it is interrupted (see `memrl.interrupt`)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.run: Any = None
+
+    def started(self, run: Any) -> None:
+        self.run = run
+
+    def describe(self) -> str:
+        from memrl.recipes.grpo import total_steps
+        from memrl.rl.checkpoint import latest_checkpoint
+
+        if self.run is None:
+            return f"while setting up the training run in {self.out_dir} (no step was run)"
+        done = self.run.state.step
+        total = total_steps(self.run.config, len(self.run.stream.records))
+        latest = latest_checkpoint(self.out_dir / "checkpoints")
+        saved = f"last complete checkpoint: {latest}" if latest else "no checkpoint saved yet"
+        where = (f"after the last step ({total} of {total})" if done >= total
+                 else f"in step {done + 1} of {total}")
+        return f"{where} of the training run in {self.out_dir}; {saved}"

@@ -49,7 +49,11 @@ def _check_file(path: Path) -> None:
 
 def _read_text(path: Path) -> str:
     _check_file(path)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:  # permissions, I/O errors
+        reason = exc.strerror or type(exc).__name__
+        raise MemrlInputError(f"cannot read it: {reason}", location=str(path)) from None
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -1,10 +1,15 @@
-"""One loader for Hugging Face models and tokenizers (policy, reference, evaluation engines)."""
+"""One loader for Hugging Face models and tokenizers (policy, reference, evaluation engines).
+
+A local directory is checked first (`memrl.modelfiles`): a missing or broken file is a
+one-line `MemrlInputError` naming the file, before transformers reads anything.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from memrl import modelfiles
 from memrl.errors import MemrlInputError
 
 
@@ -35,8 +40,11 @@ def resolve_dtype(dtype: Any, device: Any) -> Any:
 
 
 def load_tokenizer(path: str | Path) -> Any:
+    """`AutoTokenizer` from a directory (its files checked first) or a cached hub id."""
     from transformers import AutoTokenizer
 
+    if Path(path).is_dir():
+        modelfiles.check_tokenizer_dir(Path(path))
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
@@ -56,9 +64,11 @@ def load_model(path: str | Path, *, device: Any = None, dtype: Any = None, **kw:
     # transformers renamed `torch_dtype` to `dtype` in 4.56.
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    if Path(path).is_dir():
+        modelfiles.check_model_dir(Path(path))
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: dtype}, **kw)
-    except (OSError, ValueError, TypeError, RuntimeError) as exc:
+    except (OSError, ValueError, TypeError, RuntimeError, _safetensors_error()) as exc:
         raise MemrlInputError(
             f"cannot load a model from it: {_first_line(exc)}", location=str(path)
         ) from None
@@ -73,6 +83,16 @@ def load_pretrained(
     """(model, tokenizer) from one directory; see `load_model`."""
     tokenizer = load_tokenizer(path)
     return load_model(path, device=device, dtype=dtype, **kw), tokenizer
+
+
+def _safetensors_error() -> type[Exception]:
+    """safetensors' own error type (a plain Exception subclass) for a corrupt weights file."""
+    try:
+        from safetensors import SafetensorError
+
+        return SafetensorError
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        return OSError
 
 
 def _first_line(exc: BaseException) -> str:

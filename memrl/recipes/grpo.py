@@ -15,7 +15,9 @@ The task (agent + data + reward), the engine and the models come from the config
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,10 +66,20 @@ class Run:
 
 
 def train(
-    config: TrainConfig, *, task: Task | None = None, dist: Dist | None = None, console: Any = None
+    config: TrainConfig,
+    *,
+    task: Task | None = None,
+    dist: Dist | None = None,
+    console: Any = None,
+    on_start: Callable[[Run], None] | None = None,
 ) -> TrainState:
-    """Train to `trainer.total_steps` (or epochs); validate and checkpoint on the cadence."""
+    """Train to `trainer.total_steps` (or epochs); validate and checkpoint on the cadence.
+
+    `on_start(run)` is called once the run is set up (the CLI keeps it to say at which step
+    an interrupted run stopped)."""
     run = setup(config, task=task, dist=dist, console=console)
+    if on_start is not None:
+        on_start(run)
     tcfg, total = config.trainer, total_steps(config, len(run.stream.records))
     if run.dist.is_main:
         run.out_dir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +264,7 @@ def setup(
 
     state = TrainState()
     out_dir = Path(config.trainer.out_dir)
-    latest = latest_checkpoint(out_dir / "checkpoints")
+    latest = latest_checkpoint(out_dir / "checkpoints", warn=warn_on_stderr(dist))
     if config.trainer.resume == "auto" and latest is not None:
         saved = load_checkpoint(
             latest, model=policy, optimizer=actor.optimizer, scheduler=actor.scheduler
@@ -273,6 +285,16 @@ def setup(
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
                val_records, dist, console)
+
+
+def warn_on_stderr(dist: Dist) -> Callable[[str], None]:
+    """One `warning: ...` line on stderr (main rank only)."""
+
+    def warn(text: str) -> None:
+        if dist.is_main:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    return warn
 
 
 def seed_everything(seed: int) -> None:

@@ -14,20 +14,23 @@ readers ignore and the next save deletes.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from memrl import modelfiles
 from memrl.errors import MemrlInputError, require
-from memrl.fileio import fsync_dir, write_atomic
+from memrl.fileio import MIN_FREE_BYTES, check_output_dir, fsync_dir, write_atomic
 
 LATEST_FILE = "latest"
 MODEL_DIR = "model"
@@ -70,11 +73,44 @@ def save_checkpoint(
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     rng = get_rng_state()
     root = Path(root)
+    final = root / step_dir_name(step)
+    try:
+        _save_atomically(
+            root, final, model=model, optimizer=optimizer, scheduler=scheduler,
+            tokenizer=tokenizer, rng=rng, state={**trainer_state, "step": step},
+            config_yaml=config_yaml,
+        )
+        write_atomic(
+            root / LATEST_FILE,
+            final.name + "\n",
+            durable=True,
+            tmp_prefix=f"{TMP_PREFIX}{LATEST_FILE}-",
+        )
+        _prune(root, keep_last=keep_last, newest=final)
+        _remove_leftovers(root)
+    except Exception as exc:
+        problem = _storage_problem(exc, root)
+        if problem is None:
+            raise
+        raise MemrlInputError(
+            f"cannot save the checkpoint: {problem}; the previous checkpoints are intact",
+            location=str(final),
+        ) from None
+    set_rng_state(rng)
+    return final
+
+
+def _save_atomically(
+    root: Path, final: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+    tokenizer: Any, rng: dict[str, Any], state: dict[str, Any], config_yaml: str,
+) -> None:
+    """Write the checkpoint into `root/.tmp-*` and rename it to `final`: complete or absent."""
+    from memrl.metrics import scrub_env_secrets
+
     root.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(root)
-
-    final = root / step_dir_name(step)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}-", dir=root))
+    aside: Path | None = None
     try:
         _write_model(tmp / MODEL_DIR, model)
         if tokenizer is not None:
@@ -84,13 +120,11 @@ def save_checkpoint(
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         torch.save(rng, tmp / RNG_FILE)
-        from memrl.metrics import scrub_env_secrets
-
         (tmp / CONFIG_FILE).write_text(scrub_env_secrets(config_yaml), encoding="utf-8")
-        state = {**trainer_state, "step": step}
         (tmp / TRAINER_STATE).write_text(
             json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8"
         )
+        _apply_umask(tmp)
         _fsync_tree(tmp)
         if final.exists():
             # Saving the same step again (e.g. the end-of-training save after a periodic one):
@@ -100,18 +134,39 @@ def save_checkpoint(
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if aside is not None and not final.exists() and (aside / final.name).is_dir():
+            os.rename(aside / final.name, final)  # put the old copy back
         raise
     fsync_dir(root)
-    write_atomic(
-        root / LATEST_FILE,
-        final.name + "\n",
-        durable=True,
-        tmp_prefix=f"{TMP_PREFIX}{LATEST_FILE}-",
-    )
-    _prune(root, keep_last=keep_last, newest=final)
-    _remove_leftovers(root)
-    set_rng_state(rng)
-    return final
+
+
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _storage_problem(exc: BaseException, root: Path) -> str | None:
+    """What the user can fix about a failed save (disk full, read-only, no permission), or
+    None for anything else (a bug, kept as a traceback). torch.save reports a full disk as a
+    RuntimeError, so the free space is looked at too."""
+    if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        return exc.strerror or os.strerror(exc.errno)
+    try:
+        free = shutil.disk_usage(root if root.exists() else root.parent).free
+    except OSError:
+        return None
+    if free < MIN_FREE_BYTES:
+        return f"no space left on the device ({free} bytes free)"
+    return None
+
+
+def _apply_umask(tmp: Path) -> None:
+    """The user's usual permissions on the whole checkpoint: mkdtemp makes its directory 0700
+    and safetensors its files 0600, which would hide a checkpoint from the user's group."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for dirpath, _dirnames, filenames in os.walk(tmp):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~mask)
 
 
 def _write_model(out: Path, model: torch.nn.Module) -> None:
@@ -194,20 +249,41 @@ def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The checkpoint named by `root/latest`, else the highest complete step; None if none."""
+def latest_checkpoint(
+    root: str | Path, *, warn: Callable[[str], None] | None = None
+) -> Path | None:
+    """The checkpoint named by `root/latest`, else the highest complete step; None if none.
+
+    A `latest` that is corrupt (not a step name, unreadable) or dangling (its checkpoint is
+    gone or incomplete) is passed over for the newest complete checkpoint; `warn` is then
+    called with one line saying so.
+    """
     root = Path(root)
     latest = root / LATEST_FILE
-    if latest.is_file():
-        name = latest.read_text(encoding="utf-8").strip()
-        if _STEP_DIR.match(name) and is_complete_checkpoint(root / name):
+    problem = None
+    if latest.is_file() or latest.is_symlink():
+        try:
+            name = latest.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            name = None
+        if name is None or not _STEP_DIR.match(name):
+            problem = "is corrupt (not the name of a step_* directory)"
+        elif not is_complete_checkpoint(root / name):
+            problem = f"names {name}, which is missing or incomplete"
+        else:
             return root / name
     found = _complete_checkpoints(root)
-    return found[-1][1] if found else None
+    newest = found[-1][1] if found else None
+    if problem is not None and warn is not None:
+        instead = f"using the newest complete checkpoint, {newest.name}" if newest else (
+            "no complete checkpoint found")
+        warn(f"{latest} {problem}; {instead}")
+    return newest
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint, a checkpoints root, or a training run dir."""
+def resolve_checkpoint(path: str | Path, *, warn: Callable[[str], None] | None = None) -> Path:
+    """A checkpoint directory from a checkpoint, a checkpoints root, or a training run dir
+    (`warn`: see `latest_checkpoint`)."""
     p = Path(path)
     if not p.exists():
         raise MemrlInputError("no such checkpoint or run directory", location=str(p))
@@ -216,7 +292,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if is_complete_checkpoint(p):
         return p
     for root in (p, p / "checkpoints"):
-        found = latest_checkpoint(root)
+        found = latest_checkpoint(root, warn=warn)
         if found is not None:
             return found
     raise MemrlInputError(
@@ -451,16 +527,19 @@ def export_checkpoint(
             f"not a complete checkpoint (needs {TRAINER_STATE} and {MODEL_DIR}/)",
             location=str(ckpt),
         )
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    check_output_dir(out)
+    if out.is_dir() and any(out.iterdir()):
         raise MemrlInputError("output directory exists and is not empty", location=str(out))
     marker = read_checkpoint_marker(ckpt)
     model_dir = ckpt / MODEL_DIR
 
     if marker["format"] == "full":
+        modelfiles.check_model_dir(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
         tokenizer_source: Path | str | None = None
     else:
         peft = require("peft", extra="lora", feature="exporting a LoRA checkpoint")
+        modelfiles.check_adapter_dir(model_dir)
         base = base_model_path or _config_model_path(ckpt) or marker.get("base_model")
         if not base:
             raise MemrlInputError(
