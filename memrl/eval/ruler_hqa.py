@@ -243,7 +243,7 @@ def evaluate_ruler_hqa(
             todo = sum(key not in finished for key in wanted)
             if todo < len(wanted):
                 console.print(f"N={n}: {len(wanted) - todo} of {len(wanted)} episodes already "
-                              f"in {traj_path.name}, running the other {todo}")
+                              f"in {traj_path.name}, running the other {todo}", soft_wrap=True)
             on_event = rich_progress_callback(progress, f"N={n}")
             t0 = time.perf_counter()
             for i in range(0, len(records), records_per_run):
