@@ -129,7 +129,8 @@ def check_same_run(results_path: str | Path, identity: Mapping[str, Any]) -> dic
         if isinstance(mine, dict) and isinstance(theirs, dict):
             diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
             if diff:
-                what = f"config.{diff[0]} ({theirs.get(diff[0])!r} there, {mine.get(diff[0])!r} now)"
+                field = diff[0]
+                what = f"config.{field} ({theirs.get(field)!r} there, {mine.get(field)!r} now)"
         else:
             what = f"{key} ({theirs!r} there, {mine!r} now)"
         raise MemrlInputError(
