@@ -47,7 +47,9 @@ from memrl.data.locomo import ADVERSARIAL_CATEGORY, CATEGORY_NAMES, MemoryEpisod
 from memrl.errors import MemrlInputError
 from memrl.eval.report import (
     finish_header,
+    markdown_table,
     progress_bars,
+    rich_table,
     run_header,
     write_json,
     write_report,
@@ -177,6 +179,18 @@ def table_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
             r["deletes"], r["memory_growth_tokens"], pct(r["format_error_rate"]),
         ])
     return rows
+
+
+LITERATURE_COLUMNS = ("category", "questions", "set-F1", "BLEU-1", "judge", "judge unreadable")
+
+
+def literature_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """The compact table papers report: per category and overall, set-F1, BLEU-1 and judge
+    accuracy in % (category 5 is not scored)."""
+    pct = lambda v: None if v is None else 100.0 * v  # noqa: E731
+    return [[f"{key} {CATEGORY_NAMES[int(key)]}" if key.isdigit() else key, r["n"],
+             pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["judge_unreadable"])]
+            for key, r in per_category.items()]
 
 
 def check_categories(categories: Sequence[int]) -> list[int]:
@@ -324,6 +338,11 @@ def evaluate_locomo(
         f"prompt, {judge_id or 'no judge given'}) score {source} against the first gold "
         "answer; category 5 is not scored. See docs/protocols.md.\n"
     )
+    literature = literature_rows(per_category)
+    note += ("\n## As the literature scores it (mem0)\n\n"
+             + markdown_table(LITERATURE_COLUMNS, literature))
     title = f"LoCoMo · MemoryUpdate · {results['model']}"
     write_report(out, title, TABLE_COLUMNS, table_rows(per_category), console, note)
+    console.print(rich_table(f"LoCoMo as the literature scores it · split {split}",
+                             LITERATURE_COLUMNS, literature))
     return results
