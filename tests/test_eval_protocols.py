@@ -12,6 +12,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from memrl.agents import PROMPT_PRESETS, MemAgentConfig
 from memrl.cli import main
@@ -251,6 +253,22 @@ def test_lone_surrogate_in_a_record_loses_nothing(tmp_path, tiny_tokenizer):
     assert list(read_episodes(tmp_path / "t.jsonl")) == [("x\ud800", 0)]
 
 
+@settings(max_examples=60, deadline=None)
+@given(tail=st.binary(max_size=200), rows=st.integers(0, 3))
+def test_read_episodes_keeps_every_complete_row_whatever_follows(tmp_path_factory, tail, rows):
+    assume(b"sample_index" not in tail)  # a complete row in the tail would win, by design
+    path = tmp_path_factory.mktemp("episodes") / "t.jsonl"
+    good = [{"id": str(k), "sample_index": 0, "v": "é\ud800"} for k in range(rows)]
+    append_episodes(path, good)
+    with open(path, "ab") as f:
+        f.write(b"\n" + tail)  # garbage after the last complete row (never a parse error)
+    read = read_episodes(path)
+    for row in good:
+        assert read[(row["id"], 0)] == row
+    again = read_episodes(path)  # the file was repaired: it reads the same, ends in "\n"
+    assert again == read and path.read_bytes()[-1:] in (b"", b"\n")
+
+
 # ---------------------------------------------------------------- CLI: --protocol, --pool
 
 
@@ -339,7 +357,8 @@ def reference_run(tmp_path_factory, tiny_model_dir, one_thread):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM],
+                         ids=["SIGKILL", "SIGINT", "SIGTERM"])
 def test_kill_mid_n_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_model_dir, sig,
                                                             reference_run, capsys):
     data, ref = reference_run
@@ -359,9 +378,9 @@ def test_kill_mid_n_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_model
     _, err = proc.communicate(timeout=60)
     done = traj.read_bytes().count(b"\n")
     assert 4 <= done < 24  # killed mid-N
-    if sig == signal.SIGINT:
-        assert proc.returncode == 130
-        assert err.count("\n") == 1 and err.startswith("interrupted (SIGINT)")
+    if sig != signal.SIGKILL:
+        assert proc.returncode == 128 + sig
+        assert err.count("\n") == 1 and err.startswith(f"interrupted ({sig.name})")
         assert "run the same command again" in err
     else:
         assert proc.returncode == -signal.SIGKILL
