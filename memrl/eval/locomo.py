@@ -175,8 +175,9 @@ def table_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
         name = f"{key} {CATEGORY_NAMES[int(key)]}" if key.isdigit() else key
         rows.append([
             name, r["episodes"], pct(r["f1_initial"]), pct(r["f1_final"]), pct(r["delta"]),
-            pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["recall_initial"]), pct(r["recall_final"]), r["inserts"], r["updates"],
-            r["deletes"], r["memory_growth_tokens"], pct(r["format_error_rate"]),
+            pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["recall_initial"]),
+            pct(r["recall_final"]), r["inserts"], r["updates"], r["deletes"],
+            r["memory_growth_tokens"], pct(r["format_error_rate"]),
         ])
     return rows
 
