@@ -9,7 +9,6 @@ import math
 import pytest
 
 from memrl.agents.memupdate import MemUpdateConfig
-from memrl.agents.trajectory import Trajectory
 from memrl.cli import main as cli_main
 from memrl.cli.evaluate_locomo import parse_categories
 from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact, save_episodes
@@ -48,19 +47,22 @@ def data_dir(tmp_path):
     return d
 
 
-def traj(rid: str, reward: float, before: int, after: int, **metrics) -> Trajectory:
+def traj(rid: str, reward: float, before: int, after: int, literature=None, **metrics):
+    """A row of trajectories.jsonl, as aggregate reads it."""
     base = dict(score_initial=0.0, score_final=0.0, delta=0.0, recall_initial=0.0,
                 recall_final=0.0, inserts=0.0, updates=0.0, deletes=0.0, searches=0.0,
                 memory_growth_tokens=0.0, turns=1.0, format_error_rate=0.0, efficiency=1.0)
     base.update(metrics)
-    return Trajectory(record_id=rid, reward=reward, metrics=base,
-                      info={"memory_before": {"count": before}, "memory_after": {"count": after}})
+    lit = literature or {"set_f1": 0.0, "bleu1": 0.0, "judge": None, "judge_unreadable": None}
+    return {"id": rid, "reward": reward, "scores": base, "literature": lit,
+            "memory_before": {"count": before}, "memory_after": {"count": after}}
 
 
 def test_aggregate_hand_computed():
     trajs = [
         traj("a", 0.5, 10, 12, score_final=1.0, delta=1.0, inserts=2.0, recall_final=1.0,
-             memory_growth_tokens=20.0, format_error_rate=0.5),
+             memory_growth_tokens=20.0, format_error_rate=0.5,
+             literature={"set_f1": 0.6, "bleu1": 0.3, "judge": None, "judge_unreadable": None}),
         traj("a", -0.1, 10, 10, score_initial=0.0, format_error_rate=1.0),
         traj("b", 0.0, 4, 3, score_initial=0.5, score_final=0.5, deletes=1.0,
              memory_growth_tokens=-6.0),
@@ -74,6 +76,8 @@ def test_aggregate_hand_computed():
     assert r["memory_growth_entries"] == pytest.approx(1 / 3)  # (2 + 0 - 1) / 3
     assert r["memory_size_final"] == pytest.approx(25 / 3)
     assert r["format_error_rate"] == pytest.approx(0.5)
+    assert r["set_f1"] == pytest.approx(0.2) and r["bleu1"] == pytest.approx(0.1)
+    assert r["judge"] is None  # no judge: not 0
     assert aggregate(trajs, scored=False)["f1_final"] is None
     rows = table_rows({"1": r, "all": r})
     assert rows[0][0] == "1 multi-hop" and rows[1][0] == "all"

@@ -10,7 +10,6 @@ import pytest
 from rich.console import Console
 
 from memrl.agents import MemAgentConfig
-from memrl.agents.trajectory import Trajectory
 from memrl.cli import main
 from memrl.errors import MemrlInputError
 from memrl.eval.report import (
@@ -70,8 +69,9 @@ def quiet_console():
 
 
 def traj(answer, tokens, chunks, scores, capped=False):
-    return Trajectory(record_id="x", answer=answer, metrics=scores,
-                      info={"context_tokens": tokens, "num_chunks": chunks, "capped": capped})
+    """A row of a trajectories file, as aggregate reads it."""
+    return {"id": "x", "sample_index": 0, "answer": answer, "scores": scores,
+            "context_tokens": tokens, "num_chunks": chunks, "capped": capped}
 
 
 def test_aggregate_and_table_rows_hand_computed():

@@ -33,6 +33,16 @@ MEMAGENT_FINAL_TEMPLATE = (
 )
 """MemAgent's final-answer prompt (`TEMPLATE_FINAL_BOXED`, after its `{{}}` is formatted)."""
 
+MEMAGENT_FINAL_ANSWER_IS_TEMPLATE = (
+    "You are presented with a problem and a previous memory. Please answer the problem based "
+    "on the previous memory and format your response as follows \"Therefore, the answer is "
+    "(insert answer here)\".\n\n<problem> \n{prompt}\n</problem>\n\n<memory>\n{memory}\n"
+    "</memory>\n\nYour answer:\n"
+)
+"""The final-answer prompt of MemAgent's published RULER-HQA evaluation (`TEMPLATE_FINAL` in
+taskutils/memory_eval/utils/recurrent.py): it asks for "Therefore, the answer is ...", which
+`memrl.rewards.memagent.extract_answer_is` reads back."""
+
 MEMAGENT_NO_MEMORY = "No previous memory"
 """What the memory slot holds before the first chunk."""
 
@@ -87,8 +97,13 @@ class MemAgentPrompts(BaseModel):
         return fill_template(self.final_template, prompt=prompt, memory=memory)
 
 
-PROMPT_PRESETS: dict[str, MemAgentPrompts] = {"memagent": MemAgentPrompts()}
-"""Named prompt formats; `memagent` is the published one."""
+PROMPT_PRESETS: dict[str, MemAgentPrompts] = {
+    "memagent": MemAgentPrompts(),
+    "memagent-answer-is": MemAgentPrompts(final_template=MEMAGENT_FINAL_ANSWER_IS_TEMPLATE),
+}
+"""Named prompt formats: `memagent` is the published training format (boxed final answer),
+`memagent-answer-is` the published evaluation format (same update prompt, final answer as
+"Therefore, the answer is ...")."""
 
 
 def resolve_prompts(prompts: str | MemAgentPrompts | dict[str, Any]) -> MemAgentPrompts:

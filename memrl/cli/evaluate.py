@@ -17,6 +17,8 @@ from memrl.cli.common import (
     load_generator,
 )
 from memrl.errors import MemrlInputError
+from memrl.eval.ruler_hqa import DEFAULT_RECORDS_PER_RUN
+from memrl.tasks.memagent_qa import PROTOCOLS
 
 
 @eval_app.command("ruler-hqa")
@@ -37,6 +39,25 @@ def ruler_hqa(
         int | None, typer.Option(min=1, help="Evaluate the first K records per N.")
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
+    protocol: Annotated[
+        str,
+        typer.Option(help="How the final answer is asked for and scored: memagent (MemAgent's "
+                     "published evaluation) or memagent-boxed (the training format); see "
+                     "docs/protocols.md."),
+    ] = "memagent-boxed",
+    pool: Annotated[
+        Path | None,
+        typer.Option("--pool", help="HotpotQA dev JSON that index-list files (MemAgent's "
+                     "eval_12800 / eval_25600) point into."),
+    ] = None,
+    records_per_run: Annotated[
+        int, typer.Option(min=1, help="Records run in lockstep and saved together (a kill "
+                          "loses at most these).")
+    ] = DEFAULT_RECORDS_PER_RUN,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out (an error if there "
+                           "is none); re-running into the same --out resumes anyway.")
+    ] = False,
     batch_size: Annotated[
         int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
     ] = 32,
@@ -46,8 +67,14 @@ def ruler_hqa(
 ) -> None:
     """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
     from memrl.data.ruler_hqa import ruler_hqa_path
+    from memrl.eval.resume import check_same_run
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
 
+    if protocol not in PROTOCOLS:
+        raise MemrlInputError(
+            f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}",
+            location="--protocol",
+        )
     check_model_dir(model)
     check_out_dir(out)
     if not data.is_dir():
@@ -58,6 +85,14 @@ def ruler_hqa(
                 f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
                 location=str(ruler_hqa_path(data, n)),
             )
+    if pool is not None and not pool.is_file():
+        raise MemrlInputError("HotpotQA pool file not found", location=f"--pool {pool}")
+    # refuse a run directory of another model/config/protocol before loading the model
+    previous = check_same_run(out / "results.json", {
+        "benchmark": "ruler_hqa", "model": str(model), "protocol": protocol,
+        "config": config.model_dump(mode="json")})
+    if resume and not previous:
+        raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
     with eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
@@ -70,6 +105,10 @@ def ruler_hqa(
             out_dir=out,
             limit=limit,
             num_samples=samples,
+            records_per_run=records_per_run,
+            protocol=protocol,
+            pool=pool,
+            resume=resume,
             model_name=str(model),
             show_progress=not quiet,
         )

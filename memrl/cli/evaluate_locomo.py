@@ -63,6 +63,19 @@ def locomo(
         typer.Option("--categories", help="LoCoMo categories, e.g. 1,2,3,4 (5 = adversarial)."),
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Trajectories per episode.")] = 1,
+    split: Annotated[
+        str, typer.Option(help="Conversations to evaluate: all, or the train / test side of "
+                          "the 7/3 conversation split (first 7 of 10 conversations: train).")
+    ] = "all",
+    judge_model: Annotated[
+        Path | None,
+        typer.Option("--judge-model", help="Model directory (HF format) of the LLM judge "
+                     "(mem0's judge prompt, greedy); adds the judge accuracy."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out (an error if there "
+                           "is none); re-running into the same --out resumes anyway.")
+    ] = False,
     episodes_per_run: Annotated[
         int, typer.Option(min=1, help="Episodes run together in lockstep.")
     ] = 32,
@@ -75,10 +88,16 @@ def locomo(
 ) -> None:
     """Run the MemoryUpdate agent on LoCoMo; write results.json, results.md, trajectories."""
     from memrl.data.locomo import EPISODES_FILE
-    from memrl.eval.locomo import evaluate_locomo
+    from memrl.eval.locomo import evaluate_locomo, split_conversations
 
+    split_conversations([], split)  # an unknown split is an error before any loading
     check_model_dir(model)
     check_out_dir(out)
+    if judge_model is not None:
+        try:
+            check_model_dir(judge_model)
+        except MemrlInputError as exc:
+            raise MemrlInputError(exc.message, location=f"--judge-model {judge_model}") from None
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     if not (data / EPISODES_FILE).is_file():
@@ -90,6 +109,10 @@ def locomo(
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
         )
+        judge = None
+        if judge_model is not None:
+            judge = (generator if judge_model.resolve() == model.resolve() else load_generator(
+                judge_model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed))
         evaluate_locomo(
             generator,
             data,
@@ -99,6 +122,10 @@ def locomo(
             limit=limit,
             num_samples=samples,
             episodes_per_run=episodes_per_run,
+            split=split,
+            judge=judge,
+            judge_name=None if judge_model is None else str(judge_model),
+            resume=resume,
             model_name=str(model),
             show_progress=not quiet,
         )

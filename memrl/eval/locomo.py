@@ -17,8 +17,20 @@ the question is then answered over the initial and over the final memory. Per ca
 - memory statistics per episode: inserts / updates / deletes / searches, growth in words
   and in entries, replies and the share of replies with a format error.
 
-The `all` row pools categories 1-4 (every trajectory counts once). Files in `out_dir`:
-`results.json`, `results.md`, `trajectories.jsonl` (one log row per trajectory).
+The `all` row pools categories 1-4 (every trajectory counts once).
+
+Scored as the memory literature does (mem0, Memory-R1; docs/protocols.md), per category and
+overall, for the answer the final memory yields (the `llm` answerer's prediction; with the
+`retrieval` answerer the top retrieved memory, a proxy that is not comparable with papers):
+`set_f1` (mem0's token-set F1 against the gold), `bleu1` (BLEU-1) and, with a `judge`
+generator, `judge` (share of CORRECT verdicts for mem0's judge prompt, greedy) and
+`judge_unreadable` (verdicts that could not be read; they count as WRONG).
+
+`split` keeps the conversations of one side of the 7/3 conversation split
+(`split_conversations`). Files in `out_dir`: `results.json`, `results.md`,
+`trajectories.jsonl` (one log row per trajectory, appended after every run of
+`episodes_per_run` episodes). Running again into the same `out_dir` (same model, config and
+judge, else a one-line error) skips the episodes already there and finishes the rest.
 """
 
 from __future__ import annotations
@@ -31,44 +43,112 @@ from typing import Any
 import numpy as np
 
 from memrl.agents.memupdate import MemUpdateConfig
-from memrl.agents.trajectory import Trajectory
 from memrl.data.locomo import ADVERSARIAL_CATEGORY, CATEGORY_NAMES, MemoryEpisode
 from memrl.errors import MemrlInputError
 from memrl.eval.report import (
     finish_header,
+    markdown_table,
     progress_bars,
+    rich_table,
     run_header,
     write_json,
-    write_jsonl,
     write_report,
 )
+from memrl.eval.resume import append_episodes, check_same_run, read_episodes
 from memrl.inference.base import Generator, derive_seed
 from memrl.memory.embedder import Embedder
+from memrl.rewards.locomo_metrics import bleu1, judge_prompt, parse_judge_label, token_set_f1
 from memrl.tasks.memupdate_locomo import MemoryUpdateTask
 
 ALL_CATEGORIES = (1, 2, 3, 4, 5)
 DEFAULT_CATEGORIES = (1, 2, 3, 4)
 TABLE_COLUMNS = (
-    "category", "episodes", "F1 init", "F1 final", "ΔF1", "recall init", "recall final",
-    "ins/ep", "upd/ep", "del/ep", "growth (words)", "format err %",
+    "category", "episodes", "F1 init", "F1 final", "ΔF1", "set-F1", "BLEU-1", "judge",
+    "recall init", "recall final", "ins/ep", "upd/ep", "del/ep", "growth (words)",
+    "format err %",
 )
+SPLITS = ("all", "train", "test")
+TRAIN_FRACTION = 0.7
+"""Share of conversations (in the order of the data) on the train side of the split."""
+JUDGE_MAX_TOKENS = 128
+"""New tokens of a judge verdict (one sentence and a JSON label)."""
+
+
+def split_conversations(conversation_ids: Sequence[str], split: str) -> list[str]:
+    """The conversations of one side of the MemoryUpdate workflow's 7/3 split.
+
+    Distinct ids in order of first appearance; the first round(0.7 * k) are `train`, the
+    rest `test` (LoCoMo's 10 conversations: 7 and 3); `all` keeps every one.
+    """
+    if split not in SPLITS:
+        raise MemrlInputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}",
+                              location="--split")
+    ids = list(dict.fromkeys(conversation_ids))
+    cut = round(TRAIN_FRACTION * len(ids))
+    return {"all": ids, "train": ids[:cut], "test": ids[cut:]}[split]
+
+
+def literature_answer(row: dict[str, Any]) -> str:
+    """The answer the literature metrics score: the llm answerer's prediction over the final
+    memory, else (retrieval answerer) the top memory retrieved for the question, else ""."""
+    if row.get("prediction_final") is not None:
+        return str(row["prediction_final"])
+    hits = row.get("hits_final") or []
+    return hits[0] if hits else ""
+
+
+def literature_scores(row: dict[str, Any], verdict: str | None = None,
+                      judged: bool = False) -> dict[str, float | None]:
+    """set-F1 and BLEU-1 of `literature_answer(row)` against the first gold answer (mem0
+    compares with one answer); with `judged`, the judge's verdict as 1.0 / 0.0."""
+    answer, gold = literature_answer(row), str(row["answers"][0])
+    out: dict[str, float | None] = {"set_f1": token_set_f1(answer, gold),
+                                    "bleu1": bleu1(answer, gold), "judge": None,
+                                    "judge_unreadable": None}
+    if judged:
+        out["judge"] = float(verdict == "CORRECT")
+        out["judge_unreadable"] = float(verdict is None)
+    return out
+
+
+def judge_rows(judge: Generator, rows: Sequence[dict[str, Any]],
+               seed: int | None = None) -> list[str | None]:
+    """mem0's judge verdict (CORRECT / WRONG / None if unreadable) for each row, asked of
+    `judge` through its chat template in one greedy generate call."""
+    from memrl.inference.base import SamplingParams, generate_checked
+    from memrl.inference.chat import encode_chat
+
+    if not rows:
+        return []
+    prompts = [encode_chat(judge.tokenizer, judge_prompt(r["question"], str(r["answers"][0]),
+                                                         literature_answer(r)))
+               for r in rows]
+    params = SamplingParams(max_new_tokens=JUDGE_MAX_TOKENS, temperature=0.0, seed=seed)
+    return [parse_judge_label(g.text) for g in generate_checked(judge, prompts, params)]
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if len(values) else None
 
 
-def aggregate(trajectories: Sequence[Trajectory], scored: bool = True) -> dict[str, Any]:
-    """Means over trajectories (every sample counts once); scores None when not `scored`."""
-    m = lambda key: _mean([t.metrics[key] for t in trajectories])  # noqa: E731
-    info = lambda f: _mean([f(t.info) for t in trajectories])  # noqa: E731
+def aggregate(rows: Sequence[dict[str, Any]], scored: bool = True) -> dict[str, Any]:
+    """Means over trajectories (rows of the trajectories file; every sample counts once);
+    scores None when not `scored`."""
+    m = lambda key: _mean([r["scores"][key] for r in rows])  # noqa: E731
+    info = lambda f: _mean([f(r) for r in rows])  # noqa: E731
+    lit = lambda key: _mean([r["literature"][key] for r in rows  # noqa: E731
+                             if r["literature"][key] is not None])
     return {
-        "n": len(trajectories),
-        "episodes": len({t.record_id for t in trajectories}),
+        "n": len(rows),
+        "episodes": len({r["id"] for r in rows}),
         "f1_initial": m("score_initial") if scored else None,
         "f1_final": m("score_final") if scored else None,
         "delta": m("delta") if scored else None,
-        "reward": _mean([float(t.reward) for t in trajectories]),
+        "set_f1": lit("set_f1") if scored else None,
+        "bleu1": lit("bleu1") if scored else None,
+        "judge": lit("judge") if scored else None,
+        "judge_unreadable": lit("judge_unreadable") if scored else None,
+        "reward": _mean([float(r["reward"]) for r in rows]),
         "recall_initial": m("recall_initial"),
         "recall_final": m("recall_final"),
         "inserts": m("inserts"),
@@ -95,10 +175,23 @@ def table_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
         name = f"{key} {CATEGORY_NAMES[int(key)]}" if key.isdigit() else key
         rows.append([
             name, r["episodes"], pct(r["f1_initial"]), pct(r["f1_final"]), pct(r["delta"]),
-            pct(r["recall_initial"]), pct(r["recall_final"]), r["inserts"], r["updates"],
-            r["deletes"], r["memory_growth_tokens"], pct(r["format_error_rate"]),
+            pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["recall_initial"]),
+            pct(r["recall_final"]), r["inserts"], r["updates"], r["deletes"],
+            r["memory_growth_tokens"], pct(r["format_error_rate"]),
         ])
     return rows
+
+
+LITERATURE_COLUMNS = ("category", "questions", "set-F1", "BLEU-1", "judge", "judge unreadable")
+
+
+def literature_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
+    """The compact table papers report: per category and overall, set-F1, BLEU-1 and judge
+    accuracy in % (category 5 is not scored)."""
+    pct = lambda v: None if v is None else 100.0 * v  # noqa: E731
+    return [[f"{key} {CATEGORY_NAMES[int(key)]}" if key.isdigit() else key, r["n"],
+             pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["judge_unreadable"])]
+            for key, r in per_category.items()]
 
 
 def check_categories(categories: Sequence[int]) -> list[int]:
@@ -125,6 +218,10 @@ def evaluate_locomo(
     limit: int | None = None,
     num_samples: int = 1,
     episodes_per_run: int = 32,
+    split: str = "all",
+    judge: Generator | None = None,
+    judge_name: str | None = None,
+    resume: bool = False,
     embedder: Embedder | None = None,
     model_name: str | None = None,
     console: Any = None,
@@ -133,8 +230,11 @@ def evaluate_locomo(
     """Run the MemoryUpdate agent on prepared LoCoMo episodes; write and return results.
 
     `data` is a `memrl prepare locomo` directory (precomputed embeddings are used when they
-    match the embedder). `limit` keeps the first K episodes of the chosen categories;
-    `episodes_per_run` episodes run together in lockstep.
+    match the embedder). `split` keeps one side of the 7/3 conversation split; `limit` keeps
+    the first K episodes of the chosen categories; `episodes_per_run` episodes run together
+    in lockstep and are appended to trajectories.jsonl together. `judge` (any Generator, e.g.
+    a local model or a remote server) adds the LLM-judge accuracy. Finished episodes in
+    `out_dir` are reused; `resume=True` additionally requires that there are some.
     """
     from rich.console import Console
 
@@ -143,6 +243,7 @@ def evaluate_locomo(
                           ("episodes_per_run", episodes_per_run)):
         if value is not None and value < 1:
             raise MemrlInputError(f"must be >= 1, got {value}", location=option)
+    split_conversations([], split)  # validates the name
     data = Path(data)
     if not data.exists():
         raise MemrlInputError("LoCoMo data not found (build it with `memrl prepare locomo`)",
@@ -151,43 +252,75 @@ def evaluate_locomo(
         update={"include_adversarial": ADVERSARIAL_CATEGORY in categories}
     )
     task = MemoryUpdateTask(config, embedder=embedder)
-    episodes: list[MemoryEpisode] = [
-        e for e in task.load(str(data), "locomo", what="evaluation") if e.category in categories
-    ][:limit]
+    loaded: list[MemoryEpisode] = task.load(str(data), "locomo", what="evaluation")
+    keep = set(split_conversations([e.sample_id for e in loaded], split))
+    episodes = [e for e in loaded if e.category in categories and e.sample_id in keep][:limit]
     if not episodes:
         raise MemrlInputError(
-            f"no episodes of categories {', '.join(map(str, categories))}", location=str(data)
+            f"no episodes of categories {', '.join(map(str, categories))} in split {split}",
+            location=str(data),
         )
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise MemrlInputError("exists and is not a directory", location=f"--out {out}")
     console = console or Console()
     started = time.perf_counter()
+    judge_id = None if judge is None else (
+        judge_name or getattr(judge, "name_or_path", None) or type(judge).__name__)
     results = run_header(
-        "locomo", generator, model_name, config,
-        data=str(data), categories=categories, limit=limit, num_samples=num_samples,
-        num_episodes=len(episodes), embedder=task.embedder.name, metric="f1_final",
+        "locomo", generator, model_name, config, protocol=f"literature (judge: {judge_id})",
+        data=str(data), split=split, categories=categories, limit=limit,
+        num_samples=num_samples, num_episodes=len(episodes), embedder=task.embedder.name,
+        judge=judge_id, metric="f1_final",
     )
-    trajectories: list[Trajectory] = []
+    previous = check_same_run(out / "results.json", results)
+    if resume and not previous:
+        raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
+    if previous:
+        results["started_at"] = previous.get("started_at", results["started_at"])
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", results)  # claims the directory before any episode
+
+    traj_path = out / "trajectories.jsonl"
+    finished = read_episodes(traj_path)
+    wanted = [(e.id, s) for e in episodes for s in range(num_samples)]
+    todo = sum(key not in finished for key in wanted)
+    if todo < len(wanted):
+        console.print(f"{len(wanted) - todo} of {len(wanted)} episodes already in "
+                      f"{traj_path.name}, running the other {todo}", soft_wrap=True)
+    by_id = {e.id: e for e in episodes}
     with progress_bars(console, show_progress) as progress:
         bar = progress.add_task("LoCoMo episodes", total=len(episodes))
         for i in range(0, len(episodes), episodes_per_run):
-            trajectories += task.rollout(
-                generator, episodes[i : i + episodes_per_run], num_samples=num_samples,
-                seed=derive_seed(config.seed or 0, "locomo", i), keep_token_ids=False,
+            batch = [e for e in episodes[i : i + episodes_per_run]
+                     if any((e.id, s) not in finished for s in range(num_samples))]
+            progress.advance(bar, min(episodes_per_run, len(episodes) - i) - len(batch))
+            if not batch:
+                continue
+            seed = derive_seed(config.seed or 0, "locomo", i)
+            trajectories = task.rollout(
+                generator, batch, num_samples=num_samples, seed=seed, keep_token_ids=False,
                 progress=lambda done: progress.advance(bar, done),
             )
+            rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
+                    if (t.record_id, t.sample_index) not in finished]
+            scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
+            verdicts = dict(zip((id(r) for r in scored),
+                                judge_rows(judge, scored, seed) if judge else [], strict=False))
+            for r in rows:
+                r["literature"] = literature_scores(r, verdicts.get(id(r)), judge is not None)
+            append_episodes(traj_path, rows)
+            finished.update(((r["id"], r["sample_index"]), r) for r in rows)
     elapsed = time.perf_counter() - started
 
-    by_id = {e.id: e for e in episodes}
-    write_jsonl(out / "trajectories.jsonl",
-                (task.log_row(t, by_id[t.record_id]) for t in trajectories))
+    rows = [finished[key] for key in wanted]
     per_category: dict[str, dict[str, Any]] = {}
     for c in categories:
-        group = [t for t in trajectories if by_id[t.record_id].category == c]
+        group = [r for r in rows if r["category"] == c]
         if group:
             per_category[str(c)] = aggregate(group, scored=c != ADVERSARIAL_CATEGORY)
-    answerable = [t for t in trajectories if by_id[t.record_id].category != ADVERSARIAL_CATEGORY]
+    answerable = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
     if answerable:
         per_category["all"] = aggregate(answerable)
     results["results"] = per_category
@@ -196,10 +329,21 @@ def evaluate_locomo(
                           "per_episode_s": elapsed / len(episodes)}
     write_json(out / "results.json", results)
 
+    source = ("the llm answerer's answer" if config.answerer == "llm"
+              else "the top retrieved memory (retrieval answerer: a proxy, not comparable "
+              "with published numbers)")
     note = (
         f"\nAnswerer `{config.answerer}` over the top {config.top_k} memories "
-        f"({task.embedder.name}); scores and recall in %, edits and growth per episode.\n"
+        f"({task.embedder.name}); scores and recall in %, edits and growth per episode. "
+        f"Split `{split}`. set-F1 (mem0's token-set F1), BLEU-1 and judge (mem0's judge "
+        f"prompt, {judge_id or 'no judge given'}) score {source} against the first gold "
+        "answer; category 5 is not scored. See docs/protocols.md.\n"
     )
+    literature = literature_rows(per_category)
+    note += ("\n## As the literature scores it (mem0)\n\n"
+             + markdown_table(LITERATURE_COLUMNS, literature))
     title = f"LoCoMo · MemoryUpdate · {results['model']}"
     write_report(out, title, TABLE_COLUMNS, table_rows(per_category), console, note)
+    console.print(rich_table(f"LoCoMo as the literature scores it · split {split}",
+                             LITERATURE_COLUMNS, literature))
     return results

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.eval.resume import encode_text
 from memrl.fileio import write_atomic
 
 
@@ -27,18 +28,18 @@ def _json_default(obj: Any) -> Any:
 
 
 def write_json(path: str | Path, data: Any) -> Path:
-    """Pretty JSON (UTF-8, non-ASCII kept)."""
+    """Pretty JSON (UTF-8, non-ASCII kept; a lone surrogate is written as its escape)."""
     path = Path(path)
     text = json.dumps(data, indent=2, ensure_ascii=False, default=_json_default)
-    write_atomic(path, text + "\n")
+    write_atomic(path, encode_text(text + "\n"))
     return path
 
 
 def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    """One JSON object per line."""
+    """One JSON object per line (encoded as `write_json` does)."""
     path = Path(path)
     lines = [json.dumps(row, ensure_ascii=False, default=_json_default) for row in rows]
-    write_atomic(path, "".join(line + "\n" for line in lines))
+    write_atomic(path, encode_text("".join(line + "\n" for line in lines)))
     return path
 
 
@@ -171,5 +172,6 @@ def write_report(
     note: str = "",
 ) -> None:
     """results.md (the table as Markdown, plus a note) and the same table on the console."""
-    write_atomic(out / "results.md", f"# {title}\n\n" + markdown_table(columns, rows) + note)
+    text = f"# {title}\n\n" + markdown_table(columns, rows) + note
+    write_atomic(out / "results.md", encode_text(text))
     console.print(rich_table(title, columns, rows))

@@ -1,29 +1,39 @@
 """RULER-HQA evaluation: MemAgent over HotpotQA questions buried in N distractor documents.
 
-For every N in `num_docs_list` it reads `eval_{N}.json`, runs the agent (no learning),
-scores each trajectory's extracted answer against the gold answers (EM, F1, sub-EM) and
-writes into `out_dir`:
+For every N in `num_docs_list` it reads `eval_{N}.json` (records whose `num_docs` is not N are
+an error; index-list files need `pool`), runs the agent (no learning) through
+`MemAgentQATask` with the chosen protocol (the task scores) and writes into `out_dir`:
 
-- `results.json`: per-N means + config + model + timings (rewritten after every N, so a
-  long run that is interrupted keeps the finished lengths);
-- `trajectories_{N}.jsonl`: every trajectory with its memories, final response and scores;
-- `results.md`: the table below, as Markdown;
-- `plot.png`: sub-EM and F1 (%) against mean context length (tokens, log scale).
+- `trajectories_{N}.jsonl`: every episode with its memories, final response and scores,
+  appended after every batch of `records_per_run` records;
+- `results.json`: per-N means + config + model + protocol + timings, rewritten after every N
+  and holding every N ever evaluated into this directory;
+- `results.md`: the table of every N, as Markdown; `plot.png`: scores (%) against mean
+  context length (tokens, log scale).
+
+Resumable and additive: running again into the same `out_dir` (same model, config and
+protocol, else a one-line error) skips the episodes already in the trajectories files,
+keyed by (record id, sample index) per N, and finishes the rest; a new N is added to the
+results of the others. Batches are fixed slices of each file with a seed derived from
+(seed, N, slice start), so a resumed run samples exactly what an uninterrupted one would.
 
 Scores in results.json are fractions in [0, 1]; tables and plots show percentages. The
-headline metric, as MemAgent reports it, is sub-EM x 100 (`score`).
+headline `score` is sub-EM x 100: one-way and best over all answers under
+`memagent-boxed`; under `memagent` MemAgent's published number (bidirectional sub-EM on
+answers[0], replies that are exactly empty dropped, rounded to 2 decimals), reported beside
+the strict EM / one-way sub-EM and the count of empty predictions (docs/protocols.md).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from memrl.agents.memagent import MemAgentConfig, rich_progress_callback
-from memrl.agents.trajectory import Trajectory
-from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
+from memrl.data.records import QARecord
+from memrl.data.ruler_hqa import LazyPool, load_ruler_hqa, ruler_hqa_path
 from memrl.errors import MemrlInputError
 from memrl.eval.report import (
     finish_header,
@@ -31,42 +41,123 @@ from memrl.eval.report import (
     progress_bars,
     run_header,
     write_json,
-    write_jsonl,
     write_report,
 )
-from memrl.inference.base import Generator
-from memrl.tasks.memagent_qa import MemAgentQATask
+from memrl.eval.resume import append_episodes, check_same_run, read_episodes, replace_surrogates
+from memrl.inference.base import Generator, derive_seed
+from memrl.rewards.memagent import ProtocolScores, published_means
+from memrl.tasks.memagent_qa import PROTOCOLS, MemAgentQATask
 
 METRICS = ("em", "f1", "sub_em")
-TABLE_COLUMNS = ("N", "context tokens", "chunks", "EM", "F1", "sub-EM")
+PROTOCOL_METRICS = ("strict_sub_em", "f1_unrounded")
+DEFAULT_RECORDS_PER_RUN = 8
+"""Records run together in lockstep, and appended to the trajectories file together: a kill
+loses at most this many records' episodes."""
+
+BOXED_COLUMNS = ("N", "context tokens", "chunks", "EM", "F1", "sub-EM")
+PUBLISHED_COLUMNS = ("N", "context tokens", "chunks", "sub-EM (published)", "F1 (published)",
+                     "EM", "strict sub-EM", "empty preds", "scored")
 
 
-def aggregate(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Means over all scored trajectories of one N (every sample counts once, as MemAgent)."""
-    n = len(trajectories)
+def table_columns(protocol: str) -> tuple[str, ...]:
+    """The columns of the results table under `protocol`."""
+    return PUBLISHED_COLUMNS if protocol == "memagent" else BOXED_COLUMNS
+
+
+def _protocol_scores(row: Mapping[str, Any]) -> ProtocolScores:
+    s = row["scores"]
+    return ProtocolScores(
+        prediction=row["answer"], gold=row["answers"][0], sub_em=s["sub_em"], em=s["em"],
+        f1=s["f1"], f1_unrounded=s["f1_unrounded"], strict_sub_em=s["strict_sub_em"],
+        prediction_empty=bool(s["prediction_empty"]), empty_credited=bool(s["empty_credited"]),
+        dropped_by_published_mean=bool(s["dropped_by_published_mean"]),
+    )
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]], protocol: str = PROTOCOLS[0]) -> dict[str, Any]:
+    """Means over the episodes of one N (rows of a trajectories file; every sample counts
+    once, as MemAgent). Under protocol `memagent` also `published` (MemAgent's printed
+    percentages, `published_means`), the strict metrics and the empty-prediction counts."""
+    n = len(rows)
+    published = protocol == "memagent"
     if n == 0:
-        return {"n": 0, **{m: None for m in METRICS}, "score": None, "context_tokens": None,
-                "chunks": None, "capped": 0, "no_answer": 0}
-    means = {m: sum(t.metrics[m] for t in trajectories) / n for m in METRICS}
-    return {
+        empty: dict[str, Any] = {"n": 0, **{m: None for m in METRICS}, "score": None,
+                                 "context_tokens": None, "chunks": None, "capped": 0,
+                                 "no_answer": 0}
+        if published:
+            empty.update({m: None for m in PROTOCOL_METRICS}, published=None,
+                         empty_predictions=0, empty_credited=0, dropped=0)
+        return empty
+    means = {m: sum(r["scores"][m] for r in rows) / n for m in METRICS}
+    result: dict[str, Any] = {
         "n": n,
         **means,
         "score": 100.0 * means["sub_em"],
-        "context_tokens": sum(t.info["context_tokens"] for t in trajectories) / n,
-        "chunks": sum(t.info["num_chunks"] for t in trajectories) / n,
-        "capped": sum(bool(t.info["capped"]) for t in trajectories),
-        "no_answer": sum(t.answer is None for t in trajectories),
+        "context_tokens": sum(r["context_tokens"] for r in rows) / n,
+        "chunks": sum(r["num_chunks"] for r in rows) / n,
+        "capped": sum(bool(r["capped"]) for r in rows),
+        "no_answer": sum(r["answer"] is None for r in rows),
     }
+    if published:
+        scores = [_protocol_scores(r) for r in rows]
+        result.update({m: sum(r["scores"][m] for r in rows) / n for m in PROTOCOL_METRICS})
+        result["published"] = published_means(scores)
+        result["score"] = result["published"]["sub_em"]
+        result["empty_predictions"] = sum(s.prediction_empty for s in scores)
+        result["empty_credited"] = sum(s.empty_credited for s in scores)
+        result["dropped"] = sum(s.dropped_by_published_mean for s in scores)
+    return result
 
 
-def table_rows(per_n: dict[str, dict[str, Any]]) -> list[list[Any]]:
-    """Rows of the results table: N, context tokens, chunks, EM, F1, sub-EM (in %)."""
+def table_rows(per_n: Mapping[str, Mapping[str, Any]],
+               protocol: str = PROTOCOLS[0]) -> list[list[Any]]:
+    """Rows of the results table (scores in %), by increasing N; see `table_columns`."""
     rows = []
-    for key, r in per_n.items():
-        pct = [None if r[m] is None else 100.0 * r[m] for m in METRICS]
+    for key in sorted(per_n, key=int):
+        r = per_n[key]
+        pct = lambda v: None if v is None else 100.0 * v  # noqa: E731
         tokens = None if r["context_tokens"] is None else round(r["context_tokens"])
-        rows.append([int(key), tokens, r["chunks"], *pct])
+        head = [int(key), tokens, r["chunks"]]
+        if protocol == "memagent":
+            pub = r["published"] or {}
+            rows.append([*head, pub.get("sub_em"), pub.get("f1"), pct(r["em"]),
+                         pct(r["strict_sub_em"]), r["empty_predictions"],
+                         r["n"] - r["dropped"]])
+        else:
+            rows.append([*head, *(pct(r[m]) for m in METRICS)])
     return rows
+
+
+def protocol_note(protocol: str) -> str:
+    """The text under the results table saying which protocol produced it."""
+    if protocol == "memagent":
+        return (
+            "\nProtocol `memagent` (MemAgent's published RULER-HQA evaluation): "
+            "sub-EM (published) is the bidirectional sub-exact-match on answers[0] after "
+            "`extract_answer_is`, F1 (published) HotpotQA F1 rounded per item to 2 decimals; "
+            "both average over the `scored` episodes (replies that are exactly empty are "
+            "dropped, as published). A prediction that normalises to the empty string scores "
+            "1 in sub-EM (published): `empty preds` counts them; EM and strict sub-EM "
+            "(one-way, non-empty) are the strict metrics. See docs/protocols.md.\n"
+        )
+    return (
+        "\nProtocol `memagent-boxed` (the training format): last \\boxed{} of the reply; EM, "
+        "F1 and one-way sub-EM, best over all gold answers. See docs/protocols.md.\n"
+    )
+
+
+def _clean(record: QARecord) -> QARecord:
+    """The record with lone surrogates replaced (tokenizers reject them)."""
+    update = {"question": replace_surrogates(record.question),
+              "answers": [replace_surrogates(a) for a in record.answers]}
+    if record.context is not None:
+        update["context"] = replace_surrogates(record.context)
+    return record.model_copy(update=update)
+
+
+def batch_seed(seed: int | None, num_docs: int, start: int) -> int | None:
+    """The sampling seed of the batch of N=`num_docs` starting at record `start`."""
+    return None if seed is None else derive_seed(seed, "ruler-hqa", num_docs, start)
 
 
 def evaluate_ruler_hqa(
@@ -78,7 +169,10 @@ def evaluate_ruler_hqa(
     out_dir: str | Path,
     limit: int | None = None,
     num_samples: int = 1,
-    records_per_run: int | None = None,
+    records_per_run: int = DEFAULT_RECORDS_PER_RUN,
+    protocol: str = PROTOCOLS[0],
+    pool: str | Path | None = None,
+    resume: bool = False,
     model_name: str | None = None,
     console: Any = None,
     show_progress: bool = True,
@@ -86,18 +180,22 @@ def evaluate_ruler_hqa(
     """Run MemAgent on RULER-HQA for each N and write results; returns the results dict.
 
     `limit` takes the first records of each file; `num_samples` trajectories per record;
-    `records_per_run` is how many records run together in lockstep (None: all of an N at
-    once; the generator splits big calls into its own micro-batches).
+    `records_per_run` records run together in lockstep (the generator splits big calls into
+    its own micro-batches) and are appended to the trajectories file together. `protocol`:
+    see `memrl.tasks.memagent_qa.PROTOCOLS`. `pool`: the HotpotQA dev JSON that index-list
+    files (N = 12,800 / 25,600) point into. Finished episodes in `out_dir` are always
+    reused; `resume=True` additionally requires that there are some.
     """
     from rich.console import Console
 
     if not num_docs_list:
         raise MemrlInputError("give at least one number of documents", location="--num-docs")
-    for option, value in (("--limit", limit), ("records_per_run", records_per_run)):
+    for option, value in (("--limit", limit), ("--records-per-run", records_per_run)):
         if value is not None and value < 1:
             raise MemrlInputError(f"must be >= 1, got {value}", location=option)
     if num_samples < 1:
         raise MemrlInputError(f"must be >= 1, got {num_samples}", location="--samples")
+    task = MemAgentQATask(config, protocol=protocol)
     num_docs_list = list(dict.fromkeys(int(n) for n in num_docs_list))
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -108,64 +206,99 @@ def evaluate_ruler_hqa(
                 f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
                 location=str(ruler_hqa_path(data_dir, n)),
             )
+    if pool is not None and not Path(pool).is_file():
+        raise MemrlInputError("HotpotQA pool file not found", location=f"--pool {pool}")
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise MemrlInputError("exists and is not a directory", location=f"--out {out}")
     console = console or Console()
-    task = MemAgentQATask(config)
     started = time.perf_counter()
     results = run_header(
-        "ruler_hqa", generator, model_name, config,
+        "ruler_hqa", generator, model_name, config, protocol=protocol,
         data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
         records_per_run=records_per_run, metric="sub_em",
     )
-    results.update(results={}, timings={"per_num_docs_s": {}, "total_s": 0.0})
+    previous = check_same_run(out / "results.json", results)
+    if resume and not previous:
+        raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
+    per_n: dict[str, Any] = dict(previous.get("results") or {})
+    timings = dict((previous.get("timings") or {}).get("per_num_docs_s") or {})
+    if previous:
+        results["started_at"] = previous.get("started_at", results["started_at"])
+        results["num_docs"] = sorted({*map(int, per_n), *num_docs_list})
+    results.update(results=per_n, timings={"per_num_docs_s": timings, "total_s": 0.0})
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", results)  # claims the directory before any episode
+
+    shared_pool = LazyPool(pool) if pool is not None else None
     with progress_bars(console, show_progress) as progress:
         for n in num_docs_list:
             path = ruler_hqa_path(data_dir, n)
-            records = load_ruler_hqa(path)[:limit]
+            records = [_clean(r) for r in
+                       load_ruler_hqa(path, pool=shared_pool, expected_num_docs=n)[:limit]]
+            traj_path = out / f"trajectories_{n}.jsonl"
+            finished = read_episodes(traj_path)
+            wanted = [(r.id, s) for r in records for s in range(num_samples)]
+            todo = sum(key not in finished for key in wanted)
+            if todo < len(wanted):
+                console.print(f"N={n}: {len(wanted) - todo} of {len(wanted)} episodes already "
+                              f"in {traj_path.name}, running the other {todo}", soft_wrap=True)
             on_event = rich_progress_callback(progress, f"N={n}")
             t0 = time.perf_counter()
-            trajectories: list[Trajectory] = []
-            step = records_per_run or max(len(records), 1)
-            for i in range(0, len(records), step):
-                trajectories += task.rollout(
-                    generator, records[i : i + step], num_samples=num_samples,
-                    seed=config.seed, keep_token_ids=False, progress=on_event,
+            for i in range(0, len(records), records_per_run):
+                batch = [r for r in records[i : i + records_per_run]
+                         if any((r.id, s) not in finished for s in range(num_samples))]
+                if not batch:
+                    continue
+                trajectories = task.rollout(
+                    generator, batch, num_samples=num_samples,
+                    seed=batch_seed(config.seed, n, i), keep_token_ids=False, progress=on_event,
                 )
+                by_id = {r.id: r for r in batch}
+                rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
+                        if (t.record_id, t.sample_index) not in finished]
+                append_episodes(traj_path, rows)
+                finished.update(((row["id"], row["sample_index"]), row) for row in rows)
             elapsed = time.perf_counter() - t0
 
-            by_id = {r.id: r for r in records}
-            write_jsonl(
-                out / f"trajectories_{n}.jsonl",
-                (task.log_row(t, by_id[t.record_id]) for t in trajectories),
-            )
-            results["results"][str(n)] = {"num_docs": n, "num_records": len(records),
-                                          **aggregate(trajectories), "seconds": elapsed}
-            results["timings"]["per_num_docs_s"][str(n)] = elapsed
+            rows = [finished[key] for key in wanted]
+            timings[str(n)] = timings.get(str(n), 0.0) * (todo < len(wanted)) + elapsed
+            per_n[str(n)] = {"num_docs": n, "num_records": len(records),
+                             "num_samples": num_samples, **aggregate(rows, protocol),
+                             "seconds": timings[str(n)]}
             results["timings"]["total_s"] = time.perf_counter() - started
             write_json(out / "results.json", results)
 
+    per_n = dict(sorted(per_n.items(), key=lambda kv: int(kv[0])))
+    results["results"] = per_n
     finish_header(results)
     results["timings"]["total_s"] = time.perf_counter() - started
     write_json(out / "results.json", results)
 
-    title = f"RULER-HQA · {results['model']}"
-    write_report(out, title, TABLE_COLUMNS, table_rows(results["results"]), console)
-    _plot(out / "plot.png", results["results"], title)
+    title = f"RULER-HQA · {results['model']} · protocol {protocol}"
+    write_report(out, title, table_columns(protocol), table_rows(per_n, protocol), console,
+                 protocol_note(protocol))
+    _plot(out / "plot.png", per_n, title, protocol)
     return results
 
 
-def _plot(path: Path, per_n: dict[str, dict[str, Any]], title: str) -> None:
+def _plot(path: Path, per_n: dict[str, dict[str, Any]], title: str, protocol: str) -> None:
     keys = [k for k, r in per_n.items() if r["n"]]
     if not keys:
         return
     x = [max(per_n[k]["context_tokens"], 1.0) for k in keys]
+    if protocol == "memagent":
+        series = {"sub-EM (published)": [per_n[k]["published"]["sub_em"] for k in keys],
+                  "strict sub-EM": [100.0 * per_n[k]["strict_sub_em"] for k in keys],
+                  "F1 (published)": [per_n[k]["published"]["f1"] for k in keys]}
+    else:
+        series = {"sub-EM": [100.0 * per_n[k]["sub_em"] for k in keys],
+                  "F1": [100.0 * per_n[k]["f1"] for k in keys]}
     plot_scores(
         path,
         x,
-        {"sub-EM": [100.0 * per_n[k]["sub_em"] for k in keys],
-         "F1": [100.0 * per_n[k]["f1"] for k in keys]},
+        series,
         xlabel="mean context length (tokens)",
         ylabel="score (%)",
         title=title,

@@ -17,12 +17,44 @@ from memrl.agents.trajectory import Trajectory
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator
+from memrl.rewards.memagent import memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
 
 REWARDS = ("sub_em", "em", "f1", "context_overlap")
 """Rewards of the final answer; context_overlap is a dense smoke-test reward for tiny random
 models (memrl.rewards.shaping), not a measure of answer quality."""
+
+
+PROTOCOLS = ("memagent-boxed", "memagent")
+"""How the final answer is asked for and scored (docs/protocols.md).
+
+`memagent-boxed` (default; the training format): boxed final prompt, the last `\\boxed{}`,
+EM / F1 / one-way sub-EM, best over every gold answer (memrl.rewards.qa).
+`memagent`: MemAgent's published RULER-HQA evaluation: the "Therefore, the answer is" final
+prompt (preset `memagent-answer-is`), question and context stripped, `</think>` cut,
+`extract_answer_is`, SQuAD EM, bidirectional sub-EM and HotpotQA F1 (per item, rounded to 2
+decimals) against answers[0] only (memrl.rewards.memagent.memagent_protocol_scores)."""
+
+PROTOCOL_PROMPTS = {"memagent": "memagent-answer-is"}
+"""The prompt preset a protocol imposes (the others keep the config's prompts)."""
+
+SCORE_KEYS = ("em", "f1", "sub_em", "strict_sub_em", "f1_unrounded", "prediction_empty",
+              "empty_credited", "dropped_by_published_mean")
+"""Per-trajectory scores a trajectories file keeps (the last five: protocol `memagent` only)."""
+
+
+def score_protocol_trajectory(trajectory: Trajectory, record: QARecord) -> dict[str, float]:
+    """Protocol `memagent`: set the answer (`extract_answer_is`) and the published scores
+    plus their strict companions and flags (as 0.0 / 1.0) in `trajectory.metrics`."""
+    s = memagent_protocol_scores(trajectory.info["final_response"], record.answers)
+    trajectory.answer = s.prediction
+    scores = {"em": s.em, "f1": s.f1, "sub_em": s.sub_em, "strict_sub_em": s.strict_sub_em,
+              "f1_unrounded": s.f1_unrounded, "prediction_empty": float(s.prediction_empty),
+              "empty_credited": float(s.empty_credited),
+              "dropped_by_published_mean": float(s.dropped_by_published_mean)}
+    trajectory.metrics.update(scores)
+    return scores
 
 
 def score_trajectory(trajectory: Trajectory, record: QARecord) -> dict[str, float]:
@@ -50,7 +82,7 @@ def trajectory_row(t: Trajectory, record: QARecord) -> dict[str, Any]:
         "final_response": t.info["final_response"],
         "final_truncated": final.truncated,
         "answer": t.answer,
-        "scores": {k: t.metrics[k] for k in ("em", "f1", "sub_em") if k in t.metrics},
+        "scores": {k: t.metrics[k] for k in SCORE_KEYS if k in t.metrics},
         "num_chunks": t.info["num_chunks"],
         "context_tokens": t.info["context_tokens"],
         "capped": t.info["capped"],
@@ -63,15 +95,24 @@ class MemAgentQATask:
     name: ClassVar[str] = "memagent"
     rewards: ClassVar[tuple[str, ...]] = REWARDS
 
-    def __init__(self, config: MemAgentConfig, reward: str = "sub_em") -> None:
+    def __init__(self, config: MemAgentConfig, reward: str = "sub_em",
+                 protocol: str = PROTOCOLS[0]) -> None:
         if reward not in REWARDS:
             raise MemrlInputError(
                 f"unknown reward {reward!r} for the memagent task; choose one of "
                 + ", ".join(REWARDS),
                 location="rl.reward",
             )
+        if protocol not in PROTOCOLS:
+            raise MemrlInputError(
+                f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}",
+                location="--protocol",
+            )
+        if protocol in PROTOCOL_PROMPTS:
+            config = config.model_copy(update={"prompts": PROTOCOL_PROMPTS[protocol]})
         self.config = config
         self.reward = reward
+        self.protocol = protocol
         self._context_ids: dict[str, frozenset[int]] = {}
 
     @classmethod
@@ -111,13 +152,18 @@ class MemAgentQATask:
         if temperature is not None:
             update["temperature"] = temperature
         agent = MemAgent(generator, self.config.model_copy(update=update))
+        published = self.protocol == "memagent"
+        if published:  # get_pred strips the question and the context
+            records = [r.model_copy(update={"question": r.question.strip(),
+                                            "context": r.render_context().strip()})
+                       for r in records]
         trajectories = agent.run(
             records, num_samples=num_samples, progress=progress, keep_token_ids=keep_token_ids
         )
         by_id = {r.id: r for r in records}
         for t in trajectories:
             record = by_id[t.record_id]
-            scores = score_trajectory(t, record)
+            scores = (score_protocol_trajectory if published else score_trajectory)(t, record)
             t.reward = (
                 self._overlap(t, record, generator.tokenizer)
                 if self.reward == "context_overlap"

@@ -1,0 +1,163 @@
+"""`memrl eval locomo` scored as the memory literature does: set-F1, BLEU-1 and an LLM judge
+(tested with a scripted engine), the 7/3 conversation split, resumable runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memrl.agents.memupdate import MemUpdateConfig
+from memrl.cli import main
+from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact, save_episodes
+from memrl.errors import MemrlInputError
+from memrl.eval.locomo import evaluate_locomo, literature_scores, split_conversations
+from memrl.eval.report import read_jsonl
+from memrl.inference.scripted import ScriptedGenerator
+from memrl.memory.embedder import HashingEmbedder
+from memrl.rewards.locomo_metrics import judge_prompt
+
+
+def test_split_is_7_3_over_conversations_in_data_order():
+    ids = [f"conv-{k}" for k in (5, 5, 1, 9, 2, 3, 4, 6, 7, 8, 10, 1)]
+    assert split_conversations(ids, "train") == [f"conv-{k}" for k in (5, 1, 9, 2, 3, 4, 6)]
+    assert split_conversations(ids, "test") == ["conv-7", "conv-8", "conv-10"]
+    assert len(split_conversations(ids, "all")) == 10
+    assert split_conversations(["a", "b", "c"], "train") == ["a", "b"]  # round(2.1) = 2
+    with pytest.raises(MemrlInputError, match="unknown split 'dev'"):
+        split_conversations(ids, "dev")
+
+
+def test_literature_scores_hand_computed():
+    row = {"answers": ["Paris"], "prediction_final": "Paris, France", "hits_final": ["x"]}
+    # set-F1: {paris, france} vs {paris}: P = 1/2, R = 1 -> 2/3
+    # BLEU-1: 1 of 2 unigrams match, hypothesis longer than reference (no penalty) -> 1/2
+    assert literature_scores(row) == {"set_f1": pytest.approx(2 / 3), "bleu1": 0.5,
+                                      "judge": None, "judge_unreadable": None}
+    assert literature_scores(row, "CORRECT", judged=True)["judge"] == 1.0
+    assert literature_scores(row, None, judged=True) == {
+        "set_f1": pytest.approx(2 / 3), "bleu1": 0.5, "judge": 0.0, "judge_unreadable": 1.0}
+    # retrieval answerer: the top retrieved memory is the answer scored
+    retrieval = {"answers": [2022], "hits_final": ["In 2022 she moved.", "other"]}
+    assert literature_scores(retrieval)["set_f1"] == pytest.approx(2 * 0.25 / 1.25)
+    assert literature_scores({"answers": ["a"], "hits_final": []})["set_f1"] == 0.0
+
+
+def episode(i: int, conversation: str, category: int, answer: str) -> MemoryEpisode:
+    dialogue = [DialogueTurn(session=2, dia_id="D2:1", speaker="Ann",
+                             text=f"Code number {i} is {answer}.", date="2 May 2023"),
+                DialogueTurn(session=2, dia_id="D2:2", speaker="Bob", text="Ok.",
+                             date="2 May 2023")]
+    return MemoryEpisode(
+        id=f"{conversation}-qa{i}", sample_id=conversation, qa_index=i,
+        question=f"What is code number {i}?", answers=[answer], category=category,
+        adversarial=category == 5, evidence=["D2:1"], evidence_sessions=[2],
+        dialogue=dialogue, initial_memory=[MemoryFact(text="Ann likes tea.", source="D1:1")],
+    )
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    # ten conversations: the test side of the split is conv-7, conv-8, conv-9
+    episodes = [episode(k, f"conv-{k}", 1 + k % 2, str(4400 + k)) for k in range(10)]
+    episodes.append(episode(10, "conv-8", 5, "7777"))
+    d = tmp_path / "locomo"
+    save_episodes(episodes, d)
+    return d
+
+
+def agent(tokenizer):
+    """Stores the first dialogue line, so the top memory holds the answer."""
+
+    def respond(prompt: str) -> str:
+        if not prompt.rsplit("<|im_start|>", 2)[-2].startswith("user"):
+            return "Done."
+        line = next(x for x in prompt.splitlines() if x.startswith("[D2:1]"))
+        payload = json.dumps({"name": "memory_insert",
+                              "arguments": {"text": line.split(": ", 1)[1]}})
+        return f"<tool_call>{payload}</tool_call>"
+
+    return ScriptedGenerator(tokenizer, respond)
+
+
+def judge(tokenizer, prompts):
+    """CORRECT when the gold occurs in the generated answer; code 7's verdict is unreadable."""
+
+    def respond(prompt: str) -> str:
+        prompts.append(prompt)
+        gold = prompt.rsplit("Gold answer: ", 1)[1].split("\n", 1)[0]
+        generated = prompt.rsplit("Generated answer: ", 1)[1].split("\n", 1)[0]
+        if "number 7" in generated:
+            return "I cannot tell."
+        label = "CORRECT" if gold in generated else "WRONG"
+        return f'```json\n{{"label": "{label}"}}\n```'
+
+    return ScriptedGenerator(tokenizer, respond)
+
+
+def test_judge_split_and_resume_with_scripted_engines(data_dir, tmp_path, tiny_tokenizer):
+    prompts: list[str] = []
+    out = tmp_path / "run"
+    kw = dict(config=MemUpdateConfig(embedder="hashing"), out_dir=out, categories=[1, 2, 5],
+              embedder=HashingEmbedder(), show_progress=False, episodes_per_run=2,
+              split="test", judge_name="scripted-judge")
+    results = evaluate_locomo(agent(tiny_tokenizer), data_dir,
+                              judge=judge(tiny_tokenizer, prompts), **kw)
+    assert results["num_episodes"] == 4 and results["split"] == "test"
+    per = results["results"]
+    # test side: conv-7 (cat 2), conv-8 (cat 1, and one cat 5), conv-9 (cat 2)
+    assert set(per) == {"1", "2", "5", "all"} and per["all"]["n"] == 3
+    # the judge saw exactly mem0's prompt for the answerable episodes (not category 5)
+    assert len(prompts) == 3
+    assert any(p.find(judge_prompt("What is code number 8?", "4408",
+                                   "Code number 8 is 4408.")) >= 0 for p in prompts)
+    # code 7's verdict is unreadable: WRONG; codes 8 and 9 CORRECT
+    assert per["1"]["judge"] == 1.0 and per["2"]["judge"] == 0.5
+    assert per["all"]["judge"] == pytest.approx(2 / 3)
+    assert per["all"]["judge_unreadable"] == pytest.approx(1 / 3)
+    assert per["5"]["judge"] is None and per["5"]["set_f1"] is None
+    # set-F1 of "Code number 8 is 4408." against "4408": 1 of 5 tokens -> 2 * .2 / 1.2
+    assert per["1"]["set_f1"] == pytest.approx(1 / 3)
+    md = (out / "results.md").read_text()
+    assert "| set-F1 | BLEU-1 | judge |" in md and "scripted-judge" in md
+    assert "Split `test`" in md
+    assert "| 1 multi-hop | 1 | 33.3 | 20.0 | 100.0 | 0.0 |" in md  # literature table
+
+    # re-running into the same directory generates nothing and gives the same results
+    again_agent, again_prompts = agent(tiny_tokenizer), []
+    again = evaluate_locomo(again_agent, data_dir, judge=judge(tiny_tokenizer, again_prompts),
+                            resume=True, **kw)
+    assert again_agent.calls == [] and again_prompts == []
+    assert again["results"] == results["results"]
+    # another judge (or none) is another protocol: refused
+    with pytest.raises(MemrlInputError, match="different protocol"):
+        evaluate_locomo(agent(tiny_tokenizer), data_dir, **{**kw, "judge_name": None})
+
+
+def test_cli_split_and_judge_errors_are_one_line(data_dir, tiny_model_dir, tmp_path, capsys):
+    base = ["eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
+            "--out", str(tmp_path / "out"), "--embedder", "hashing", "--quiet"]
+    for extra, message in ((["--split", "dev"], "unknown split 'dev'"),
+                           (["--judge-model", str(tmp_path / "nope")],
+                            "--judge-model")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_prints_per_category_f1_bleu_and_judge(data_dir, tiny_model_dir, tmp_path,
+                                                   capsys):
+    out = tmp_path / "run"
+    rc = main(["eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
+               "--out", str(out), "--embedder", "hashing", "--split", "test",
+               "--judge-model", str(tiny_model_dir), "--max-turns", "1",
+               "--max-response-tokens", "8", "--session-chunk-turns", "2", "--seed", "0",
+               "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    for header in ("literature", "set-F1", "BLEU-1", "judge", "1 multi-hop", "all"):
+        assert header in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["judge"] == str(tiny_model_dir) and results["num_episodes"] == 3
+    assert 0.0 <= results["results"]["all"]["judge"] <= 1.0
