@@ -167,3 +167,33 @@ def test_val_top_p_is_checked():
     for bad in (0.0, 1.5):
         with pytest.raises(ValidationError):
             RLConfig(val_top_p=bad)
+
+
+def test_validation_samples_with_val_top_p(tiny_model_dir, tmp_path):
+    """The recipe's validation passes rl.val_n / val_temperature / val_top_p to the task."""
+    from memrl.config import load_config
+    from memrl.data.hotpotqa import save_records_jsonl
+    from memrl.data.synthetic import make_synthetic_records
+    from memrl.recipes import grpo
+    from memrl.recipes.config import TrainConfig
+
+    save_records_jsonl(make_synthetic_records(2, num_docs=2, seed=0), tmp_path / "t.jsonl")
+    cfg = load_config(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"data.train_file={tmp_path / 't.jsonl'}",
+        f"data.val_file={tmp_path / 't.jsonl'}", "data.train_batch_size=1",
+        "rl.ppo_mini_batch_size=1", f"trainer.out_dir={tmp_path / 'run'}",
+        "trainer.log_sinks=[jsonl]", "memagent.chunk_size=48", "memagent.max_chunks=1",
+        "memagent.max_memory_tokens=2", "memagent.max_final_tokens=2",
+        "memagent.top_p=1.0", "rl.val_n=2", "rl.val_temperature=1.0", "rl.val_top_p=0.7",
+    ])
+    seen = []
+
+    class Spy(MemAgentQATask):
+        def rollout(self, *args, **kwargs):
+            seen.append({k: kwargs.get(k) for k in ("num_samples", "temperature", "top_p")})
+            return super().rollout(*args, **kwargs)
+
+    run = grpo.setup(cfg, task=Spy(cfg.memagent))
+    metrics = grpo.validate(run)
+    assert seen == [{"num_samples": 2, "temperature": 1.0, "top_p": 0.7}]
+    assert "val/score" in metrics
