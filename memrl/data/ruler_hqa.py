@@ -15,6 +15,7 @@ per question, so the distractors of a smaller N are a subset of those of a large
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections import Counter
@@ -520,13 +521,15 @@ def memagent_pool(records: Sequence[QARecord]) -> MemAgentPool:
     return MemAgentPool(docs=docs, own=[[where[k] for k in ks] for ks in keys])
 
 
-def _nth_not_in(position: int, excluded_sorted: Sequence[int]) -> int:
-    """The `position`-th (0-based) integer that is not in `excluded_sorted`."""
-    for e in excluded_sorted:
-        if e > position:
-            break
-        position += 1
-    return position
+@functools.lru_cache(maxsize=4)
+def memagent_permutation(length: int, shuffle_seed: int = MEMAGENT_SHUFFLE_SEED
+                         ) -> tuple[int, ...]:
+    """`random.Random(shuffle_seed).shuffle` of any list of `length` items as positions:
+    the shuffled list's k-th item is the original's item `perm[k]` (the same for every
+    question of one N, so it is computed once)."""
+    positions = list(range(length))
+    random.Random(shuffle_seed).shuffle(positions)
+    return tuple(positions)
 
 
 def memagent_doc_indices(own: Sequence[int], pool_size: int, num_docs: int, *, index: int,
@@ -534,33 +537,31 @@ def memagent_doc_indices(own: Sequence[int], pool_size: int, num_docs: int, *, i
                          shuffle_seed: int = MEMAGENT_SHUFFLE_SEED) -> list[int]:
     """The pool indices of one question's context, in reading order (`generate_index_only`).
 
-    `own` (the question's paragraphs) plus `num_docs - len(own)` indices drawn without
-    replacement from the pool indices not in `own`, by `random.Random` seeded with
-    (seed, index, num_docs); `num_docs == pool_size` takes the whole pool. The list is then
-    shuffled by `random.Random(shuffle_seed)`. `rng.sample(range(m), k)` mapped onto the
-    candidates picks exactly what `rng.sample(candidates, k)` would, without building them.
+    `own` (the question's paragraphs) plus `num_docs - len(own)` indices drawn by
+    `rng.sample` from the pool indices not in `own` (in increasing order, as published), with
+    `rng = random.Random` seeded by (seed, index, num_docs); `num_docs == pool_size` takes the
+    whole pool. The list is then shuffled as `random.Random(shuffle_seed).shuffle` does.
     """
     if num_docs > pool_size:
         raise MemrlInputError(
             f"num_docs={num_docs} is larger than the pool of {pool_size} paragraphs"
         )
     if num_docs == pool_size:
-        chosen = list(range(pool_size))
-    else:
-        need = num_docs - len(own)
-        if need < 0:
-            raise MemrlInputError(
-                f"num_docs={num_docs} is smaller than the {len(own)} paragraphs question "
-                f"{index} must keep"
-            )
-        chosen = list(own)
-        if need:
-            excluded = sorted(set(own))
-            rng = random.Random(f"memagent:{seed}:{index}:{num_docs}")
-            chosen += [_nth_not_in(p, excluded)
-                       for p in rng.sample(range(pool_size - len(excluded)), need)]
-    random.Random(shuffle_seed).shuffle(chosen)
-    return chosen
+        return list(memagent_permutation(pool_size, shuffle_seed))
+    need = num_docs - len(own)
+    if need < 0:
+        raise MemrlInputError(
+            f"num_docs={num_docs} is smaller than the {len(own)} paragraphs question "
+            f"{index} must keep"
+        )
+    chosen = list(own)
+    if need:
+        candidates = list(range(pool_size))
+        for e in sorted(set(own), reverse=True):
+            del candidates[e]
+        rng = random.Random(f"memagent:{seed}:{index}:{num_docs}")
+        chosen += rng.sample(candidates, need)
+    return [chosen[i] for i in memagent_permutation(num_docs, shuffle_seed)]
 
 
 def _check_memagent_args(pool: MemAgentPool, num_docs_list: Sequence[int],
