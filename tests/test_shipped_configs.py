@@ -22,5 +22,11 @@ def test_memagent_example_mirrors_published_hyperparameters():
     assert cfg.rl.rollout_n == 16 and cfg.optim.lr == 1e-6 and cfg.optim.warmup_steps == 20
     assert cfg.rl.clip_ratio_high == 0.20 and cfg.rl.kl_loss_type == "low_var_kl"
     assert cfg.rl.kl_loss_coef == 0.001 and cfg.rl.use_kl_loss
-    assert cfg.data.train_batch_size == 32 and cfg.rl.ppo_mini_batch_size == 8
-    assert not cfg.rl.norm_adv_by_std and cfg.rl.entropy_coeff == 0 and cfg.rl.dynamic_sampling
+    assert cfg.data.train_batch_size == 128 and cfg.rl.ppo_mini_batch_size == 8
+    assert not cfg.rl.norm_adv_by_std and cfg.rl.entropy_coeff == 0
+    assert not cfg.rl.dynamic_sampling and not cfg.data.shuffle and cfg.rl.overlong == "keep"
+    assert cfg.rl.clip_ratio_low == 0.2 and cfg.rl.clip_ratio_c == 3.0
+    assert cfg.rl.reward == "memagent_em" and cfg.memagent.temperature == 1.0
+    assert cfg.memagent.max_chunks == 8 and cfg.memagent.truncation == "center"
+    assert (cfg.rl.val_n, cfg.rl.val_temperature, cfg.rl.val_top_p) == (4, 1.0, 0.7)
+    assert cfg.trainer.total_epochs == 30 and cfg.trainer.test_freq == 5

@@ -46,7 +46,13 @@ class MemAgentConfig(BaseModel):
     chunk_size: int = Field(5000, ge=1)
     """Context tokens per chunk."""
     max_chunks: int | None = Field(None, ge=1)
-    """Read at most this many chunks (the first ones); None reads the whole context."""
+    """Read at most this many chunks; None reads the whole context. Which part of a longer
+    context is kept is `truncation`'s choice."""
+    truncation: Literal["right", "center"] = "right"
+    """How `max_chunks` shortens a context of more than max_chunks · chunk_size tokens
+    (verl `data.truncation`): "right" keeps the first max_chunks chunks; "center" keeps the
+    first and the last (max_chunks · chunk_size) // 2 tokens and drops the middle, then
+    chunks what is left (MemAgent's training: `MemoryDataset` with `truncation='center'`)."""
     max_memory_tokens: int = Field(1024, ge=1)
     """New tokens allowed per memory update: this is what bounds the memory."""
     max_final_tokens: int = Field(1024, ge=1)
@@ -86,20 +92,48 @@ class ContextChunks:
     context_tokens: int
     """Tokens in the whole context, including any chunks dropped by max_chunks."""
     capped: bool
-    """True when max_chunks dropped the tail of the context."""
+    """True when max_chunks dropped part of the context (its tail, or its middle)."""
 
     @property
     def num_chunks(self) -> int:
         return len(self.texts)
 
 
+TRUNCATIONS = ("right", "center")
+
+
+def center_truncate(ids: Sequence[int], max_length: int) -> list[int]:
+    """verl's `postprocess_data(truncation="center")` (verl/utils/torch_functional.py): a
+    sequence longer than `max_length` keeps its first and its last `max_length // 2` tokens
+    (so an odd max_length keeps max_length - 1); a shorter one is kept whole. (At
+    max_length 1 verl's `ids[-0:]` would keep everything; here the tail is then empty.)"""
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    if len(ids) <= max_length:
+        return list(ids)
+    half = max_length // 2
+    return list(ids[:half]) + list(ids[len(ids) - half:])
+
+
 def split_token_ids(
-    ids: Sequence[int], chunk_size: int, max_chunks: int | None = None
+    ids: Sequence[int], chunk_size: int, max_chunks: int | None = None,
+    truncation: str = "right",
 ) -> tuple[list[list[int]], bool]:
-    """Consecutive `chunk_size` pieces of `ids` (the last may be shorter), the first
-    `max_chunks` of them; also whether max_chunks dropped any."""
+    """Consecutive `chunk_size` pieces of `ids` (the last may be shorter), at most
+    `max_chunks` of them; also whether max_chunks dropped any tokens.
+
+    truncation "right": the first max_chunks pieces. "center": the pieces of
+    `center_truncate(ids, max_chunks * chunk_size)`, so one piece may straddle the cut, as in
+    MemAgent (which slices the centre-truncated token tensor into chunks).
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
+    if truncation == "center" and max_chunks is not None:
+        kept = center_truncate(ids, max_chunks * chunk_size)
+        pieces, _ = split_token_ids(kept, chunk_size)
+        return pieces, len(kept) < len(ids)
     num = -(-len(ids) // chunk_size)
     capped = max_chunks is not None and num > max_chunks
     if capped:
@@ -108,14 +142,15 @@ def split_token_ids(
 
 
 def chunk_context(
-    tokenizer: Any, text: str, chunk_size: int, max_chunks: int | None = None
+    tokenizer: Any, text: str, chunk_size: int, max_chunks: int | None = None,
+    truncation: str = "right",
 ) -> ContextChunks:
     """Tokenize `text` without special tokens, split it with `split_token_ids`, and decode
     each chunk back to text, as MemAgent does (a chunk boundary inside a multi-byte character
     decodes to U+FFFD there too).
     """
     ids = tokenizer.encode(text, add_special_tokens=False)
-    pieces, capped = split_token_ids(ids, chunk_size, max_chunks)
+    pieces, capped = split_token_ids(ids, chunk_size, max_chunks, truncation)
     texts = [tokenizer.decode(piece, skip_special_tokens=False) for piece in pieces]
     return ContextChunks(texts, [len(piece) for piece in pieces], len(ids), capped)
 
@@ -187,8 +222,10 @@ class MemAgent:
 
     def chunk(self, record: QARecord) -> ContextChunks:
         """The chunks this agent reads for `record`."""
+        cfg = self.config
         return chunk_context(
-            self.tokenizer, record.render_context(), self.config.chunk_size, self.config.max_chunks
+            self.tokenizer, record.render_context(), cfg.chunk_size, cfg.max_chunks,
+            cfg.truncation,
         )
 
     def update_prompt_ids(self, question: str, memory: str, chunk: str) -> list[int]:

@@ -415,6 +415,31 @@ def save_memagent_parquet(records: Sequence[QARecord], path: str | Path, *,
     return write_atomic(path, sink.getvalue().to_pybytes())
 
 
+def save_memagent_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write rows of MemAgent's published parquet (processing.py; see
+    `memrl.data.ruler_hqa.memagent_training_rows`) atomically, with the column types pandas
+    gives them there: `data_source`, `prompt` (list of {role, content}), `context`, `ability`,
+    `reward_model` {style, ground_truth: list}, `extra_info` {index, question, num_docs}."""
+    pa = require("pyarrow", extra="parquet", feature=_PARQUET_FEATURE)
+    pq = require("pyarrow.parquet", extra="parquet", feature=_PARQUET_FEATURE)
+    if not rows:
+        raise MemrlInputError("no rows to write", location=str(path))
+    schema = pa.schema([
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("context", pa.string()),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("style", pa.string()),
+                                    ("ground_truth", pa.list_(pa.string()))])),
+        ("extra_info", pa.struct([("index", pa.int64()), ("question", pa.string()),
+                                  ("num_docs", pa.int64())])),
+    ])
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return write_atomic(path, sink.getvalue().to_pybytes())
+
+
 def _num_docs(record: QARecord) -> int | None:
     if record.num_docs is not None:
         return record.num_docs

@@ -203,6 +203,7 @@ def validate(run: Run) -> dict[str, float]:
         num_samples=rl.val_n,
         seed=derive_seed(cfg.seed, "val", run.state.step),
         temperature=rl.val_temperature,
+        top_p=rl.val_top_p,
     )
     metrics = {
         "val/score": float(np.mean([t.reward for t in trajs])),

@@ -24,12 +24,15 @@ class RLConfig(StrictModel):
     """Trajectories per validation question."""
     val_temperature: float = Field(0.0, ge=0)
     """Sampling temperature of validation rollouts (0 = greedy)."""
+    val_top_p: float | None = Field(None, gt=0, le=1)
+    """Nucleus threshold of validation rollouts (verl rollout.val_kwargs.top_p); None: the
+    agent's own top_p (memagent.top_p / memupdate.top_p)."""
     generation_batch_size: int = Field(64, ge=1)
     """Prompts per forward pass of the in-process engine (a micro-batch of generation)."""
     # ---- rewards and advantages
     reward: str | None = None
-    """The task's reward (memagent: sub_em, em, f1, context_overlap; memupdate:
-    memory_delta). None: the task's default (sub_em / memory_delta)."""
+    """The task's reward (memagent: sub_em, em, f1, memagent_em, context_overlap;
+    memupdate: memory_delta). None: the task's default (sub_em / memory_delta)."""
     adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline"] = "grpo"
     """verl algorithm.adv_estimator."""
     norm_adv_by_std: bool = False

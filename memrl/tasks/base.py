@@ -43,10 +43,13 @@ class Task(Protocol):
         temperature: float | None = None,
         keep_token_ids: bool = True,
         progress: Callable[[Any], None] | None = None,
+        top_p: float | None = None,
     ) -> list[Trajectory]:
         """`num_samples` trajectories per record (record_id = record.id), each with its
         scalar `reward` and per-trajectory scores in `metrics` already set.
-        `keep_token_ids=False` drops token ids from turns (evaluation does not train)."""
+        `keep_token_ids=False` drops token ids from turns (evaluation does not train).
+        `temperature` / `top_p` (None: the agent config's) override sampling, e.g. for
+        validation."""
         ...
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:

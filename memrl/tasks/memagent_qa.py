@@ -17,13 +17,15 @@ from memrl.agents.trajectory import Trajectory
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator
-from memrl.rewards.memagent import memagent_protocol_scores
+from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
 
-REWARDS = ("sub_em", "em", "f1", "context_overlap")
-"""Rewards of the final answer; context_overlap is a dense smoke-test reward for tiny random
-models (memrl.rewards.shaping), not a measure of answer quality."""
+REWARDS = ("sub_em", "em", "f1", "memagent_em", "context_overlap")
+"""Rewards of the final answer; memagent_em is MemAgent's published training reward
+(`memrl.rewards.memagent.memagent_em` of the final response); context_overlap is a dense
+smoke-test reward for tiny random models (memrl.rewards.shaping), not a measure of answer
+quality."""
 
 
 PROTOCOLS = ("memagent-boxed", "memagent")
@@ -147,10 +149,13 @@ class MemAgentQATask:
         temperature: float | None = None,
         keep_token_ids: bool = True,
         progress: Callable[[Any], None] | None = None,
+        top_p: float | None = None,
     ) -> list[Trajectory]:
         update: dict[str, Any] = {"seed": seed}
         if temperature is not None:
             update["temperature"] = temperature
+        if top_p is not None:
+            update["top_p"] = top_p
         agent = MemAgent(generator, self.config.model_copy(update=update))
         published = self.protocol == "memagent"
         if published:  # get_pred strips the question and the context
@@ -164,11 +169,13 @@ class MemAgentQATask:
         for t in trajectories:
             record = by_id[t.record_id]
             scores = (score_protocol_trajectory if published else score_trajectory)(t, record)
-            t.reward = (
-                self._overlap(t, record, generator.tokenizer)
-                if self.reward == "context_overlap"
-                else scores[self.reward]
-            )
+            if self.reward == "context_overlap":
+                t.reward = self._overlap(t, record, generator.tokenizer)
+            elif self.reward == "memagent_em":
+                t.reward = memagent_em(t.info["final_response"], record.answers)
+                t.metrics["memagent_em"] = t.reward
+            else:
+                t.reward = scores[self.reward]
         return trajectories
 
     def _overlap(self, trajectory: Trajectory, record: QARecord, tokenizer: Any) -> float:

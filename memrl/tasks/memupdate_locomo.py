@@ -243,12 +243,15 @@ class MemoryUpdateTask:
         temperature: float | None = None,
         keep_token_ids: bool = True,
         progress: Callable[[Any], None] | None = None,
+        top_p: float | None = None,
     ) -> list[Trajectory]:
         """Trajectories with rewards; `progress` (if given) is called with the number of
         episodes finished."""
         config = self.config
         if temperature is not None:
             config = config.model_copy(update={"temperature": temperature})
+        if top_p is not None:
+            config = config.model_copy(update={"top_p": top_p})
         self.ensure_bases(records)
         agent = MemoryUpdateAgent(generator, self.store, config)
         trajectories = agent.run(
