@@ -9,6 +9,7 @@ its own, so that one process and two ranks sample exactly the same groups.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,7 +204,7 @@ def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir
             proc.wait()
     assert proc.returncode != 0
     assert elapsed < 60
-    assert "rank      : 1" in stderr and "Signal 9 (SIGKILL)" in stderr, stderr[-3000:]
+    assert re.search(r"rank\s*:\s*1\b", stderr) and "SIGKILL" in stderr, stderr[-3000:]
     time.sleep(1)
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and rank_of(p) is not None]
 
