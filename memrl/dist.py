@@ -55,3 +55,53 @@ class Dist:
     def shard(self, items: list[Any]) -> list[Any]:
         """This rank's share of `items`: every world_size-th one, starting at its rank."""
         return items[self.rank :: self.world_size]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` (picklable), in rank order (`[obj]` at world size 1)."""
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as tdist
+
+        out: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (nothing at world size 1)."""
+        if self.world_size > 1:
+            import torch.distributed as tdist
+
+            tdist.barrier()
+
+    # Data parallelism with replicated weights: every rank's loss is its exact share of the
+    # global mini-batch loss (global divisors), so the global gradient is the SUM of the ranks'
+    # gradients (DDP would average them). A rank with no sample in a mini-batch adds zeros.
+    def sum_gradients(self, params: list[Any], bucket_numel: int = 1 << 24) -> None:
+        """Replace every parameter's .grad by its sum over ranks (None counts as zeros)."""
+        if self.world_size == 1:
+            return
+        import torch
+        import torch.distributed as tdist
+
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        by_kind: dict[tuple[Any, Any], list[Any]] = {}
+        for p in params:
+            by_kind.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for kind in sorted(by_kind, key=str):  # the same order on every rank
+            group = by_kind[kind]
+            bucket: list[Any] = []
+            size = 0
+            for i, p in enumerate(group):
+                bucket.append(p)
+                size += p.numel()
+                if size >= bucket_numel or i == len(group) - 1:
+                    flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+                    tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
+                    offset = 0
+                    for q in bucket:
+                        n = q.numel()
+                        q.grad.copy_(flat[offset : offset + n].view_as(q.grad))
+                        offset += n
+                    bucket, size = [], 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the latest checkpoint (trainer.resume=auto)."
     ),
+    nproc_per_node: int = typer.Option(
+        1,
+        "--nproc-per-node",
+        min=1,
+        help="Train on N processes of this machine (data parallel; one GPU each on CUDA): "
+        "memrl starts `torchrun --standalone --nproc-per-node N` on itself.",
+    ),
 ) -> None:
     """Train a memory agent with GRPO-family RL.
 
@@ -34,18 +42,32 @@ def train(
     from memrl.recipes import grpo
     from memrl.recipes.config import TrainConfig
 
+    from memrl.distributed import destroy_process_group, launched, relaunch
+
     extra = list(overrides or [])
     if resume:
         extra.append("trainer.resume=auto")
     cfg = load_config(TrainConfig, config, extra)
+    if nproc_per_node > 1 and not launched():
+        raise typer.Exit(
+            relaunch(nproc_per_node, ["train", str(config), *(overrides or []),
+                                      *(["--resume"] if resume else [])])
+        )
     out_dir = Path(cfg.trainer.out_dir)
     check_output_dir(out_dir, location=f"trainer.out_dir {out_dir}")
     console = Console()
-    console.print(f"training → {out_dir}")
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank:
+        console.print(f"training → {out_dir}")
     progress = TrainProgress(out_dir)
     how = "continue with: " + resume_command(config, list(overrides or []))
-    with exit_on_signals(progress.describe, how):
-        state = grpo.train(cfg, console=console, on_start=progress.started)
+    try:
+        with exit_on_signals(progress.describe, how):
+            state = grpo.train(cfg, console=console, on_start=progress.started)
+    finally:
+        destroy_process_group()
+    if not main_rank:
+        return
     console.print(
         f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}, "
         f"plot {out_dir / 'training.png'}"

@@ -91,6 +91,10 @@ class TrainerConfig(StrictModel):
     wandb_project: str = "memrl"
     num_logged_trajectories: int = Field(4, ge=0)
     """Sample trajectories written to disk at each validation."""
+    dist_timeout_s: float = Field(1800.0, gt=0)
+    """Training on several processes (torchrun, --nproc-per-node): a collective that waits
+    longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed
+    the longest gap between two collectives (a step's rollout, a validation, a checkpoint)."""
 
 
 class TrainConfig(StrictModel):

@@ -77,6 +77,10 @@ def train(
 
     `on_start(run)` is called once the run is set up (the CLI keeps it to say at which step
     an interrupted run stopped)."""
+    if dist is None:
+        from memrl.distributed import init_process_group
+
+        dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device)
     run = setup(config, task=task, dist=dist, console=console)
     if on_start is not None:
         on_start(run)
@@ -107,6 +111,56 @@ def train(
     return run.state
 
 
+@dataclass
+class StepView:
+    """What the step's metrics are computed from: per trajectory (in the order one process
+    would hold them) and per sample, gathered from every data-parallel rank."""
+
+    trajectories: list[Any]
+    """The step's trajectories without their turns (summaries only need scores and info)."""
+    task_rewards: Any
+    rewards: Any
+    advantages: Any
+    sample_lengths: list[tuple[str, int]]
+    """(turn kind, response tokens) of every sample."""
+    truncated: list[bool]
+    response_tokens: float
+    train_tokens: float
+
+    @classmethod
+    def of(cls, trajectories: list[Any], batch: RolloutBatch, task_rewards: Any) -> StepView:
+        import dataclasses
+
+        return cls(
+            [dataclasses.replace(t, turns=[]) for t in trajectories],
+            task_rewards, batch.rewards, batch.advantages,
+            [(s.turn_kind, len(s.response_ids)) for s in batch.samples],
+            [s.truncated for s in batch.samples],
+            float(batch.response_tokens.sum()),
+            float(sum(s.num_tokens for s in batch.samples)),
+        )
+
+    def gathered(self, dist: Dist, group_order: list[str]) -> StepView:
+        """Every rank's view in one, trajectories in `group_order` (as on one process)."""
+        if dist.world_size == 1:
+            return self
+        import torch
+
+        parts = dist.all_gather(self)
+        rows = [(t, p.task_rewards[i], p.rewards[i], p.advantages[i])
+                for p in parts for i, t in enumerate(p.trajectories)]
+        where = {g: i for i, g in enumerate(group_order)}
+        rows.sort(key=lambda r: (where[r[0].record_id], r[0].sample_index))
+        column = lambda k: torch.stack([r[k] for r in rows])  # noqa: E731
+        return StepView(
+            [r[0] for r in rows], column(1), column(2), column(3),
+            [x for p in parts for x in p.sample_lengths],
+            [x for p in parts for x in p.truncated],
+            sum(p.response_tokens for p in parts),
+            sum(p.train_tokens for p in parts),
+        )
+
+
 def train_step(run: Run) -> dict[str, float]:
     """One step of the algorithm; returns its metrics."""
     cfg, rl = run.config, run.config.rl
@@ -127,12 +181,16 @@ def train_step(run: Run) -> dict[str, float]:
         dynamic_sampling=rl.dynamic_sampling,
         max_refill_rounds=rl.max_refill_rounds,
         round_seed=lambda r: derive_seed(cfg.seed, "train", run.state.step, r),
+        dist=run.dist,
     )
     run.engine.sleep()
     t_rollout = time.perf_counter() - t0 - t_sync
 
     # 3. One typed batch: a sample per conversation, a reward per trajectory.
-    batch = RolloutBatch.from_trajectories(groups.trajectories, overlong=rl.overlong)
+    batch = RolloutBatch.from_trajectories(
+        groups.trajectories, overlong=rl.overlong,
+        group_order=groups.group_order if run.dist.world_size > 1 else None,
+    )
 
     # 4. Old and reference log-probs (no grad).
     t1 = time.perf_counter()
@@ -161,29 +219,30 @@ def train_step(run: Run) -> dict[str, float]:
     update = run.actor.update(batch, run.dist)
     t_update = time.perf_counter() - t2
 
-    # 7. Metrics.
-    trajs = groups.trajectories
-    samples = batch.samples
+    # 7. Metrics (over every rank's share of the step).
+    view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
+        run.dist, groups.group_order
+    )
+    trajs = view.trajectories
     lengths: dict[str, list[int]] = {}
-    for s in samples:
-        lengths.setdefault(s.turn_kind, []).append(len(s.response_ids))
-    train_tokens = sum(s.num_tokens for s in samples)
+    for kind, n in view.sample_lengths:
+        lengths.setdefault(kind, []).append(n)
     return {
-        "train/reward_mean": float(task_rewards.mean()),
-        "train/reward_std": float(task_rewards.std(unbiased=False)),
+        "train/reward_mean": float(view.task_rewards.mean()),
+        "train/reward_std": float(view.task_rewards.std(unbiased=False)),
         **{f"train/{k}": v for k, v in run.task.summarize(trajs).items()},
-        "train/groups": float(len(set(batch.group_ids))),
+        "train/groups": float(len({t.record_id for t in trajs})),
         "train/informative_groups": float(informative_groups(trajs)),
         "train/groups_generated": float(groups.generated),
-        "train/samples": float(len(samples)),
+        "train/samples": float(len(view.sample_lengths)),
         **{f"train/{k}_response_len": float(np.mean(v)) for k, v in lengths.items()},
-        "train/truncated_frac": float(np.mean([s.truncated for s in samples])),
-        "train/advantage_abs_mean": float(batch.advantages.abs().mean()),
-        "train/kl_reward_penalty": float((task_rewards - batch.rewards).mean()),
+        "train/truncated_frac": float(np.mean(view.truncated)),
+        "train/advantage_abs_mean": float(view.advantages.abs().mean()),
+        "train/kl_reward_penalty": float((view.task_rewards - view.rewards).mean()),
         "train/lr": lr,
         **update,
-        "perf/rollout_tokens_per_s": float(batch.response_tokens.sum()) / max(t_rollout, 1e-9),
-        "perf/train_tokens_per_s": train_tokens * rl.ppo_epochs / max(t_update, 1e-9),
+        "perf/rollout_tokens_per_s": view.response_tokens / max(t_rollout, 1e-9),
+        "perf/train_tokens_per_s": view.train_tokens * rl.ppo_epochs / max(t_update, 1e-9),
         "perf/sync_s": t_sync,
         "perf/rollout_s": t_rollout,
         "perf/logprobs_s": t_logprobs,
@@ -197,14 +256,19 @@ def validate(run: Run) -> dict[str, float]:
     cfg, rl = run.config, run.config.rl
     run.engine.wake()
     run.engine.sync_weights(run.actor.model, run.state.step)
+    mine = run.dist.shard(run.val_records)
     trajs = run.task.rollout(
         run.engine,
-        run.val_records,
+        mine,
         num_samples=rl.val_n,
         seed=derive_seed(cfg.seed, "val", run.state.step),
         temperature=rl.val_temperature,
         top_p=rl.val_top_p,
-    )
+    ) if mine else []
+    if run.dist.world_size > 1:  # every rank's share, in the validation set's order
+        where = {r.id: i for i, r in enumerate(run.val_records)}
+        trajs = sorted((t for part in run.dist.all_gather(trajs) for t in part),
+                       key=lambda t: (where[t.record_id], t.sample_index))
     metrics = {
         "val/score": float(np.mean([t.reward for t in trajs])),
         **{f"val/{key}": v for key, v in run.task.summarize(trajs).items()},
@@ -223,8 +287,9 @@ def validate(run: Run) -> dict[str, float]:
 def save(run: Run) -> Path | None:
     """A checkpoint of the policy, optimizer, schedule, RNG and data cursor (main rank)."""
     if not run.dist.is_main:
+        run.dist.barrier()  # the next step starts once the checkpoint is complete
         return None
-    return save_checkpoint(
+    path = save_checkpoint(
         run.out_dir / "checkpoints",
         run.state.step,
         model=run.actor.model,
@@ -235,6 +300,8 @@ def save(run: Run) -> Path | None:
         config_yaml=config_to_yaml(run.config),
         keep_last=run.config.trainer.keep_last,
     )
+    run.dist.barrier()
+    return path
 
 
 def total_steps(config: TrainConfig, num_records: int) -> int:
@@ -250,6 +317,12 @@ def setup(
     """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint."""
     seed_everything(config.seed)
     dist = dist or Dist.from_environment()
+    if dist.world_size > 1 and config.rl.adv_estimator == "reinforce_plus_plus_baseline":
+        raise MemrlInputError(
+            "reinforce_plus_plus_baseline whitens advantages over the whole batch, which "
+            "data-parallel ranks do not hold: train it on one process, or use grpo / rloo",
+            location="rl.adv_estimator",
+        )
     task = task if task is not None else build_task(config)
     train_records = task.load(config.data.train_file, config.data.format, what="training")
     val_records: list[Any] = []

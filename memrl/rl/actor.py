@@ -218,6 +218,25 @@ class _Averages:
     def result(self) -> dict[str, float]:
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
 
+    def reduced(self, dist: Dist) -> dict[str, float]:
+        """The averages over every rank's events. Values added identically on every rank
+        (losses, grad norms) are counted once; token-weighted ones are summed over ranks."""
+        if dist.world_size == 1:
+            return self.result()
+        out = _Averages()
+        for rank, (sums, weights) in enumerate(dist.all_gather((self.sums, self.weights))):
+            for k in sums:
+                if k in _REPLICATED and rank > 0:
+                    continue
+                out.sums[k] = out.sums.get(k, 0.0) + sums[k]
+                out.weights[k] = out.weights.get(k, 0.0) + weights[k]
+        return out.result()
+
+
+_REPLICATED = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm",
+                         "actor/skipped_nonfinite_steps"})
+"""Metrics every rank computes from all-reduced values, so they agree on every rank."""
+
 
 class Actor(_PolicyModel):
     """The policy being trained: its optimizer, lr schedule and PPO update."""
@@ -255,26 +274,30 @@ class Actor(_PolicyModel):
         if use_kl and batch.ref_logprobs is None:
             raise ValueError("a KL loss needs reference log-probs in the batch")
         avg = _Averages()
+        loss_names = ["actor/pg_loss", "actor/entropy"] + (["actor/kl_loss"] if use_kl else [])
+        params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.train()
         for _ in range(cfg.ppo_epochs):
+            # With data parallelism every rank walks the same global mini-batches (its share
+            # of each may be empty) and takes the same optimizer steps.
             for mini in batch.mini_batches(cfg.ppo_mini_batch_size):
                 norm = batch.loss_norm(mini, cfg.loss_agg_mode, scale_factor=cfg.loss_scale_factor)
-                if norm.global_count:
-                    norm = norm.with_divisor(dist.all_reduce_sum(norm.divisor))
+                norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
-                losses: dict[str, float] = {}
-                for positions in self.micro_batches(batch, mini):
+                losses = torch.zeros(len(loss_names), dtype=torch.float64)
+                for positions in self.micro_batches(batch, mini) if mini else []:
                     indices = [mini[p] for p in positions]
                     terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg)
-                    for name, value in terms.items():
-                        losses[name] = losses.get(name, 0.0) + value
+                    losses += torch.tensor([terms[name] for name in loss_names])
+                dist.sum_gradients(params)
                 grad_norm = self._optimizer_step()
-                for name, value in losses.items():
-                    avg.add(name, dist.all_reduce_sum(value))
+                for name, value in zip(loss_names, dist.all_reduce_sum(losses).tolist(),
+                                       strict=True):
+                    avg.add(name, value)
                 avg.add("actor/grad_norm", grad_norm)
                 avg.add("actor/skipped_nonfinite_steps", float(not math.isfinite(grad_norm)))
         self.scheduler.step()
-        return avg.result()
+        return avg.reduced(dist)
 
     def _micro_step(
         self,

@@ -99,12 +99,21 @@ class RolloutBatch:
     ref_logprobs: tuple[Tensor, ...] | None = None
     advantages: Tensor | None = None
     """(T,) float32."""
+    group_order: tuple[str, ...] | None = None
+    """Data parallelism: every group of the step on every rank, in the order one process
+    would hold them, so that mini-batch k is the same questions on any number of ranks
+    (`mini_batches`). None: this batch's own groups, in order."""
 
     @classmethod
     def from_trajectories(
-        cls, trajectories: Sequence[Trajectory], *, overlong: str = "mask"
+        cls,
+        trajectories: Sequence[Trajectory],
+        *,
+        overlong: str = "mask",
+        group_order: Sequence[str] | None = None,
     ) -> RolloutBatch:
-        """One Sample per Turn, trajectory by trajectory, turn by turn; rewards must be set."""
+        """One Sample per Turn, trajectory by trajectory, turn by turn; rewards must be set.
+        `group_order`: the step's groups over all data-parallel ranks (see the field)."""
         if overlong not in OVERLONG_MODES:
             raise MemrlInputError(
                 f"overlong must be one of {', '.join(OVERLONG_MODES)}, got {overlong!r}",
@@ -134,7 +143,16 @@ class RolloutBatch:
         tokens = torch.zeros(len(trajectories), dtype=torch.long)
         for s in samples:
             tokens[s.traj_index] += len(s.response_ids)
-        return cls(tuple(samples), tuple(t.record_id for t in trajectories), rewards, tokens)
+        order = None
+        if group_order is not None:
+            order = tuple(dict.fromkeys(group_order))
+            missing = set(t.record_id for t in trajectories) - set(order)
+            if missing:
+                raise ValueError(f"groups {sorted(missing)} are not in group_order")
+        return cls(
+            tuple(samples), tuple(t.record_id for t in trajectories), rewards, tokens,
+            group_order=order,
+        )
 
     # ---- the next version of the batch (the recipe's steps, in order)
     def with_logprobs(
@@ -187,10 +205,17 @@ class RolloutBatch:
 
     def mini_batches(self, groups_per_mini_batch: int) -> list[list[int]]:
         """Sample indices of each mini-batch: `groups_per_mini_batch` questions each (verl
-        ppo_mini_batch_size), with all conversations of all their trajectories, in order."""
+        ppo_mini_batch_size), with all conversations of all their trajectories, in order.
+
+        With a `group_order` the mini-batches are those of the whole data-parallel step:
+        this rank gets its samples of each (possibly none), and every rank gets as many."""
         if groups_per_mini_batch < 1:
             raise ValueError(f"groups_per_mini_batch must be >= 1, got {groups_per_mini_batch}")
-        order = list(dict.fromkeys(s.group_id for s in self.samples))
+        order = (
+            list(self.group_order)
+            if self.group_order is not None
+            else list(dict.fromkeys(s.group_id for s in self.samples))
+        )
         where = {g: i // groups_per_mini_batch for i, g in enumerate(order)}
         out: list[list[int]] = [[] for _ in range(-(-len(order) // groups_per_mini_batch))]
         for i, s in enumerate(self.samples):

@@ -21,6 +21,7 @@ loss by the world size).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,14 +89,29 @@ class LossNorm:
     """D: what the summed row terms are divided by (1 for an empty batch)."""
     global_count: bool = True
     """True when D is a count that data-parallel ranks add up; False for a constant."""
+    count: float | None = None
+    """The count D stands for, before an empty batch's fallback to 1 (0 allowed): what a
+    data-parallel rank adds to the all-reduce (`with_global_count`). None: D itself."""
 
     def rows(self, index: Tensor | list[int]) -> LossNorm:
         """The same norm restricted to some rows (a micro-batch): D stays the batch's."""
         idx = torch.as_tensor(index, dtype=torch.long)
-        return LossNorm(self.row_divisor[idx], self.divisor, self.global_count)
+        return LossNorm(self.row_divisor[idx], self.divisor, self.global_count, self.count)
 
     def with_divisor(self, divisor: float) -> LossNorm:
-        return LossNorm(self.row_divisor, float(divisor) or 1.0, self.global_count)
+        return LossNorm(self.row_divisor, float(divisor) or 1.0, self.global_count, self.count)
+
+    @property
+    def local_count(self) -> float:
+        """This batch's share of a global count (0 for an empty share)."""
+        return self.divisor if self.count is None else self.count
+
+    def with_global_count(self, all_reduce_sum: Any) -> LossNorm:
+        """D as the sum over data-parallel ranks of their `local_count` (a constant D is
+        kept); `all_reduce_sum` adds a number over ranks."""
+        if not self.global_count:
+            return self
+        return self.with_divisor(all_reduce_sum(self.local_count))
 
 
 # Loss aggregation (verl `agg_loss`), as row divisors d_b and a global divisor D:
@@ -128,11 +144,12 @@ def loss_norm(
     has = n > 0
     ones = torch.ones_like(n)
     if mode == "token-mean":
-        return LossNorm(ones, float(n.sum()) or 1.0)
+        return LossNorm(ones, float(n.sum()) or 1.0, count=float(n.sum()))
     if mode == "seq-mean-token-sum":
-        return LossNorm(ones, float(has.sum()) or 1.0)
+        return LossNorm(ones, float(has.sum()) or 1.0, count=float(has.sum()))
     if mode == "seq-mean-token-mean":
-        return LossNorm(torch.where(has, n, ones), float(has.sum()) or 1.0)
+        s = float(has.sum())
+        return LossNorm(torch.where(has, n, ones), s or 1.0, count=s)
     if mode == "seq-mean-token-sum-norm":
         if scale_factor is None or not scale_factor > 0:
             raise MemrlInputError(
@@ -150,7 +167,8 @@ def loss_norm(
     per_traj = torch.zeros(uniq.numel(), dtype=n.dtype, device=n.device)
     per_traj.index_add_(0, inverse, n)
     m = per_traj[inverse]
-    return LossNorm(torch.where(m > 0, m, ones), float((per_traj > 0).sum()) or 1.0)
+    t = float((per_traj > 0).sum())
+    return LossNorm(torch.where(m > 0, m, ones), t or 1.0, count=t)
 
 
 def agg_loss(

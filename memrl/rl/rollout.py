@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from memrl.agents.trajectory import Trajectory
+from memrl.dist import Dist
 from memrl.errors import MemrlInputError
 from memrl.rl.advantages import dynamic_sampling_keep
 
@@ -74,6 +75,8 @@ class Groups:
     rounds: int = 0
     seeds: list[int] = field(default_factory=list)
     """The rollout seed of each round."""
+    group_order: list[str] = field(default_factory=list)
+    """Every group trained on, on every rank, in the order one process would hold them."""
 
 
 def informative_groups(trajectories: Sequence[Trajectory]) -> int:
@@ -97,14 +100,21 @@ def collect_groups(
     dynamic_sampling: bool,
     max_refill_rounds: int,
     round_seed: Callable[[int], int],
+    dist: Dist = Dist(),
 ) -> Groups:
     """`want` groups of scored trajectories; `rollout(records, seed)` samples a group per
-    record, and `round_seed(r)` gives round r's seed (distinct for every round)."""
+    record, and `round_seed(r)` gives round r's seed (distinct for every round).
+
+    Data parallelism: every rank takes the same questions from the stream (so every rank's
+    cursor is the same, and a resumed run continues exactly), rolls out its share of them
+    (`dist.shard`: whole groups, never split over ranks), and the keep decisions are
+    gathered, so every rank agrees on the rounds, the kept groups and their order."""
     out = Groups([])
     last: list[Trajectory] = []
+    last_order: list[str] = []
     rounds = 1 + (max_refill_rounds if dynamic_sampling else 0)
     for r in range(rounds):
-        kept = {t.record_id for t in out.trajectories}
+        kept = set(out.group_order)
         need = want - len(kept)
         if need <= 0:
             break
@@ -113,16 +123,23 @@ def collect_groups(
         out.generated += len(records)
         out.rounds += 1
         out.seeds.append(seed)
-        last = rollout(records, seed)
+        mine = dist.shard(records)
+        last = rollout(mine, seed) if mine else []
         keep = [True] * len(last)
         if dynamic_sampling:
             rewards = torch.tensor([float(t.reward) for t in last])
             keep = dynamic_sampling_keep(rewards, [t.record_id for t in last]).tolist()
         # A question already kept (the stream wrapped into a new epoch during refill) is not
         # kept twice: its two groups would merge into one.
-        out.trajectories += [
-            t for t, k in zip(last, keep, strict=True) if k and t.record_id not in kept
-        ]
-    if not out.trajectories:
-        out.trajectories = last
+        chosen = [t for t, k in zip(last, keep, strict=True) if k and t.record_id not in kept]
+        out.trajectories += chosen
+        if dist.world_size == 1:
+            last_order = list(dict.fromkeys(t.record_id for t in last))
+            out.group_order += list(dict.fromkeys(t.record_id for t in chosen))
+        else:  # the records' order is the order one process would have rolled them out in
+            ids = set().union(*dist.all_gather({t.record_id for t in chosen}))
+            last_order = list(dict.fromkeys(x.id for x in records))
+            out.group_order += [i for i in last_order if i in ids and i not in kept]
+    if not out.group_order:
+        out.trajectories, out.group_order = last, last_order
     return out

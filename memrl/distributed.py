@@ -1,0 +1,96 @@
+"""Training on many processes: the process group, and the one-node launcher.
+
+    torchrun --nproc-per-node 2 -m memrl train CONFIG.yaml      any launcher that sets
+                                                                RANK, WORLD_SIZE, MASTER_ADDR
+    memrl train CONFIG.yaml --nproc-per-node 2                  the same on one node: memrl
+                                                                starts torchrun itself
+
+`init_process_group` is called once by the training entry point: under a launcher it joins
+the group (gloo on CPU, nccl on CUDA, one GPU per process: cuda:LOCAL_RANK) with the
+collective timeout of the config, and returns the `Dist` the recipe uses; without one it
+returns a single process's `Dist()` and starts nothing.
+
+Failures. torchrun's agent watches its workers: when one dies (an exception, a SIGKILL, the
+kernel's OOM killer) it stops the others and exits non-zero, printing the failed rank and
+its exit code or signal. A rank that hangs, or a peer on another node that vanished, is
+caught by the collective timeout (`trainer.dist_timeout_s`): the waiting ranks raise, exit
+non-zero, and the agent reports them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+
+from memrl.dist import Dist
+
+__all__ = ["destroy_process_group", "init_process_group", "launched", "torchrun_command"]
+
+
+def launched() -> bool:
+    """Whether a launcher (torchrun, Ray Train, SLURM + torchrun) started this process as one
+    rank of several: WORLD_SIZE is set and above 1."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_process_group(timeout_s: float, *, device: str | None = None) -> Dist:
+    """Join the launcher's process group (once) and return this process's `Dist`.
+
+    Backend: nccl when the run trains on CUDA (`device` None or a cuda device, and CUDA is
+    there), else gloo. On CUDA each process uses the GPU of its LOCAL_RANK. A collective that
+    waits longer than `timeout_s` seconds raises on the waiting ranks.
+    """
+    if not launched():
+        return Dist()
+    import torch
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        return Dist.from_environment()
+    cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    tdist.init_process_group(
+        backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=float(timeout_s))
+    )
+    return Dist.from_environment()
+
+
+def destroy_process_group() -> None:
+    """Leave the process group, if this process joined one."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def torchrun_command(nproc_per_node: int, module_args: Sequence[str]) -> list[str]:
+    """`python -m torch.distributed.run` starting `python -m memrl <module_args>` on
+    `nproc_per_node` processes of this node (a free rendezvous port, `--standalone`)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={int(nproc_per_node)}",
+        "-m",
+        "memrl",
+        *module_args,
+    ]
+
+
+def relaunch(nproc_per_node: int, module_args: Sequence[str]) -> int:
+    """Run `memrl <module_args>` on `nproc_per_node` local processes; torchrun's exit code."""
+    from pathlib import Path
+
+    import memrl
+
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # The workers import the same memrl as this process (a source checkout included).
+    root = str(Path(memrl.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return subprocess.call(torchrun_command(nproc_per_node, module_args), env=env)

@@ -1,0 +1,49 @@
+"""Run by the data-parallel tests under torchrun (and in-process at world size 1): train
+with a task whose rollouts do not depend on how the questions are shared among ranks.
+
+    torchrun --nproc-per-node 2 tests/dist_train.py key=value ...
+
+The engine samples a whole rollout call with one seeded generator, so which questions share
+a call changes the samples; rolling out each question alone, seeded by its id, makes one
+process and N ranks sample exactly the same groups, so their updates can be compared.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from memrl.config import load_config
+from memrl.distributed import destroy_process_group
+from memrl.inference.base import derive_seed
+from memrl.recipes import grpo
+from memrl.recipes.config import TrainConfig
+from memrl.tasks import build_task
+
+
+class PerQuestionTask:
+    """The config's task, rolling out one question at a time with a seed of its own."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def rollout(self, engine: Any, records: list[Any], *, seed: int, **kw: Any) -> list[Any]:
+        out: list[Any] = []
+        for r in records:
+            out += self.inner.rollout(engine, [r], seed=derive_seed(seed, r.id), **kw)
+        return out
+
+
+def train(overrides: list[str]) -> None:
+    config = load_config(TrainConfig, None, overrides)
+    try:
+        grpo.train(config, task=PerQuestionTask(build_task(config)))
+    finally:
+        destroy_process_group()
+
+
+if __name__ == "__main__":
+    train(sys.argv[1:])

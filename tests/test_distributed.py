@@ -1,0 +1,258 @@
+"""Training on several processes (torchrun, gloo on CPU) against one process on the same
+questions: the same weights after each optimizer step, the same logged metrics, resume on a
+different number of processes, and a killed rank ending the whole run.
+
+The runs use `tests/dist_train.py`, whose task rolls out each question alone with a seed of
+its own, so that one process and two ranks sample exactly the same groups.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from memrl.data.hotpotqa import save_records_jsonl
+from memrl.data.synthetic import make_synthetic_records
+from memrl.dist import Dist
+from memrl.distributed import torchrun_command
+from memrl.metrics import read_metrics
+from memrl.rl.losses import loss_norm
+from memrl.rl.rollout import QuestionStream, TrainState, collect_groups
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPER = ROOT / "tests" / "dist_train.py"
+
+
+def env() -> dict[str, str]:
+    out = dict(os.environ)
+    out.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), out.get("PYTHONPATH")) if p),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return out
+
+
+def overrides(model_dir: Path, data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    # 3 questions per step, 2 per mini-batch: on 2 ranks (questions 0, 2 on rank 0 and 1 on
+    # rank 1) rank 1 holds nothing of the second mini-batch and must still take part.
+    return [
+        f"model.path={model_dir}",
+        f"data.train_file={data_dir / 'train.jsonl'}",
+        f"data.val_file={data_dir / 'val.jsonl'}",
+        f"trainer.out_dir={out_dir}",
+        "memagent.chunk_size=48",
+        "memagent.max_chunks=2",
+        "memagent.max_memory_tokens=6",
+        "memagent.max_final_tokens=6",
+        "memagent.temperature=1.0",
+        "memagent.top_p=1.0",
+        "rl.overlong=keep",
+        "rl.reward=context_overlap",
+        "rl.rollout_n=2",
+        "data.train_batch_size=3",
+        "rl.ppo_mini_batch_size=2",
+        "optim.lr=1e-5",
+        "trainer.log_sinks=[jsonl]",
+        "trainer.save_freq=1",
+        "trainer.test_freq=1",
+        "trainer.val_before_train=false",
+        "trainer.dist_timeout_s=60",
+        *extra,
+    ]
+
+
+def run_helper(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
+    cmd = (
+        [sys.executable, str(HELPER), *args]
+        if nproc == 1
+        else [*torchrun_command(nproc, [])[:-2], str(HELPER), *args]
+    )
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < atol, worst
+
+
+def assert_same_metrics(a: dict, b: dict) -> None:
+    keys = {k for k in a if not k.startswith("perf/") and k != "time"}
+    assert keys == {k for k in b if not k.startswith("perf/") and k != "time"}
+    for k in sorted(keys):
+        assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("dist_data")
+    save_records_jsonl(make_synthetic_records(16, num_docs=2, seed=0), d / "train.jsonl")
+    save_records_jsonl(make_synthetic_records(3, num_docs=2, seed=1), d / "val.jsonl")
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
+    """One process for 2 steps; 2 ranks for 1 step, then resumed on 1 process to step 2."""
+    base = tmp_path_factory.mktemp("dist_runs")
+    single, two = base / "single", base / "two"
+    run_helper(1, overrides(tiny_model_dir, data_dir, single, "trainer.total_steps=2"))
+    run_helper(2, overrides(tiny_model_dir, data_dir, two, "trainer.total_steps=1"))
+    first_two = read_metrics(two / "metrics.jsonl")
+    run_helper(1, overrides(tiny_model_dir, data_dir, two, "trainer.total_steps=2",
+                            "trainer.resume=auto", "trainer.keep_last=2"))
+    return {"single": single, "two": two, "two_step1_metrics": first_two}
+
+
+@pytest.mark.slow
+def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
+    start = load_file(tiny_model_dir / "model.safetensors")
+    one = weights(runs["single"], 1)
+    moved = max((one[k] - start[k]).abs().max().item() for k in one)
+    assert moved > 5e-6  # AdamW moved the weights by about lr
+    assert_same_weights(weights(runs["two"], 1), one)
+    single_metrics = read_metrics(runs["single"] / "metrics.jsonl")
+    (two_metrics,) = runs["two_step1_metrics"]
+    assert_same_metrics(two_metrics, single_metrics[0])
+    assert two_metrics["train/groups"] == 3.0 and "val/score" in two_metrics
+
+
+@pytest.mark.slow
+def test_resume_two_ranks_on_one_process(runs):
+    assert_same_weights(weights(runs["two"], 2), weights(runs["single"], 2))
+    single_metrics = read_metrics(runs["single"] / "metrics.jsonl")
+    two_metrics = read_metrics(runs["two"] / "metrics.jsonl")
+    assert [r["step"] for r in two_metrics] == [1, 2]
+    assert_same_metrics(two_metrics[1], single_metrics[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(b"RANK="):
+            return int(item[5:])
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text("trainer:\n  total_steps: 1000\n")
+    out = tmp_path / "run"
+    args = overrides(tiny_model_dir, data_dir, out, "trainer.save_freq=0", "trainer.test_freq=0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memrl", "train", str(config), *args, "--nproc-per-node", "2"],
+        env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").is_file() or not read_metrics(out / "metrics.jsonl"):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no training step within 120 s"
+            time.sleep(0.5)
+        ranks = {p: rank_of(p) for p in descendants(proc.pid)}
+        ranks = {p: r for p, r in ranks.items() if r is not None}
+        assert sorted(ranks.values()) == [0, 1]
+        victim = next(p for p, r in ranks.items() if r == 1)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert re.search(r"rank\s*:\s*1\b", stderr) and "SIGKILL" in stderr, stderr[-3000:]
+    time.sleep(1)
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists() and rank_of(p) is not None]
+
+
+# ---- the pieces, at world size 1 (the multi-rank behaviour is covered above)
+
+
+def test_an_empty_share_adds_zero_to_the_global_divisor():
+    # token-mean over [3, 0] tokens on one rank and nothing on another: D = 3, not 3 + 1.
+    norms = [loss_norm(torch.tensor([3, 0]), "token-mean"),
+             loss_norm(torch.tensor([]), "token-mean")]
+    total = sum(n.local_count for n in norms)
+    assert [n.local_count for n in norms] == [3.0, 0.0]
+    assert norms[1].with_global_count(lambda x: total).divisor == 3.0
+    assert norms[1].divisor == 1.0  # alone, an empty batch still divides by 1
+    constant = loss_norm(torch.tensor([2]), "seq-mean-token-sum-norm", scale_factor=7.0)
+    assert constant.with_global_count(lambda x: 1000.0).divisor == 7.0
+
+
+def test_collect_groups_records_the_order_of_the_kept_groups():
+    from memrl.agents.trajectory import Trajectory
+
+    records = make_synthetic_records(6, num_docs=2, seed=0)
+    rewards = {records[0].id: [0.0, 0.0], records[1].id: [0.0, 1.0], records[2].id: [1.0, 0.5]}
+
+    def rollout(batch, seed):
+        return [Trajectory(r.id, i, reward=rewards.get(r.id, [0.3, 0.7])[i])
+                for r in batch for i in range(2)]
+
+    groups = collect_groups(rollout, QuestionStream(records, 0, False, TrainState()), want=3,
+                            dynamic_sampling=True, max_refill_rounds=2, round_seed=lambda r: r,
+                            dist=Dist())
+    assert groups.group_order == [records[1].id, records[2].id, records[3].id]
+    assert groups.rounds == 2
+
+
+def test_torchrun_command_starts_memrl_on_this_node():
+    cmd = torchrun_command(4, ["train", "c.yaml", "--resume"])
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--nproc-per-node=4" in cmd
+    assert cmd[-5:] == ["-m", "memrl", "train", "c.yaml", "--resume"]
+
+
+def test_bad_timeout_is_a_config_error(tiny_model_dir, data_dir, tmp_path):
+    from memrl.config import load_config
+    from memrl.errors import MemrlInputError
+    from memrl.recipes.config import TrainConfig
+
+    with pytest.raises(MemrlInputError, match="dist_timeout_s"):
+        load_config(TrainConfig, None,
+                    overrides(tiny_model_dir, data_dir, tmp_path, "trainer.dist_timeout_s=0"))
