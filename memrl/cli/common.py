@@ -57,7 +57,9 @@ def load_generator(
         from memrl.inference.openai import OpenAIGenerator
 
         if not base_urls:
-            raise MemrlInputError("--engine openai needs at least one --base-url", location="--engine")
+            raise MemrlInputError(
+                "--engine openai needs at least one --base-url", location="--engine"
+            )
         generator = OpenAIGenerator(OpenAIConfig(base_urls=base_urls), load_tokenizer(model))
         generator.name_or_path = str(model)
         return generator

