@@ -97,3 +97,53 @@ def test_eval_greedy_answers_equal_the_hf_engine(tiny_model_dir, tmp_path):
         answers[engine] = [(r["memories"], r["final_response"]) for r in rows]
     assert len(answers["hf"]) == 4
     assert answers["vllm"] == answers["hf"]
+
+
+@pytest.mark.slow
+def test_vllm_run_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir, data_dir,
+                                                                 tmp_path):
+    import math
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    def write(name: str) -> Path:
+        cfg = train_config(tiny_model_dir, data_dir, tmp_path / name, "rollout.engine=vllm",
+                           "trainer.total_steps=4", "trainer.save_freq=1",
+                           "trainer.val_before_train=false", "data.val_file=null", *ENGINE)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        return path
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_COMPILE_DISABLE": "1"}
+    run = [sys.executable, "-m", "memrl", "train"]
+    assert subprocess.run([*run, str(write("ref"))], env=env, capture_output=True).returncode == 0
+    cfg = write("kill")
+    proc = subprocess.Popen([*run, str(cfg)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    latest = tmp_path / "kill" / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and latest.read_text().strip():
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "training finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run([*run, str(cfg), "--resume"], env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    def rows(name):
+        return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}
+                for r in read_metrics(tmp_path / name / "metrics.jsonl")]
+
+    ref, got = rows("ref"), rows("kill")
+    assert [r["step"] for r in got] == [r["step"] for r in ref] == [1, 2, 3, 4]
+    for a, b in zip(ref, got, strict=True):
+        assert a.keys() == b.keys() and "rollout/logprob_diff_max" in a
+        for k in a:
+            assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9), (a["step"], k)
