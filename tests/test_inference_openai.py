@@ -71,7 +71,7 @@ def test_no_server_up_fails_after_retries_and_bad_urls_are_user_errors(tiny_toke
     assert gen.stats()[f"http://127.0.0.1:{port}"]["down"] is True
     with pytest.raises(MemrlInputError, match="http://"):
         OpenAIGenerator(OpenAIConfig(base_urls=["127.0.0.1:8000"]), tiny_tokenizer)
-    with pytest.raises(MemrlInputError, match="not implemented"):
+    with pytest.raises(MemrlInputError, match="weights_dir"):
         gen.sync_weights(object(), 1)
 
 
@@ -97,6 +97,7 @@ def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1",
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set by an in-process engine, if any
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, /reset_prefix_cache: weight sync
     return subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -187,3 +188,64 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
     stats = gen.stats()
     assert stats[f"http://127.0.0.1:{port}"]["failures"] >= 1  # it died holding requests
     assert stats[server]["requests"] > 24  # which the live server took over
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_sync_weights_reaches_the_server(server, tiny_model_dir, tiny_tokenizer, tmp_path):
+    """After an optimizer step the server samples the updated policy (last test: it changes
+    the module server's weights)."""
+    import torch
+
+    from memrl.inference import load_model
+
+    policy = load_model(tiny_model_dir, device="cpu", dtype="float32")
+    prompts = [encode_chat(tiny_tokenizer, q) for q in ("hi", "Who was born there?")]
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    policy.train()
+    sum(policy(torch.tensor([p]), labels=torch.tensor([p])).loss for p in prompts).backward()
+    opt.step()
+    policy.eval()
+    gen = OpenAIGenerator(OpenAIConfig(base_urls=[server], weights_dir=str(tmp_path / "w")),
+                          tiny_tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=4)
+
+    def gap(gens) -> float:
+        out = 0.0
+        for p, g in zip(prompts, gens, strict=True):
+            with torch.no_grad():
+                logits = policy(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1 : -1]
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None])
+            out = max(out, float((lp[:, 0] - torch.tensor(g.logprobs)).abs().max()))
+        return out
+
+    assert gap(gen.generate(prompts, params)) > 1e-2  # still the initial weights
+    gen.sync_weights(policy, 1)
+    gen.sync_weights(policy, 2)  # the step-1 files are removed
+    assert [p.name for p in (tmp_path / "w").iterdir()] == ["step_000002"]
+    assert gap(gen.generate(prompts, params)) < 1e-4
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_two_grpo_steps_on_a_server(server, tiny_model_dir, tmp_path):
+    from memrl.config import load_config
+    from memrl.data.hotpotqa import save_records_jsonl
+    from memrl.data.synthetic import make_synthetic_records
+    from memrl.metrics import read_metrics
+    from memrl.recipes import grpo
+    from memrl.recipes.config import TrainConfig
+
+    save_records_jsonl(make_synthetic_records(4, num_docs=2, seed=0), tmp_path / "train.jsonl")
+    cfg = load_config(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"data.train_file={tmp_path / 'train.jsonl'}",
+        f"trainer.out_dir={tmp_path / 'run'}", "data.train_batch_size=2", "rl.rollout_n=2",
+        "rl.ppo_mini_batch_size=2", "rl.dynamic_sampling=false", "rl.overlong=keep",
+        "memagent.chunk_size=48", "memagent.max_chunks=2", "memagent.max_memory_tokens=8",
+        "memagent.max_final_tokens=8", "memagent.temperature=1.0", "memagent.top_p=1.0",
+        "trainer.total_steps=2", "trainer.log_sinks=[jsonl]", "rollout.engine=openai",
+        f"rollout.openai.base_urls=[{server}]", f"rollout.openai.weights_dir={tmp_path / 'w'}",
+    ])
+    assert grpo.train(cfg).step == 2
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/samples" in r]
+    assert len(rows) == 2 and all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows)

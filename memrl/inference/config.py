@@ -61,3 +61,8 @@ class OpenAIConfig(StrictModel):
     """Seconds one request may take before it is retried elsewhere."""
     max_retries: int = Field(3, ge=0)
     """Further attempts of a failed request, each on another server when there is one."""
+    weights_dir: str | None = None
+    """Training on servers: a directory every server can read, where `sync_weights` writes
+    the policy's weights each step for the servers to reload (vLLM's `reload_weights`
+    through its `/collective_rpc` endpoint: start them with VLLM_SERVER_DEV_MODE=1). None:
+    the servers keep the weights they were started with (evaluation)."""

@@ -16,8 +16,10 @@ with the log-prob of each), so agents see exactly what the in-process engines gi
   with `--logprobs-mode processed_logprobs` for log-probs under the sampling temperature
   (vLLM's default, raw_logprobs, is temperature 1). Prompt i of a call with seed s uses
   `derive_seed(s, i)`, as the vLLM engine does.
-- Weights: `sync_weights` is refused: the servers serve the weights they were started with
-  (evaluation; training with fresh weights on servers is not implemented yet).
+- Weights (training): `sync_weights` writes the policy's weights to `weights_dir` and has
+  every server reload them (`/collective_rpc` → `reload_weights`, then
+  `/reset_prefix_cache`; servers started with VLLM_SERVER_DEV_MODE=1). A disk round trip:
+  the servers may be other processes or machines sharing that directory.
 
 Only the standard library talks HTTP (urllib in a thread pool): no extra dependency.
 """
@@ -26,18 +28,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams, derive_seed
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.hf import first_stop_end
+from memrl.inference.vllm import policy_weights
 
 TOKEN_ID_PREFIX = "token_id:"
 """How vLLM writes a token with `return_tokens_as_token_ids`: "token_id:123"."""
@@ -93,6 +98,7 @@ class OpenAIGenerator:
         workers = config.max_in_flight_per_server * len(self.servers)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memrl-http")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.synced_step: int | None = None
 
     # ---- generation
     def generate(
@@ -249,13 +255,35 @@ class OpenAIGenerator:
 
     # ---- the Engine seam
     def sync_weights(self, policy: Any, step: int) -> None:
-        """Refused: the servers serve the weights they were started with."""
-        if policy is not None:
+        """Make every server that is up serve `policy`'s current weights: write them (HF
+        names, LoRA merged, tied `lm_head.weight` included) as safetensors under
+        `weights_dir`, then ask each server to `reload_weights` from there and to reset its
+        prefix cache. Without `weights_dir` the servers keep their weights: refused."""
+        if policy is None:
+            return
+        if self.config.weights_dir is None:
             raise MemrlInputError(
-                "training on OpenAI-compatible servers needs their weights synced every step, "
-                "which is not implemented yet: use rollout.engine vllm or hf",
-                location="rollout.engine",
+                "training on servers needs rollout.openai.weights_dir (a directory the "
+                "servers can read) to send them new weights every step",
+                location="rollout.openai.weights_dir",
             )
+        path = Path(self.config.weights_dir) / f"step_{step:06d}"
+        save_policy_weights(policy, path)
+        for url in dict.fromkeys(s.url for s in self.servers if not s.down):
+            try:
+                self._http(url + "/collective_rpc", {
+                    "method": "reload_weights", "kwargs": {"weights_path": str(path)},
+                })
+                self._http(url + "/reset_prefix_cache", {})
+            except _Retryable as exc:  # a dead server gets no more requests
+                for s in self.servers:
+                    s.down = s.down or s.url == url
+                if all(s.down for s in self.servers):
+                    raise ServerError(f"no server took the new weights: {exc}") from None
+        for old in Path(self.config.weights_dir).glob("step_*"):
+            if old != path and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        self.synced_step = step
 
     def sleep(self) -> None:
         """Nothing to free here: the servers manage their own memory."""
@@ -271,6 +299,20 @@ class OpenAIGenerator:
             row["requests"] += s.requests
             row["failures"] += s.failures
         return out
+
+
+def save_policy_weights(policy: Any, path: Path) -> None:
+    """`policy_weights` as one safetensors file in `path` (written whole, then renamed)."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in
+               policy_weights(policy)}
+    save_file(tensors, str(tmp / "model.safetensors"))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
 
 
 def wait_until_ready(base_url: str, timeout_s: float = 120.0) -> None:

