@@ -14,4 +14,5 @@ fi
 export TORCH_COMPILE_DISABLE=1
 # Hugging Face libraries must never reach for the network in tests.
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec python -m pytest -n "${MEMRL_TEST_WORKERS:-2}" --durations=15 "$@" tests
+# loadgroup: tests sharing a vLLM engine or server (xdist_group) run on one worker.
+exec python -m pytest -n "${MEMRL_TEST_WORKERS:-2}" --dist loadgroup --durations=15 "$@" tests

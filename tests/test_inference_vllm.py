@@ -28,6 +28,8 @@ QUESTIONS = [
     "Document 1: Paris is the capital of France. Document 2: Rome is in Italy. Which city?",
 ]
 ATOL = 1e-4
+# One xdist worker runs every test of the module's engine (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("vllm_engine")
 
 
 @pytest.fixture(scope="module")
