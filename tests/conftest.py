@@ -9,6 +9,10 @@ import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
+# vLLM's CPU sampler helpers would be compiled with torch.compile on the first request (8-9 s
+# a process); eager is as exact. memrl itself never compiles.
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Several workers share few cores: one torch thread each avoids oversubscription,
     # which slows the tiny-model tests several-fold on a 2-core machine.

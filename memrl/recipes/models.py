@@ -100,8 +100,18 @@ def build_reference(
     return Reference(ref, config.rl, **kw)
 
 
-def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> HFGenerator:
-    """The rollout engine: in-process generation with the policy module itself."""
+def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
+    """The rollout engine of `rollout.engine`: the policy module itself (hf), a colocated vLLM
+    engine (vllm) or a pool of servers (openai); the recipe syncs the policy into it."""
+    rollout = config.rollout
+    if rollout.engine == "vllm":
+        from memrl.inference.vllm import VLLMGenerator
+
+        return VLLMGenerator(config.model.path, tokenizer, rollout.vllm)
+    if rollout.engine == "openai":
+        from memrl.inference.openai import OpenAIGenerator
+
+        return OpenAIGenerator(rollout.openai, tokenizer)
     return HFGenerator(policy, tokenizer, max_batch_size=config.rl.generation_batch_size)
 
 

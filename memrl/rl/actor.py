@@ -29,6 +29,7 @@ from torch import Tensor
 from memrl.dist import Dist
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
+from memrl.rl.correction import rollout_is_weights
 from memrl.rl.losses import (
     LossNorm,
     agg_loss,
@@ -316,6 +317,14 @@ class Actor(_PolicyModel):
         dev = logprobs.device
         mask = tensors["loss_mask"].to(dev)
         agg = dict(mode=cfg.loss_agg_mode, norm=norm)
+        is_weights = None
+        if cfg.rollout_is is not None:  # truncated IS: π_old / π_rollout, capped
+            is_weights = rollout_is_weights(
+                tensors["old_logprobs"].to(dev), tensors["rollout_logprobs"].to(dev), mask,
+                level=cfg.rollout_is, threshold=cfg.rollout_is_threshold,
+            )
+            n = float(mask.sum())
+            avg.add("actor/rollout_is_weight", float(is_weights.sum()) / max(n, 1.0), n)
         pg, pg_metrics = policy_loss(
             logprobs,
             tensors["old_logprobs"].to(dev),
@@ -326,6 +335,7 @@ class Actor(_PolicyModel):
             clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=cfg.loss_agg_mode,
             norm=norm,
+            weights=is_weights,
         )
         ent = agg_loss(entropy, mask, **agg)
         loss = pg - cfg.entropy_coeff * ent if cfg.entropy_coeff else pg

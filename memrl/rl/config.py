@@ -77,6 +77,16 @@ class RLConfig(StrictModel):
     """KL estimator of the KL loss (verl actor.kl_loss_type)."""
     overlong: Literal["mask", "keep"] = "mask"
     """Responses cut at max tokens: "mask" gives them zero loss weight, "keep" trains them."""
+    # ---- training–inference mismatch (verl algorithm.rollout_correction; memrl.rl.correction)
+    use_rollout_logprobs: bool = False
+    """Use the rollout engine's log-probs as the old log-probs and skip the recompute pass
+    (verl rollout_correction.bypass_mode): the PPO ratio is then π_θ / π_rollout."""
+    rollout_is: Literal["token", "sequence"] | None = None
+    """Truncated importance sampling: weigh each token's policy-gradient loss by
+    min(π_old / π_rollout, rollout_is_threshold), per token or per conversation (verl
+    rollout_correction.rollout_is). None: off."""
+    rollout_is_threshold: float = Field(2.0, gt=0)
+    """The cap C of the IS weights (verl rollout_correction.rollout_is_threshold)."""
     # ---- optimisation schedule
     ppo_epochs: int = Field(1, ge=1)
     ppo_mini_batch_size: int = Field(2, ge=1)
@@ -92,6 +102,7 @@ class RLConfig(StrictModel):
     @field_validator(
         "val_temperature", "kl_reward_coef", "clip_ratio_low", "clip_ratio_high",
         "clip_ratio_c", "entropy_coeff", "kl_loss_coef", "loss_scale_factor",
+        "rollout_is_threshold",
     )
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
@@ -111,6 +122,11 @@ class RLConfig(StrictModel):
             raise ValueError(
                 "rollout_n=1 with dynamic_sampling drops every group (one reward has no "
                 "spread): set dynamic_sampling=false"
+            )
+        if self.rollout_is is not None and self.use_rollout_logprobs:
+            raise ValueError(
+                "rollout_is weighs by π_old / π_rollout, which is 1 when the old log-probs are "
+                "the engine's (use_rollout_logprobs): use one or the other"
             )
         if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
             raise ValueError("loss_agg_mode seq-mean-token-sum-norm needs loss_scale_factor")

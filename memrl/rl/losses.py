@@ -230,8 +230,12 @@ def policy_loss(
     traj_ids: Tensor | None = None,
     norm: LossNorm | None = None,
     scale_factor: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped policy-gradient loss and its metrics (detached scalars, over this batch).
+
+    ``weights`` (batch, seq), optional: constants multiplying each token's loss before
+    aggregation (the truncated IS weights of `memrl.rl.correction.rollout_is_weights`).
 
     ``advantages`` is per token (batch, seq) or per row (batch,), broadcast over tokens.
     ``clip_ratio_c=None`` disables the dual clip (verl's default, and memrl's, is 3.0).
@@ -265,6 +269,8 @@ def policy_loss(
         pg_losses = clip_pg_losses1
         lower = torch.zeros_like(pg_losses, dtype=torch.bool)
 
+    if weights is not None:
+        pg_losses = pg_losses * weights.detach().to(pg_losses.dtype)
     loss = agg_loss(
         pg_losses, response_mask, loss_agg_mode, traj_ids=traj_ids, norm=norm,
         scale_factor=scale_factor,

@@ -1,0 +1,68 @@
+"""Settings of the rollout engines that run outside the trainer's own forward pass.
+
+`VLLMConfig` configures the colocated vLLM engine (`memrl.inference.vllm.VLLMGenerator`),
+with verl's names (`actor_rollout_ref.rollout.*`); `OpenAIConfig` the pool of
+OpenAI-compatible servers (`memrl.inference.openai.OpenAIGenerator`). Training configs hold
+them under `rollout.vllm` / `rollout.openai`; docs/configuration.md maps every field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from memrl.config import StrictModel
+
+
+class VLLMConfig(StrictModel):
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Share of the GPU's memory vLLM may take for weights + KV cache (verl
+    rollout.gpu_memory_utilization). Colocated with training: leave room for the policy,
+    its gradients and optimizer state. Ignored on CPU (see kv_cache_memory_bytes)."""
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """GPUs one engine shards the model over (verl rollout.tensor_model_parallel_size).
+    Above 1 the engine runs under torchrun with vLLM's external launcher (untested here)."""
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    """Tokens one engine step may process (verl rollout.max_num_batched_tokens); None:
+    vLLM's default."""
+    max_num_seqs: int | None = Field(None, ge=1)
+    """Requests decoded together (verl rollout.max_num_seqs); None: vLLM's default."""
+    enforce_eager: bool = False
+    """No CUDA graphs / torch.compile (verl rollout.enforce_eager). Faster start, slower
+    decoding; always used on CPU."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine weights' dtype (verl rollout.dtype). auto: bfloat16 on GPU, float32 on CPU.
+    The policy's weights are cast to it at every sync."""
+    seed: int = Field(0, ge=0)
+    """The engine's own seed (verl rollout.seed); every request also carries its own seed."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt + response in tokens (verl rollout.max_model_len); None: the model's
+    max_position_embeddings."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (verl rollout.enable_prefix_caching);
+    the cache is reset after every weight sync."""
+    free_cache_engine: bool = True
+    """Sleep during the policy update to free the KV cache and weights' memory, wake for
+    the next rollout (verl rollout.free_cache_engine). GPU only: a no-op on CPU."""
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    """KV cache size in bytes; None: from gpu_memory_utilization on GPU, 1 GiB on CPU."""
+
+
+class OpenAIConfig(StrictModel):
+    base_urls: list[str] = []
+    """Base URLs of running vLLM OpenAI-compatible servers, e.g. http://127.0.0.1:8000 (a
+    URL may be listed twice to give that server twice the share of requests)."""
+    model: str | None = None
+    """The served model's name (--served-model-name); None: the first listed by /v1/models."""
+    max_in_flight_per_server: int = Field(8, ge=1)
+    """Requests one server may be working on at once."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Seconds one request may take before it is retried elsewhere."""
+    max_retries: int = Field(3, ge=0)
+    """Further attempts of a failed request, each on another server when there is one."""
+    weights_dir: str | None = None
+    """Training on servers: a directory every server can read, where `sync_weights` writes
+    the policy's weights each step for the servers to reload (vLLM's `reload_weights`
+    through its `/collective_rpc` endpoint: start them with VLLM_SERVER_DEV_MODE=1). None:
+    the servers keep the weights they were started with (evaluation)."""

