@@ -98,6 +98,11 @@ def assert_same_metrics(a: dict, b: dict) -> None:
     keys = {k for k in a if not k.startswith("perf/") and k != "time"}
     assert keys == {k for k in b if not k.startswith("perf/") and k != "time"}
     for k in sorted(keys):
+        if k.startswith("rollout/logprob_diff"):
+            # Float noise between the engine's and the trainer's log-probs (~1e-5): it depends
+            # on how samples are padded together, which differs with the number of ranks.
+            assert abs(a[k] - b[k]) < 1e-4, k
+            continue
         assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
 
 
