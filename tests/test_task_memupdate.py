@@ -274,6 +274,24 @@ def test_efficiency_discounts_a_bloated_memory(tiny_tokenizer):
     assert t.reward == pytest.approx(np.exp(-1.0))
 
 
+def test_compression_reward_form_is_mem_alphas(tiny_tokenizer):
+    """reward_form=compression: QA over the final memory + beta * (1 - memory words /
+    dialogue words) (Mem-alpha), minus the format penalty; hand values."""
+    ep = small_episodes()[0]
+    words = sum(len(turn.text.split()) for turn in ep.dialogue)
+    cfg = MemUpdateConfig(embedder="hashing", reward_form="compression", compression_beta=0.5)
+    task = MemoryUpdateTask(cfg)
+
+    def respond(prompt):
+        return (call("memory_insert", text="The secret code is 4417.")
+                if is_first_reply(prompt) else "Done.")
+
+    (t,) = task.rollout(ScriptedGenerator(tiny_tokenizer, respond), [ep], num_samples=1, seed=0)
+    memory_words = t.info["memory_after"]["tokens"]
+    assert t.metrics["score_final"] == 1.0
+    assert t.reward == pytest.approx(1.0 + 0.5 * (1 - memory_words / words))
+
+
 def test_adversarial_episodes_score_zero(tiny_tokenizer):
     ep = small_episodes()[2]
     task = MemoryUpdateTask(MemUpdateConfig(embedder="hashing", include_adversarial=True))

@@ -96,6 +96,12 @@ class MemUpdateConfig(BaseModel):
     only their format penalty reaches the reward."""
     recall_threshold: float = Field(0.5, gt=0, le=1)
     """Token F1 at which a retrieved memory counts as covering an evidence turn."""
+    reward_form: Literal["delta", "compression"] = "delta"
+    """delta: the memory-delta reward (QA over the final memory minus over the initial one,
+    efficiency-scaled); compression: Mem-α's form, QA over the final memory +
+    compression_beta · (1 − memory words / dialogue words); both minus the format penalty."""
+    compression_beta: float = Field(0.05, ge=0, allow_inf_nan=False)
+    """β of the compression term (reward_form: compression)."""
 
 
 SYSTEM_PROMPT = (

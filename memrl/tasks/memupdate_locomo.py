@@ -41,6 +41,7 @@ from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryBackend, MemoryStore
+from memrl.rewards.locomo_metrics import compression_reward
 from memrl.rewards.memory_delta import (
     efficiency_factor,
     error_rate,
@@ -313,7 +314,16 @@ class MemoryUpdateTask:
             growth = t.info["memory_after"]["tokens"] - t.info["memory_before"]["tokens"]
             eff = efficiency_factor(growth, cfg.efficiency_budget, cfg.efficiency_scale)
             rate = error_rate(t.info["format_error_turns"], t.info["turns"])
-            t.reward = memory_delta_reward(init.score, final.score, eff, rate, cfg.format_penalty)
+            if cfg.reward_form == "compression":
+                words = sum(len(turn.text.split()) for turn in ep.dialogue)
+                t.reward = compression_reward(
+                    final.score, t.info["memory_after"]["tokens"], max(words, 1),
+                    cfg.compression_beta,
+                ) - cfg.format_penalty * rate
+            else:
+                t.reward = memory_delta_reward(
+                    init.score, final.score, eff, rate, cfg.format_penalty
+                )
             ops = t.info["ops"]
             t.metrics = {
                 "score_initial": init.score,
