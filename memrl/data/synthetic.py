@@ -7,12 +7,13 @@ distractors (about other invented entities) never contradict a gold fact, also w
 `build_ruler_hqa` mixes paragraphs of different questions. Answers are single words; the
 countries, rivers and languages come from small closed lists, so a tiny model can learn them.
 
-`hops=1` gives one-fact questions ("Kovan Drel was born in Zarnia." → "In which country was
-Kovan Drel born?"), whose distractors are facts of the same kinds about other people: the
-quickstart's task, small enough for a model trained from scratch on a CPU. `entities="train"`
-/ `"eval"` draw invented names from two disjoint halves of the name space (by a hash of the
-name), so evaluation questions are about people, cities and companies never seen in training
-and their answers can only be read from the document.
+`hops=1` gives one-fact questions about one-word names ("Kovan was born in Zarnia." → "In
+which country was Kovan born?"), whose distractors are facts of the same kinds about other
+people, each paragraph that one sentence: the quickstart's task, small enough for a model
+trained from scratch on a CPU. `entities="train"` / `"eval"` draw invented names from two
+disjoint halves of the name space (by a hash of the name), so evaluation questions are about
+people, cities and companies never seen in training and their answers can only be read from
+the document.
 """
 
 from __future__ import annotations
@@ -162,10 +163,9 @@ _ONE_HOP = (
 
 def _one_hop_doc(rng: random.Random, names: _Names, kind: int, gold: bool
                  ) -> tuple[Document, str, str]:
-    person = names.person()
+    person = names.word()
     fact, question, answer = _ONE_HOP[kind](rng, names, person)
-    return Document(title=person, text=_person_text(rng, person, fact),
-                    is_supporting=gold), question, answer
+    return Document(title=person, text=fact, is_supporting=gold), question, answer
 
 
 def _distractor(rng: random.Random, names: _Names) -> Document:
