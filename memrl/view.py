@@ -130,7 +130,8 @@ def render_memagent(row: dict[str, Any], source: str) -> str:
 def render_memupdate(row: dict[str, Any], source: str) -> str:
     calls = [c for c in row.get("calls") or [] if isinstance(c, dict)]
     items = "".join(
-        f'<li class="call {"ok" if c.get("ok") else "failed"}"><code>{html.escape(str(c.get("name")))}'
+        f'<li class="call {"ok" if c.get("ok") else "failed"}">'
+        f'<code>{html.escape(str(c.get("name")))}'
         f'({html.escape(json.dumps(c.get("arguments"), ensure_ascii=False))})</code> → '
         f'<span class="result">{html.escape(str(c.get("result", "")))}</span></li>'
         for c in calls
@@ -220,14 +221,16 @@ _PAGE = """<!DOCTYPE html>
 <style>
 body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .episode {{ border: 1px solid #ccc; border-radius: 6px; padding: .6em 1em; margin: 1em 0; }}
-.episode.correct {{ border-left: 6px solid #2a2; }} .episode.wrong {{ border-left: 6px solid #c33; }}
+.episode.correct {{ border-left: 6px solid #2a2; }}
+.episode.wrong {{ border-left: 6px solid #c33; }}
 .episode.partial {{ border-left: 6px solid #d90; }}
 h3 small {{ color: #777; font-weight: normal; }}
 ins.added {{ background: #d4f7d4; text-decoration: none; }}
 del.dropped {{ background: #fbd4d4; color: #a33; }}
 mark.gold {{ background: #ffe066; font-weight: bold; }}
 .flag {{ font-size: 11px; padding: 0 .4em; border-radius: 3px; margin-left: .5em; }}
-.flag.enters {{ background: #2a2; color: white; }} .flag.leaves {{ background: #c33; color: white; }}
+.flag.enters {{ background: #2a2; color: white; }}
+.flag.leaves {{ background: #c33; color: white; }}
 .chunk .k {{ color: #777; font-size: 12px; }} .memory {{ white-space: pre-wrap; }}
 .call.failed {{ color: #a33; }} .hidden {{ display: none; }}
 </style></head><body>

@@ -112,7 +112,8 @@ def sft_data(tmp_path, tiny_tokenizer) -> Path:
 def sft_yaml(path: Path, model_dir: Path, data_dir: Path, out: Path, **extra) -> Path:
     cfg = {
         "model": {"path": str(model_dir)},
-        "data": {"train_file": str(data_dir / "train.jsonl"), "val_file": str(data_dir / "val.jsonl"),
+        "data": {"train_file": str(data_dir / "train.jsonl"),
+                 "val_file": str(data_dir / "val.jsonl"),
                  **extra.pop("data", {})},
         "memagent": {"chunk_size": 40, "max_memory_tokens": 64, "max_final_tokens": 24},
         "sft": {"batch_size": 2, "micro_batch_size": 3},
@@ -181,8 +182,10 @@ def test_sft_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir, sft
     proc.wait()
     assert cli_main(["sft", str(cfg)]) == 2  # a used out_dir needs --resume
     assert cli_main(["sft", str(cfg), "--resume"]) == 0
-    drop = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}  # noqa: E731
-                         for r in rows]
+    def drop(rows):
+        return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}
+                for r in rows]
+
     want = drop(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
     got = drop(read_metrics(tmp_path / "kill" / "metrics.jsonl"))
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(9))

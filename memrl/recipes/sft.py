@@ -210,5 +210,9 @@ def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -
         )
     elif (out / "metrics.jsonl").exists() and dist.is_main:
         truncate_metrics(out / "metrics.jsonl", -1)
+    kinds = config.sft.turn_kinds
+    if kinds is not None:
+        for t in [*trajs, *val]:
+            t.turns = [turn for turn in t.turns if turn.kind in kinds]
     stream = QuestionStream(trajs, config.seed, config.data.shuffle, state)
     return SFTRun(config, model, tokenizer, optimizer, scheduler, stream, state, val, dist)

@@ -41,6 +41,8 @@ class SFTOptions(StrictModel):
     """Trajectories per optimizer step (all their conversations)."""
     micro_batch_size: int = Field(16, ge=1)
     """Conversations per forward/backward; the loss stays the step's exact token mean."""
+    turn_kinds: list[Literal["memory_update", "final"]] | None = None
+    """Train only on these turns of each trajectory (e.g. [final]); None: every turn."""
 
 
 class SFTConfig(StrictModel):
