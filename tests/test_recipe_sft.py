@@ -43,10 +43,18 @@ def test_sft_loss_is_the_token_mean_nll_of_response_tokens():
 
 
 def test_needed_facts_and_oracle_memory_by_hand():
-    record = make_synthetic_records(1, num_docs=3, seed=0, hops=1)[0]
-    gold = next(d for d in record.documents if d.is_supporting)
-    fact = gold.text.split(". ")[0] + "."
-    assert needed_facts(record) == [fact]
+    from memrl.data.records import Document, QARecord
+
+    record = QARecord(id="q", question="In which country was Kovan born?", answers=["Zarnia"],
+                      documents=[
+                          Document(title="Tamo", text="Tamo speaks Quellic.", is_supporting=False),
+                          Document(title="Kovan", text="Kovan was born in Brastor. He sings.",
+                                   is_supporting=True),
+                          Document(title="Brastor", text="Brastor is in Zarnia! Old town.",
+                                   is_supporting=True),
+                      ])
+    assert needed_facts(record) == ["Kovan was born in Brastor.", "Brastor is in Zarnia!"]
+    fact = "Kovan was born in Brastor."
     assert oracle_memory([fact], "nothing here", "No previous memory") == "No previous memory"
     assert oracle_memory(["B b.", "A a."], "x A a. y B b.", "-") == "A a. B b."
     assert oracle_memory(["A a."], "x A", "-") == "-"  # cut by a chunk boundary: not yet
@@ -193,3 +201,12 @@ def test_sft_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir, sft
         assert a.keys() == b.keys()
         for k in a:
             assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (a["step"], k)
+
+
+def test_turn_kinds_keeps_only_the_chosen_turns(tiny_model_dir, sft_data, tmp_path):
+    cfg = load_config(SFTConfig, sft_yaml(tmp_path / "c.yaml", tiny_model_dir, sft_data,
+                                          tmp_path / "run", total_steps=1),
+                      ["sft.turn_kinds=[final]"])
+    run = sft.setup(cfg)
+    assert {turn.kind for t in run.stream.records for turn in t.turns} == {"final"}
+    assert all(len(t.turns) == 1 for t in [*run.stream.records, *run.val])
