@@ -11,7 +11,8 @@ It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
     MemoryUpdate episode  every tool call with its arguments and result, the store before and
                           after (counts, added / removed / changed memories), the scores
 
-Filters (length = documents per question, score, category) run in the page itself.
+Filters (run = the folder of the file, length = documents per question, score, category) run
+in the page itself.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def _header(row: dict[str, Any], source: str, score: float, kind: str) -> str:
     length = row.get("num_docs") or row.get("num_chunks") or 0
     category = row.get("category", "")
     attrs = (f'data-length="{html.escape(str(length))}" data-score="{score:g}" '
-             f'data-category="{html.escape(str(category))}" data-kind="{kind}"')
+             f'data-category="{html.escape(str(category))}" data-kind="{kind}" '
+             f'data-run="{html.escape(_run_of(source))}"')
     verdict = "correct" if score >= 1 else "partial" if score > 0 else "wrong"
     return (
         f'<section class="episode {verdict}" {attrs}><h3>{html.escape(str(row.get("id")))}'
@@ -173,6 +175,12 @@ def _header(row: dict[str, Any], source: str, score: float, kind: str) -> str:
         + (f" · category {html.escape(str(category))}" if category != "" else "")
         + f'</small></h3><p class="question">{html.escape(str(row.get("question", "")))}</p>'
     )
+
+
+def _run_of(source: str) -> str:
+    """The folder of a trajectories file (relative to RUN_DIR): which evaluation or run."""
+    parent = str(Path(source).parent)
+    return "." if parent in ("", ".") else parent
 
 
 def find_trajectory_files(run_dir: Path) -> list[Path]:
@@ -185,13 +193,15 @@ def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str) -> str:
     sections = [render_memupdate(row, src) if "calls" in row or "memory_diff" in row
                 else render_memagent(row, src) for src, row in episodes]
     lengths = sorted({str(r.get("num_docs") or r.get("num_chunks") or 0) for _, r in episodes},
-                     key=lambda s: (len(s), s))
+                     key=lambda v: (len(v), v))
     categories = sorted({str(r["category"]) for _, r in episodes if "category" in r})
+    runs = sorted({_run_of(src) for src, _ in episodes})
     option = lambda v: f'<option value="{html.escape(v)}">{html.escape(v)}</option>'  # noqa: E731
     return _PAGE.format(
         title=html.escape(title), count=len(sections),
         lengths="".join(option(v) for v in lengths),
         categories="".join(option(v) for v in categories),
+        runs="".join(option(v) for v in runs),
         body="\n".join(sections),
     )
 
@@ -235,7 +245,8 @@ mark.gold {{ background: #ffe066; font-weight: bold; }}
 .call.failed {{ color: #a33; }} .hidden {{ display: none; }}
 </style></head><body>
 <h1>{title}</h1>
-<form id="filters">length <select id="f-length"><option value="">all</option>{lengths}</select>
+<form id="filters">run <select id="f-run"><option value="">all</option>{runs}</select>
+length <select id="f-length"><option value="">all</option>{lengths}</select>
 score <select id="f-score"><option value="">all</option><option value="correct">correct</option>
 <option value="wrong">not correct</option></select>
 category <select id="f-category"><option value="">all</option>{categories}</select>
@@ -248,17 +259,19 @@ category <select id="f-category"><option value="">all</option>{categories}</sele
     var len = document.getElementById("f-length").value;
     var score = document.getElementById("f-score").value;
     var cat = document.getElementById("f-category").value;
+    var run = document.getElementById("f-run").value;
     var shown = 0;
     episodes.forEach(function (e) {{
       var s = parseFloat(e.dataset.score);
       var ok = (!len || e.dataset.length === len) && (!cat || e.dataset.category === cat) &&
+        (!run || e.dataset.run === run) &&
         (!score || (score === "correct" ? s >= 1 : s < 1));
       e.classList.toggle("hidden", !ok);
       if (ok) shown += 1;
     }});
     document.getElementById("shown").textContent = String(shown);
   }}
-  ["f-length", "f-score", "f-category"].forEach(function (id) {{
+  ["f-run", "f-length", "f-score", "f-category"].forEach(function (id) {{
     document.getElementById(id).addEventListener("change", apply);
   }});
   apply();

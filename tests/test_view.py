@@ -93,6 +93,8 @@ def test_view_cli_writes_one_page_with_every_episode(run_dir, capsys):
     assert '<mark class="gold">Zarnia</mark>' in page
     assert "memory_insert" in page and "Ann moved in May 2023" in page
     assert "http://" not in page and "https://" not in page  # nothing to fetch
+    for run in ("eval", "locomo"):  # the run filter offers each folder
+        assert f'<option value="{run}">{run}</option>' in page
 
 
 def test_view_of_a_directory_without_trajectories_is_one_line(tmp_path, capsys):
