@@ -1,8 +1,15 @@
-"""The quickstart: tiny model + synthetic data → RULER-style eval → GRPO training → eval.
+"""The quickstart: a model built by memrl learns the real task, and you watch it.
 
-Everything runs offline on a laptop CPU in a minute or two, and exercises the same code paths
-as a real run: data builders, the MemAgent agent, the HF generator, the trainer, checkpoints,
-export and the evaluation reports.
+    1. a tiny Qwen2 (random weights) + one-fact synthetic questions; training questions and
+       evaluation questions are about disjoint sets of invented people and places, so an
+       answer can only be read from the document
+    2. evaluate the untrained model at several document counts (RULER-style, sub-EM)
+    3. warm start: `memrl sft` on the oracle's trajectories         → evaluate
+    4. GRPO with the real answer reward (`rl.reward`, sub-EM/EM)    → evaluate
+    5. the accuracy table (before / warm start / RL × document count) and its plot
+
+Everything runs offline on a CPU with the same code as a real run: data builders, MemAgent,
+the HF engine, both recipes, checkpoints, export and `memrl eval ruler-hqa`'s evaluation.
 """
 
 from __future__ import annotations
@@ -15,107 +22,160 @@ from memrl.config import load_config
 from memrl.errors import MemrlInputError
 from memrl.recipes.config import TrainConfig
 
-RULER_NUM_DOCS = (2, 4, 8)
-"""RULER-style context sizes for the quickstart evaluation (documents per question)."""
+TRAIN_DOCS = 4
+"""Documents per training question (the "training length")."""
+EVAL_DOCS = (4, 8, 16, 32)
+"""Documents per evaluation question: 1x, 2x, 4x and 8x the training length."""
+EVAL_QUESTIONS = 48
+"""Evaluation questions per document count."""
+TRAIN_QUESTIONS = 512
+"""Training questions (the oracle answers each once for the warm start; GRPO samples them)."""
+MODEL_SHAPE: dict[str, int] = {
+    "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+    "intermediate_size": 256, "vocab_size": 1024,
+}
+"""The tiny model memrl builds (about 0.4M parameters)."""
+STAGES = ("before", "warm_start", "rl")
 
 
 def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0) -> Path:
-    """Build the tiny model, train/val data and RULER-style eval sets the config points at.
-
-    Existing files are kept, so a second run reuses them. Returns the RULER-HQA directory.
-    """
+    """Build the tiny model, the training / validation questions and the RULER-style
+    evaluation sets that the config points at; existing files are kept. Returns the
+    evaluation directory."""
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.ruler_hqa import write_ruler_hqa
-    from memrl.data.synthetic import make_synthetic_records, synthetic_corpus
+    from memrl.data.synthetic import make_synthetic_records
     from memrl.models.tiny import build_tiny_model
 
+    train = make_synthetic_records(TRAIN_QUESTIONS, TRAIN_DOCS, seed, hops=1, entities="train")
     model_dir = Path(cfg.model.path)
     if not (model_dir / "config.json").exists():
-        build_tiny_model(model_dir, seed=seed, corpus=synthetic_corpus(seed, 200))
-    train = Path(cfg.data.train_file)
-    if not train.exists():
-        save_records_jsonl(make_synthetic_records(64, num_docs=2, seed=seed), train)
+        # The tokenizer learns the prompts' words and the names' syllables.
+        prompts = cfg.memagent.resolved_prompts
+        corpus = [
+            prompts.update_text(prompt=r.question, memory=prompts.no_memory,
+                                chunk=r.render_context())
+            + prompts.final_text(prompt=r.question, memory=r.documents[0].text)
+            + f" \\boxed{{{r.answers[0]}}}"
+            for r in train[:300]
+        ]
+        build_tiny_model(model_dir, seed=seed, corpus=corpus, **MODEL_SHAPE)
+    if not Path(cfg.data.train_file).exists():
+        save_records_jsonl(train, cfg.data.train_file)
     if cfg.data.val_file and not Path(cfg.data.val_file).exists():
-        save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=seed + 1), cfg.data.val_file)
-    ruler_dir = Path(cfg.trainer.out_dir).parent / "ruler"
-    if not all((ruler_dir / f"eval_{n}.json").exists() for n in RULER_NUM_DOCS):
-        pool = make_synthetic_records(32, num_docs=2, seed=seed + 2)
-        write_ruler_hqa(pool, ruler_dir, list(RULER_NUM_DOCS), seed=seed)
-    return ruler_dir
+        val = make_synthetic_records(16, TRAIN_DOCS, seed + 1, hops=1, entities="eval")
+        save_records_jsonl(val, cfg.data.val_file)
+    eval_dir = Path(cfg.trainer.out_dir).parent / "eval_data"
+    if not all((eval_dir / f"eval_{n}.json").exists() for n in EVAL_DOCS):
+        # One gold paragraph per question; distractors are other questions' paragraphs.
+        pool = make_synthetic_records(max(EVAL_QUESTIONS, max(EVAL_DOCS)) + 16, 1, seed + 2,
+                                      hops=1, entities="eval")
+        write_ruler_hqa(pool, eval_dir, list(EVAL_DOCS), seed=seed,
+                        num_questions=EVAL_QUESTIONS)
+    return eval_dir
 
 
-def _evaluate(model_dir: Path, ruler_dir: Path, out_dir: Path, cfg: TrainConfig, console) -> dict:
+def evaluate(model_dir: Path, eval_dir: Path, out_dir: Path, cfg: TrainConfig,
+             console: Any) -> dict[str, Any]:
+    """Greedy MemAgent evaluation of a saved model at every EVAL_DOCS (results.json etc.)."""
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
     from memrl.inference.hf import HFGenerator
     from memrl.inference.loader import load_pretrained
 
-    generator = HFGenerator(*load_pretrained(model_dir, device="cpu"))
-    agent_cfg = cfg.memagent.model_copy(update={"seed": cfg.seed})
-    return evaluate_ruler_hqa(
-        generator,
-        ruler_dir,
-        list(RULER_NUM_DOCS),
-        config=agent_cfg,
-        out_dir=out_dir,
-        limit=8,
-        model_name=str(model_dir),
-        console=console,
-    )
+    generator = HFGenerator(*load_pretrained(model_dir, device="cpu"), max_batch_size=64)
+    agent_cfg = cfg.memagent.model_copy(update={"seed": cfg.seed, "temperature": 0.0})
+    return evaluate_ruler_hqa(generator, eval_dir, list(EVAL_DOCS), config=agent_cfg,
+                              out_dir=out_dir, model_name=str(model_dir), console=console,
+                              show_progress=False)
+
+
+def accuracy_table(results: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """Sub-EM (%) of each stage at each document count, from the stages' results.json."""
+    return {
+        stage: {int(n): 100.0 * r["sub_em"] for n, r in res["results"].items()}
+        for stage, res in results.items()
+    }
 
 
 def run_quickstart(
     config_path: str | Path,
     overrides: list[str] = (),
     *,
+    sft_config_path: str | Path = "configs/quickstart_sft.yaml",
     fresh: bool = False,
     console: Any = None,
 ) -> dict[str, Any]:
-    """Prepare, evaluate, train, export, evaluate again; returns where everything went."""
+    """Prepare, evaluate, warm-start, evaluate, train with GRPO, evaluate; print and plot
+    the accuracy table. Returns where everything went and the table."""
     from rich.console import Console
+    from rich.table import Table
 
-    from memrl.recipes import grpo
+    from memrl.eval.report import plot_scores, write_json
+    from memrl.recipes import grpo, sft
+    from memrl.recipes.sft_config import SFTConfig
     from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
 
     console = console or Console()
     cfg = load_config(TrainConfig, config_path, list(overrides))
+    if cfg.rl.reward not in ("sub_em", "em"):
+        raise MemrlInputError("the quickstart trains on the answer itself: use sub_em or em",
+                              location="rl.reward")
     out = Path(cfg.trainer.out_dir)
     root = out.parent
-    runs = [out, root / "eval_before", root / "eval_after", root / "model_trained"]
+    warm_run, warm_model, rl_model = root / "sft", root / "model_warm", root / "model_rl"
+    base_model = Path(cfg.model.path)
+    runs = [out, warm_run, warm_model, rl_model, *(root / f"eval_{s}" for s in STAGES)]
     if fresh:
         for d in runs:
             shutil.rmtree(d, ignore_errors=True)
-    elif latest_checkpoint(out / "checkpoints") is not None:
-        raise MemrlInputError(
-            f"{out} already holds a training run: pass --fresh to start over", location=str(out)
-        )
+    elif any(latest_checkpoint(d / "checkpoints") is not None for d in (out, warm_run)):
+        raise MemrlInputError(f"{root} already holds a quickstart run: pass --fresh to start "
+                              "over", location=str(root))
+    sft_cfg = load_config(SFTConfig, sft_config_path, [
+        f"model.path={base_model}", f"data.train_file={cfg.data.train_file}",
+        f"trainer.out_dir={warm_run}", f"seed={cfg.seed}",
+    ]).model_copy(update={"memagent": cfg.memagent})
 
-    console.rule("1/4 tiny model and synthetic data")
-    ruler_dir = prepare_quickstart(cfg, seed=cfg.seed)
-    console.print(f"model {cfg.model.path}, data {cfg.data.train_file}, RULER-style {ruler_dir}")
+    console.rule("1/5 tiny model and synthetic data (train / eval entities disjoint)")
+    eval_dir = prepare_quickstart(cfg, seed=cfg.seed)
+    console.print(f"model {base_model}, training questions {cfg.data.train_file}, "
+                  f"evaluation sets {eval_dir} (N = {', '.join(map(str, EVAL_DOCS))} documents)")
+    results: dict[str, dict[str, Any]] = {}
 
-    console.rule("2/4 MemAgent evaluation before training")
-    before = _evaluate(Path(cfg.model.path), ruler_dir, root / "eval_before", cfg, console)
+    console.rule("2/5 evaluation of the untrained model")
+    results["before"] = evaluate(base_model, eval_dir, root / "eval_before", cfg, console)
 
-    console.rule("3/4 GRPO training")
-    grpo.train(cfg, console=console)
-    export_dir = root / "model_trained"
-    shutil.rmtree(export_dir, ignore_errors=True)
-    export_checkpoint(latest_checkpoint(out / "checkpoints"), export_dir)
+    console.rule("3/5 warm start: supervised fine-tuning on the oracle's trajectories")
+    sft.train(sft_cfg, console=console)
+    export_checkpoint(latest_checkpoint(warm_run / "checkpoints"), warm_model)
+    results["warm_start"] = evaluate(warm_model, eval_dir, root / "eval_warm_start", cfg,
+                                     console)
 
-    console.rule("4/4 MemAgent evaluation after training")
-    after = _evaluate(export_dir, ruler_dir, root / "eval_after", cfg, console)
+    console.rule(f"4/5 GRPO from the warm start, reward {cfg.rl.reward}")
+    grpo.train(cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"path": str(warm_model)})}), console=console)
+    export_checkpoint(latest_checkpoint(out / "checkpoints"), rl_model)
+    results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console)
+
+    console.rule("5/5 accuracy (sub-EM %) against the number of documents")
+    table = accuracy_table(results)
+    view = Table("stage", *(f"N={n}" for n in EVAL_DOCS))
+    for stage in STAGES:
+        view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in EVAL_DOCS))
+    console.print(view)
+    tokens = [results["before"]["results"][str(n)]["context_tokens"] for n in EVAL_DOCS]
+    plot = plot_scores(root / "accuracy.png", tokens,
+                       {s: [table[s][n] for n in EVAL_DOCS] for s in STAGES},
+                       xlabel="mean context length (tokens)", ylabel="sub-EM (%)",
+                       title="quickstart: before / warm start / RL",
+                       labels=[f"N={n}" for n in EVAL_DOCS])
     summary = {
-        "model": cfg.model.path,
-        "train_run": str(out),
-        "training_plot": str(out / "training.png"),
-        "metrics": str(out / "metrics.jsonl"),
-        "trained_model": str(export_dir),
-        "eval_before": str(root / "eval_before"),
-        "eval_after": str(root / "eval_after"),
-        "before": before,
-        "after": after,
+        "table": {s: {str(n): v for n, v in row.items()} for s, row in table.items()},
+        "train_docs": TRAIN_DOCS, "eval_docs": list(EVAL_DOCS), "plot": str(plot),
+        "warm_start_run": str(warm_run), "rl_run": str(out),
+        "evaluations": {s: str(root / f"eval_{s}") for s in STAGES},
     }
-    console.rule("done")
-    for key in ("training_plot", "metrics", "trained_model", "eval_before", "eval_after"):
-        console.print(f"{key:>14}: {summary[key]}")
+    write_json(root / "summary.json", summary)
+    console.print(f"plot {plot}; summary {root / 'summary.json'}; "
+                  f"browse the episodes: memrl view {root / 'eval_rl'}")
     return summary

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install memrl into .venv and run the quickstart: tiny model + synthetic data → RULER-style
-# evaluation → GRPO training (reward curve on the console, runs/quickstart/train/training.png)
-# → export → evaluation again. Offline, 2-core CPU, a few minutes including the install.
+# Install memrl into .venv and run the quickstart: a tiny model built by memrl, evaluated,
+# warm-started on oracle trajectories, trained with GRPO on the answer reward, evaluated
+# after each stage (runs/quickstart/accuracy.png). Offline, 2-core CPU.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec memrl quickstart --config configs/quickstart.yaml --fresh "$@"
+exec memrl quickstart --config configs/quickstart.yaml --sft-config configs/quickstart_sft.yaml --fresh "$@"

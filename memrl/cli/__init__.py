@@ -32,7 +32,7 @@ def _register_commands() -> None:
     import importlib
 
     for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo", "train",
-                 "export", "quickstart"):
+                 "export", "quickstart", "sft", "view"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -187,7 +187,7 @@ def _command_path(args: list[str]) -> str:
 def _interrupt_hint(args: list[str]) -> tuple[str, str]:
     """(where, how to continue) for an interrupted command line."""
     name = _command_path(args)
-    if name == f"{PROG_NAME} train":
+    if name in (f"{PROG_NAME} train", f"{PROG_NAME} sft"):
         how = "run it again with --resume to continue from the last checkpoint"
     else:
         how = "run the command again to redo it"

@@ -6,12 +6,22 @@ Every person, city and company name is invented from syllables and used once per
 distractors (about other invented entities) never contradict a gold fact, also when
 `build_ruler_hqa` mixes paragraphs of different questions. Answers are single words; the
 countries, rivers and languages come from small closed lists, so a tiny model can learn them.
+
+`hops=1` gives one-fact questions about one-word names ("Kovan was born in Zarnia." → "In
+which country was Kovan born?"), whose distractors are facts of the same kinds about other
+people, each paragraph that one sentence: the quickstart's task, small enough for a model
+trained from scratch on a CPU. `entities="train"` / `"eval"` draw invented names from two
+disjoint halves of the name space (by a hash of the name), so evaluation questions are about
+people, cities and companies never seen in training and their answers can only be read from
+the document.
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable
+from typing import Literal
 
 from memrl.data.records import Document, QARecord, render_documents
 from memrl.errors import MemrlInputError
@@ -36,12 +46,21 @@ _CITY_FEATURES = ("old bridges", "markets", "gardens", "towers", "harbour", "fes
 _COMPANY_GOODS = ("ropes", "lamps", "paper", "glass", "boats", "bread", "tools", "cloth")
 
 
+ENTITY_SPLITS = ("all", "train", "eval")
+
+
+def entity_split(word: str) -> str:
+    """Which disjoint half of the invented names `word` belongs to: "train" or "eval"."""
+    return ("train", "eval")[zlib.crc32(word.lower().encode()) % 2]
+
+
 class _Names:
     """Invented names, each handed out once (so no fact about an entity is ever repeated)."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, entities: str = "all") -> None:
         self.rng = rng
         self.used: set[str] = {w.lower() for w in (*COUNTRIES, *RIVERS, *LANGUAGES)}
+        self.entities = entities
 
     def word(self) -> str:
         while True:
@@ -50,7 +69,8 @@ class _Names:
                 self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
                 for _ in range(n)
             )
-            if 4 <= len(w) <= 10 and w not in self.used:
+            allowed = self.entities == "all" or entity_split(w) == self.entities
+            if 4 <= len(w) <= 10 and w not in self.used and allowed:
                 self.used.add(w)
                 return w.capitalize()
 
@@ -127,6 +147,26 @@ def _employer_city(rng: random.Random, names: _Names) -> tuple[list[Document], s
 
 TEMPLATES: tuple[_Template, ...] = (_born_in, _river, _language, _employer_city)
 
+# One-fact questions: (fact, question, answer) of a person, and the same kinds of facts about
+# other people as distractors.
+_ONE_HOP = (
+    lambda rng, names, p: (f"{p} was born in {(a := rng.choice(COUNTRIES))}.",
+                           f"In which country was {p} born?", a),
+    lambda rng, names, p: (f"{p} lives by the {(a := rng.choice(RIVERS))} river.",
+                           f"By which river does {p} live?", a),
+    lambda rng, names, p: (f"{p} speaks {(a := rng.choice(LANGUAGES))}.",
+                           f"Which language does {p} speak?", a),
+    lambda rng, names, p: (f"{p} lives in {(a := names.word())}.",
+                           f"In which city does {p} live?", a),
+)
+
+
+def _one_hop_doc(rng: random.Random, names: _Names, kind: int, gold: bool
+                 ) -> tuple[Document, str, str]:
+    person = names.word()
+    fact, question, answer = _ONE_HOP[kind](rng, names, person)
+    return Document(title=person, text=fact, is_supporting=gold), question, answer
+
 
 def _distractor(rng: random.Random, names: _Names) -> Document:
     """One paragraph about entities that appear nowhere else."""
@@ -154,25 +194,48 @@ def _distractor(rng: random.Random, names: _Names) -> Document:
                     is_supporting=False)
 
 
-def make_synthetic_records(num_questions: int, num_docs: int = 10, seed: int = 0) -> list[QARecord]:
-    """`num_questions` two-hop questions, each over `num_docs` paragraphs (2 gold, shuffled).
+def make_synthetic_records(
+    num_questions: int,
+    num_docs: int = 10,
+    seed: int = 0,
+    *,
+    hops: Literal[1, 2] = 2,
+    entities: Literal["all", "train", "eval"] = "all",
+) -> list[QARecord]:
+    """`num_questions` questions, each over `num_docs` paragraphs (`hops` gold, shuffled).
 
-    Same arguments → identical records. Ids are `syn-{seed}-{i}`.
+    `entities` picks the half of the invented names used ("train" and "eval" never share
+    one). Same arguments → identical records. Ids are `syn-{seed}-{i}` (two hops, all
+    entities) or `syn{hops}-{entities}-{seed}-{i}`.
     """
     if isinstance(num_questions, bool) or not isinstance(num_questions, int) or num_questions < 1:
         raise MemrlInputError(f"num_questions must be a positive integer, got {num_questions!r}")
-    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or num_docs < 2:
+    if hops not in (1, 2):
+        raise MemrlInputError(f"hops must be 1 or 2, got {hops!r}")
+    if entities not in ENTITY_SPLITS:
+        raise MemrlInputError(f"entities must be one of {', '.join(ENTITY_SPLITS)}, got "
+                              f"{entities!r}")
+    if isinstance(num_docs, bool) or not isinstance(num_docs, int) or num_docs < hops:
         raise MemrlInputError(
-            f"num_docs must be an integer of at least 2 (the two gold paragraphs), got {num_docs!r}"
+            f"num_docs must be an integer of at least {hops} (the gold paragraphs), got "
+            f"{num_docs!r}"
         )
     rng = random.Random(seed)
-    names = _Names(rng)
+    names = _Names(rng, entities)
+    prefix = "syn" if (hops, entities) == (2, "all") else f"syn{hops}-{entities}"
     records = []
     for i in range(num_questions):
-        gold, question, answer = TEMPLATES[i % len(TEMPLATES)](rng, names)
-        documents = gold + [_distractor(rng, names) for _ in range(num_docs - len(gold))]
+        if hops == 1:
+            doc, question, answer = _one_hop_doc(rng, names, i % len(_ONE_HOP), True)
+            gold = [doc]
+            distractors = [_one_hop_doc(rng, names, rng.randrange(len(_ONE_HOP)), False)[0]
+                           for _ in range(num_docs - 1)]
+        else:
+            gold, question, answer = TEMPLATES[i % len(TEMPLATES)](rng, names)
+            distractors = [_distractor(rng, names) for _ in range(num_docs - len(gold))]
+        documents = gold + distractors
         rng.shuffle(documents)
-        records.append(QARecord(id=f"syn-{seed}-{i}", question=question, answers=[answer],
+        records.append(QARecord(id=f"{prefix}-{seed}-{i}", question=question, answers=[answer],
                                 documents=documents, num_docs=num_docs))
     return records
 

@@ -1,0 +1,45 @@
+"""`memrl sft CONFIG.yaml [key.path=value ...] [--resume]`: warm start on teacher trajectories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from memrl.cli.app import app
+
+
+@app.command("sft")
+def sft(
+    config: Path = typer.Argument(..., help="Warm-start config (YAML)."),
+    overrides: list[str] = typer.Argument(
+        None, help="Dotted overrides, e.g. data.trajectories=runs/eval/trajectories_50.jsonl"
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the latest checkpoint (trainer.resume=auto)."
+    ),
+    min_score: float = typer.Option(
+        None, "--min-score", help="Keep trajectories-file lines scoring at least this "
+        "(data.min_score)."
+    ),
+) -> None:
+    """Supervised fine-tuning on oracle trajectories or a filtered trajectories file."""
+    from rich.console import Console
+
+    from memrl.config import load_config
+    from memrl.recipes import sft as recipe
+    from memrl.recipes.sft_config import SFTConfig
+
+    extra = list(overrides or [])
+    if min_score is not None:
+        extra.append(f"data.min_score={min_score}")
+    if resume:
+        extra.append("trainer.resume=auto")
+    cfg = load_config(SFTConfig, config, extra)
+    console = Console()
+    source = cfg.data.trajectories or f"the oracle on {cfg.data.train_file}"
+    console.print(f"warm start from {source} → {cfg.trainer.out_dir}")
+    state = recipe.train(cfg, console=console)
+    console.print(
+        f"done: {state.step} steps; metrics {Path(cfg.trainer.out_dir) / 'metrics.jsonl'}"
+    )

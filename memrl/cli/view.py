@@ -1,0 +1,22 @@
+"""`memrl view RUN_DIR [--out FILE]`: one self-contained HTML page of the run's episodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from memrl.cli.app import app
+
+
+@app.command("view")
+def view(
+    run_dir: Path = typer.Argument(..., help="A run or evaluation directory (searched deeply)."),
+    out: Path = typer.Option(None, "--out", help="Where to write the page (RUN_DIR/view.html)."),
+) -> None:
+    """Chunk-by-chunk memories (added / dropped words, gold answer marked), tool calls and
+    store changes, final answers and scores, with filters: one HTML file, no server."""
+    from memrl.view import write_view
+
+    path = write_view(run_dir, out)
+    typer.echo(f"wrote {path}")

@@ -1,0 +1,218 @@
+"""Warm start: supervised fine-tuning on teacher trajectories, top to bottom.
+
+    trajectories = teacher_trajectories(...)       oracle rollouts, or a trajectories file
+                                                    filtered by score (rejection sampling)
+    for each step:
+        batch = RolloutBatch.from_trajectories(stream.take(batch_size))   as in RL
+        loss  = sft_loss(response log-probs, mask, response tokens of the step)
+        optimizer step (grad clip), warmup schedule step
+        if dist.is_main: log, validate (val/nll), checkpoint
+
+The batch, the log-probs, the optimizer, the schedule, the checkpoints and the data cursor
+are those of `memrl.recipes.grpo`, so `memrl sft --resume` continues a killed run exactly
+and its checkpoint is a policy `memrl train` can start from (`memrl export` first).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from memrl.agents.oracle import OracleGenerator, replay_memagent
+from memrl.agents.trajectory import Trajectory
+from memrl.config import config_to_yaml
+from memrl.data.io import expect_object, iter_jsonl
+from memrl.dist import Dist
+from memrl.errors import MemrlInputError
+from memrl.fileio import write_atomic
+from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
+from memrl.recipes import models
+from memrl.recipes.grpo import seed_everything
+from memrl.recipes.sft_config import SFTConfig
+from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
+from memrl.rl.batch import RolloutBatch
+from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memrl.rl.rollout import QuestionStream, TrainState
+from memrl.tasks.memagent_qa import MemAgentQATask
+
+
+def sft_loss(logprobs: Tensor, mask: Tensor, num_tokens: float | Tensor) -> Tensor:
+    """Negative log-likelihood of the masked (response) tokens, summed and divided by
+    `num_tokens`: the step's response-token count, so micro-batch losses add up to the
+    step's token mean."""
+    return -(logprobs * mask).sum() / num_tokens
+
+
+@dataclass
+class SFTRun:
+    config: SFTConfig
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    stream: QuestionStream
+    state: TrainState
+    val: list[Trajectory]
+    dist: Dist = Dist()
+
+
+def train(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -> TrainState:
+    """Fine-tune to `trainer.total_steps` (or epochs) on the teacher's trajectories."""
+    run = setup(config, dist=dist, console=console)
+    tcfg, out = config.trainer, Path(config.trainer.out_dir)
+    per_epoch = max(1, len(run.stream.records) // config.sft.batch_size)
+    total = tcfg.total_steps or per_epoch * tcfg.total_epochs
+    main = run.dist.is_main
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "config.yaml", scrub_env_secrets(config_to_yaml(config)))
+    with MetricsLogger(out, tcfg.log_sinks if main else [], console=console,
+                       run_config=config.model_dump(mode="json"),
+                       wandb_project=tcfg.wandb_project) as logger:
+        if run.state.step == 0 and tcfg.val_before_train and run.val:
+            logger.log(0, {"val/nll": validate(run)})
+        while run.state.step < total:
+            metrics = train_step(run)
+            run.state.step += 1
+            step = run.state.step
+            if run.val and ((tcfg.test_freq and step % tcfg.test_freq == 0) or step == total):
+                metrics["val/nll"] = validate(run)
+            logger.log(step, metrics)
+            if (tcfg.save_freq and step % tcfg.save_freq == 0) or step == total:
+                save(run)
+    if main:
+        plot_training_curves(out / "metrics.jsonl", out / "training.png")
+    return run.state
+
+
+def train_step(run: SFTRun) -> dict[str, float]:
+    """One optimizer step on the next `sft.batch_size` trajectories (this rank's share)."""
+    t0 = time.perf_counter()
+    trajs = run.dist.shard(run.stream.take(run.config.sft.batch_size))
+    batch = RolloutBatch.from_trajectories(trajs, overlong="keep")
+    tokens = run.dist.all_reduce_sum(sum(s.num_loss_tokens for s in batch.samples))
+    lr = float(run.optimizer.param_groups[0]["lr"])
+    run.model.train()
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = 0.0
+    k, n = run.config.sft.micro_batch_size, len(batch.samples)
+    for start in range(0, n, k):
+        tensors = batch.collate(range(start, min(start + k, n)), models.pad_token_id(run.tokenizer))
+        logprobs, _ = response_logprobs(run.model, tensors)
+        part = sft_loss(logprobs, tensors["loss_mask"].to(logprobs.device), max(tokens, 1))
+        part.backward()
+        loss += float(part.detach())
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, run.config.optim.grad_clip))
+    if math.isfinite(grad_norm):
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return {
+        "train/nll": run.dist.all_reduce_sum(loss),
+        "train/tokens": float(tokens),
+        "train/samples": float(n),
+        "train/lr": lr,
+        "actor/grad_norm": grad_norm,
+        "perf/step_time_s": time.perf_counter() - t0,
+    }
+
+
+@torch.no_grad()
+def validate(run: SFTRun) -> float:
+    """Token-mean NLL of the validation trajectories' responses."""
+    batch = RolloutBatch.from_trajectories(run.val, overlong="keep")
+    total, tokens, k = 0.0, 0, run.config.sft.micro_batch_size
+    run.model.eval()
+    for start in range(0, len(batch.samples), k):
+        tensors = batch.collate(range(start, min(start + k, len(batch.samples))),
+                                models.pad_token_id(run.tokenizer))
+        logprobs, _ = response_logprobs(run.model, tensors)
+        mask = tensors["loss_mask"].to(logprobs.device)
+        total += float(sft_loss(logprobs, mask, 1.0))
+        tokens += int(mask.sum())
+    run.model.train()
+    return total / max(tokens, 1)
+
+
+def save(run: SFTRun) -> Path | None:
+    if not run.dist.is_main:
+        return None
+    return save_checkpoint(
+        Path(run.config.trainer.out_dir) / "checkpoints", run.state.step, model=run.model,
+        optimizer=run.optimizer, scheduler=run.scheduler, tokenizer=run.tokenizer,
+        trainer_state=asdict(run.state), config_yaml=config_to_yaml(run.config),
+        keep_last=run.config.trainer.keep_last,
+    )
+
+
+def teacher_trajectories(config: SFTConfig, tokenizer: Any, file: str, *, what: str,
+                         replay: str | None = None) -> list[Trajectory]:
+    """The oracle's trajectories on the questions of `file`, or (`replay`: a trajectories
+    file) its lines replayed over them, keeping those scoring at least `data.min_score`."""
+    dcfg = config.data
+    task = MemAgentQATask(config.memagent, reward=dcfg.score_key)
+    records = task.load(file, dcfg.format, what=what)
+    oracle = OracleGenerator(tokenizer, records if replay is None else [], config.memagent)
+    if replay is None:
+        return task.rollout(oracle, records, num_samples=1, seed=config.seed)
+    by_id, kept = {r.id: r for r in records}, []
+    for line, value in iter_jsonl(replay):
+        row = expect_object(value, f"{replay}:{line}", "trajectory")
+        if str(row.get("id")) not in by_id:
+            raise MemrlInputError(f"question id {row.get('id')!r} is not in {file}",
+                                  location=f"{replay}:{line}")
+        score = float((row.get("scores") or {}).get(dcfg.score_key, 0.0))
+        if score >= dcfg.min_score:
+            traj = replay_memagent(oracle.agent, by_id[str(row["id"])], row)
+            traj.reward = score
+            kept.append(traj)
+    if not kept:
+        raise MemrlInputError(f"no trajectory scores {dcfg.score_key} >= {dcfg.min_score}",
+                              location=replay)
+    return kept
+
+
+def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -> SFTRun:
+    """Teacher trajectories, policy, optimizer; resume from the latest checkpoint."""
+    seed_everything(config.seed)
+    dist = dist or Dist.from_environment()
+    model, tokenizer = models.load_policy(config.model)
+    trajs = teacher_trajectories(config, tokenizer, config.data.train_file, what="training",
+                                 replay=config.data.trajectories)
+    val = []
+    if config.data.val_file:
+        val = teacher_trajectories(config, tokenizer, config.data.val_file, what="validation")
+    optim = config.optim
+    optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
+                                weight_decay=optim.weight_decay)
+    scheduler = warmup_schedule(optimizer, optim.warmup_steps)
+    state, out = TrainState(), Path(config.trainer.out_dir)
+    latest = latest_checkpoint(out / "checkpoints")
+    if config.trainer.resume == "auto" and latest is not None:
+        saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler)
+        state = TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
+        if dist.is_main:
+            truncate_metrics(out / "metrics.jsonl", state.step)
+            if console is not None:
+                console.print(f"resumed from {latest} at step {state.step}")
+    elif latest is not None:
+        raise MemrlInputError(
+            f"{out / 'checkpoints'} already holds checkpoints: pass --resume "
+            "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
+            location="trainer.out_dir",
+        )
+    elif (out / "metrics.jsonl").exists() and dist.is_main:
+        truncate_metrics(out / "metrics.jsonl", -1)
+    kinds = config.sft.turn_kinds
+    if kinds is not None:
+        for t in [*trajs, *val]:
+            t.turns = [turn for turn in t.turns if turn.kind in kinds]
+    stream = QuestionStream(trajs, config.seed, config.data.shuffle, state)
+    return SFTRun(config, model, tokenizer, optimizer, scheduler, stream, state, val, dist)

@@ -1,0 +1,58 @@
+"""The warm-start config: every knob of `memrl sft`, typed and validated.
+
+Sections are those of `TrainConfig` where they mean the same (`model`, `memagent`, `optim`,
+`trainer`); `data` says where the teacher trajectories come from and `sft` how they are
+batched.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from memrl.agents.memagent import MemAgentConfig
+from memrl.config import StrictModel
+from memrl.recipes.config import ModelConfig, TrainerConfig
+from memrl.rl.config import OptimConfig
+
+
+class SFTDataConfig(StrictModel):
+    train_file: str
+    """Questions (memrl / HotpotQA JSONL, parquet, RULER): the oracle answers them, or the
+    trajectories file's lines are replayed over them (matched by id)."""
+    val_file: str | None = None
+    """Validation questions: the oracle's trajectories on them give `val/nll`."""
+    format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler"] = "auto"
+    trajectories: str | None = None
+    """A `memrl eval ruler-hqa` trajectories.jsonl (e.g. of a teacher model or a served API)
+    to imitate instead of the oracle (rejection sampling: only lines scoring at least
+    min_score). None: the scripted oracle on train_file (needs supporting documents)."""
+    min_score: float = 1.0
+    """Keep a trajectories-file line only if its `scores[score_key]` reaches this."""
+    score_key: Literal["sub_em", "em", "f1"] = "sub_em"
+    """Which logged score min_score applies to."""
+    shuffle: bool = True
+    """Shuffle the trajectories every epoch (by seed and epoch)."""
+
+
+class SFTOptions(StrictModel):
+    batch_size: int = Field(8, ge=1)
+    """Trajectories per optimizer step (all their conversations)."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Conversations per forward/backward; the loss stays the step's exact token mean."""
+    turn_kinds: list[Literal["memory_update", "final"]] | None = None
+    """Train only on these turns of each trajectory (e.g. [final]); None: every turn."""
+
+
+class SFTConfig(StrictModel):
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    """Seeds the weights' RNG and the data order."""
+    model: ModelConfig
+    data: SFTDataConfig
+    memagent: MemAgentConfig = MemAgentConfig()
+    """Chunking and prompts of the conversations (and token limits of the oracle's)."""
+    sft: SFTOptions = SFTOptions()
+    optim: OptimConfig = OptimConfig(lr=1e-5)
+    trainer: TrainerConfig = TrainerConfig(out_dir="runs/sft")
+    """test_freq / val_before_train drive `val/nll`; num_logged_trajectories is unused."""

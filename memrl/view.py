@@ -1,0 +1,280 @@
+"""`memrl view RUN_DIR`: one self-contained HTML page to watch what a memory agent keeps.
+
+It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
+`trajectories_{N}.jsonl`, `memrl eval locomo`'s `trajectories.jsonl`, a training run's
+`val_samples/step_*.jsonl`) and writes `view.html`: no server, no network, no external file.
+
+    MemAgent episode      the memory after each chunk, words added (green) and dropped (red,
+                          struck) against the memory before; the gold answer highlighted, and
+                          the chunks where it enters and leaves memory flagged; the final
+                          response against the gold, with its score
+    MemoryUpdate episode  every tool call with its arguments and result, the store before and
+                          after (counts, added / removed / changed memories), the scores
+
+Filters (run = the folder of the file, length = documents per question, score, category) run
+in the page itself.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memrl.data.io import expect_object, iter_jsonl
+from memrl.errors import MemrlInputError
+
+PATTERNS = ("trajectories*.jsonl", "val_samples/step_*.jsonl")
+"""Files (under RUN_DIR, at any depth) that the viewer reads."""
+_WORD = re.compile(r"\s+$|\s*\S+\s*")
+
+
+def word_diff(before: str, after: str) -> list[tuple[str, str]]:
+    """`after` against `before`, word by word, as (op, text) pieces with op "same", "added"
+    or "dropped": the "same" and "added" pieces concatenate to `after`; the words of the
+    "same" and "dropped" pieces are the words of `before`."""
+    a, b = _WORD.findall(before), _WORD.findall(after)
+    keys_a, keys_b = [w.strip() for w in a], [w.strip() for w in b]
+    out: list[tuple[str, str]] = []
+    matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            out.append(("same", "".join(b[j1:j2])))
+            continue
+        if i2 > i1:
+            out.append(("dropped", "".join(a[i1:i2])))
+        if j2 > j1:
+            out.append(("added", "".join(b[j1:j2])))
+    return out
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def holds_gold(memory: str, answers: Sequence[str]) -> bool:
+    """Whether a (normalised) gold answer occurs in the (normalised) memory."""
+    mem = f" {_norm(memory)} "
+    return any(_norm(a) and f" {_norm(a)} " in mem for a in answers)
+
+
+def gold_events(memories: Sequence[str], answers: Sequence[str]) -> list[str]:
+    """Per chunk: "enters" (gold now in memory, not before), "leaves", "kept" or ""."""
+    out, had = [], False
+    for memory in memories:
+        has = holds_gold(memory, answers)
+        out.append("enters" if has and not had else "leaves" if had and not has
+                   else "kept" if has else "")
+        had = has
+    return out
+
+
+def _mark_gold(text: str, answers: Sequence[str]) -> str:
+    """`text` escaped, with every gold answer occurrence in <mark class="gold">."""
+    golds = sorted({a for a in answers if a.strip()}, key=len, reverse=True)
+    if not golds:
+        return html.escape(text)
+    pattern = re.compile("|".join(re.escape(g) for g in golds), re.IGNORECASE)
+    out, last = [], 0
+    for m in pattern.finditer(text):
+        out += [html.escape(text[last:m.start()]),
+                f'<mark class="gold">{html.escape(m.group(0))}</mark>']
+        last = m.end()
+    return "".join(out) + html.escape(text[last:])
+
+
+def _score(row: dict[str, Any]) -> float:
+    scores = row.get("scores") or {}
+    for key in ("sub_em", "llm_judge", "f1", "em"):
+        if isinstance(scores.get(key), int | float):
+            return float(scores[key])
+    reward = row.get("reward")
+    return float(reward) if isinstance(reward, int | float) else 0.0
+
+
+def _strs(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def render_memagent(row: dict[str, Any], source: str) -> str:
+    answers, memories = _strs(row.get("answers")), _strs(row.get("memories"))
+    events = gold_events(memories, answers)
+    steps, before = [], "No previous memory"
+    for k, (memory, event) in enumerate(zip(memories, events, strict=True)):
+        pieces = []
+        for op, text in word_diff(before, memory):
+            body = _mark_gold(text, answers)
+            pieces.append(body if op == "same" else
+                          f'<ins class="added">{body}</ins>' if op == "added" else
+                          f'<del class="dropped">{body}</del>')
+        flag = {"enters": '<span class="flag enters">gold enters</span>',
+                "leaves": '<span class="flag leaves">gold leaves</span>'}.get(event, "")
+        steps.append(f'<li class="chunk {event}"><span class="k">chunk {k + 1}</span>{flag}'
+                     f'<div class="memory">{"".join(pieces) or "<i>(empty)</i>"}</div></li>')
+        before = memory
+    score = _score(row)
+    return (
+        _header(row, source, score, "memagent")
+        + f'<ol class="chunks">{"".join(steps)}</ol>'
+        + '<div class="final"><b>final response:</b> '
+        + f'<span class="response">{_mark_gold(str(row.get("final_response", "")), answers)}'
+        + f'</span><br><b>answer:</b> <code class="answer">{html.escape(str(row.get("answer")))}'
+        + f'</code> <b>gold:</b> <code class="gold-answer">{html.escape(" | ".join(answers))}'
+        + f'</code> <b>score:</b> <span class="score">{score:g}</span></div></section>'
+    )
+
+
+def render_memupdate(row: dict[str, Any], source: str) -> str:
+    calls = [c for c in row.get("calls") or [] if isinstance(c, dict)]
+    items = "".join(
+        f'<li class="call {"ok" if c.get("ok") else "failed"}">'
+        f'<code>{html.escape(str(c.get("name")))}'
+        f'({html.escape(json.dumps(c.get("arguments"), ensure_ascii=False))})</code> → '
+        f'<span class="result">{html.escape(str(c.get("result", "")))}</span></li>'
+        for c in calls
+    )
+    diff = row.get("memory_diff") or {}
+    added = "".join(f'<li><ins class="added">{html.escape(str(m.get("text")))}</ins></li>'
+                    for m in diff.get("added_texts") or [])
+    removed = "".join(f'<li><del class="dropped">{html.escape(str(m.get("text")))}</del></li>'
+                      for m in diff.get("removed_texts") or [])
+    changed = "".join(
+        f'<li><del class="dropped">{html.escape(str(m.get("before")))}</del> → '
+        f'<ins class="added">{html.escape(str(m.get("after")))}</ins></li>'
+        for m in diff.get("changed_texts") or []
+    )
+    store = lambda key: html.escape(json.dumps(row.get(key), ensure_ascii=False))  # noqa: E731
+    score = _score(row)
+    return (
+        _header(row, source, score, "memupdate")
+        + f'<h4>tool calls ({len(calls)})</h4><ol class="calls">{items}</ol>'
+        + f'<div class="store"><b>store before:</b> {store("memory_before")} '
+        + f'<b>after:</b> {store("memory_after")}</div>'
+        + f'<ul class="diff">{added}{removed}{changed}</ul>'
+        + f'<div class="final"><b>gold:</b> <code class="gold-answer">'
+        + f'{html.escape(" | ".join(_strs(row.get("answers"))))}</code> '
+        + f'<b>scores:</b> {html.escape(json.dumps(row.get("scores")))} '
+        + f'<b>score:</b> <span class="score">{score:g}</span></div></section>'
+    )
+
+
+def _header(row: dict[str, Any], source: str, score: float, kind: str) -> str:
+    length = row.get("num_docs") or row.get("num_chunks") or 0
+    category = row.get("category", "")
+    attrs = (f'data-length="{html.escape(str(length))}" data-score="{score:g}" '
+             f'data-category="{html.escape(str(category))}" data-kind="{kind}" '
+             f'data-run="{html.escape(_run_of(source))}"')
+    verdict = "correct" if score >= 1 else "partial" if score > 0 else "wrong"
+    return (
+        f'<section class="episode {verdict}" {attrs}><h3>{html.escape(str(row.get("id")))}'
+        f' <small>{html.escape(source)} · length {html.escape(str(length))}'
+        + (f" · category {html.escape(str(category))}" if category != "" else "")
+        + f'</small></h3><p class="question">{html.escape(str(row.get("question", "")))}</p>'
+    )
+
+
+def _run_of(source: str) -> str:
+    """The folder of a trajectories file (relative to RUN_DIR): which evaluation or run."""
+    parent = str(Path(source).parent)
+    return "." if parent in ("", ".") else parent
+
+
+def find_trajectory_files(run_dir: Path) -> list[Path]:
+    files = {p for pattern in PATTERNS for p in run_dir.rglob(pattern) if p.is_file()}
+    return sorted(files)
+
+
+def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str) -> str:
+    """The whole page for (source, row) episodes."""
+    sections = [render_memupdate(row, src) if "calls" in row or "memory_diff" in row
+                else render_memagent(row, src) for src, row in episodes]
+    lengths = sorted({str(r.get("num_docs") or r.get("num_chunks") or 0) for _, r in episodes},
+                     key=lambda v: (len(v), v))
+    categories = sorted({str(r["category"]) for _, r in episodes if "category" in r})
+    runs = sorted({_run_of(src) for src, _ in episodes})
+    option = lambda v: f'<option value="{html.escape(v)}">{html.escape(v)}</option>'  # noqa: E731
+    return _PAGE.format(
+        title=html.escape(title), count=len(sections),
+        lengths="".join(option(v) for v in lengths),
+        categories="".join(option(v) for v in categories),
+        runs="".join(option(v) for v in runs),
+        body="\n".join(sections),
+    )
+
+
+def write_view(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write RUN_DIR/view.html (or `out`) from every trajectories file under RUN_DIR."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise MemrlInputError("not a directory", location=str(run))
+    files = find_trajectory_files(run)
+    if not files:
+        raise MemrlInputError("no trajectories file under it (trajectories*.jsonl, "
+                              "val_samples/step_*.jsonl)", location=str(run))
+    episodes = []
+    for path in files:
+        for line, value in iter_jsonl(path):
+            row = dict(expect_object(value, f"{path}:{line}", "trajectory"))
+            episodes.append((str(path.relative_to(run)), row))
+    target = Path(out) if out is not None else run / "view.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_page(episodes, f"memrl view · {run}"), encoding="utf-8")
+    return target
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
+.episode {{ border: 1px solid #ccc; border-radius: 6px; padding: .6em 1em; margin: 1em 0; }}
+.episode.correct {{ border-left: 6px solid #2a2; }}
+.episode.wrong {{ border-left: 6px solid #c33; }}
+.episode.partial {{ border-left: 6px solid #d90; }}
+h3 small {{ color: #777; font-weight: normal; }}
+ins.added {{ background: #d4f7d4; text-decoration: none; }}
+del.dropped {{ background: #fbd4d4; color: #a33; }}
+mark.gold {{ background: #ffe066; font-weight: bold; }}
+.flag {{ font-size: 11px; padding: 0 .4em; border-radius: 3px; margin-left: .5em; }}
+.flag.enters {{ background: #2a2; color: white; }}
+.flag.leaves {{ background: #c33; color: white; }}
+.chunk .k {{ color: #777; font-size: 12px; }} .memory {{ white-space: pre-wrap; }}
+.call.failed {{ color: #a33; }} .hidden {{ display: none; }}
+</style></head><body>
+<h1>{title}</h1>
+<form id="filters">run <select id="f-run"><option value="">all</option>{runs}</select>
+length <select id="f-length"><option value="">all</option>{lengths}</select>
+score <select id="f-score"><option value="">all</option><option value="correct">correct</option>
+<option value="wrong">not correct</option></select>
+category <select id="f-category"><option value="">all</option>{categories}</select>
+<span id="shown">{count}</span> / {count} episodes</form>
+{body}
+<script>
+(function () {{
+  var episodes = Array.prototype.slice.call(document.querySelectorAll(".episode"));
+  function apply() {{
+    var len = document.getElementById("f-length").value;
+    var score = document.getElementById("f-score").value;
+    var cat = document.getElementById("f-category").value;
+    var run = document.getElementById("f-run").value;
+    var shown = 0;
+    episodes.forEach(function (e) {{
+      var s = parseFloat(e.dataset.score);
+      var ok = (!len || e.dataset.length === len) && (!cat || e.dataset.category === cat) &&
+        (!run || e.dataset.run === run) &&
+        (!score || (score === "correct" ? s >= 1 : s < 1));
+      e.classList.toggle("hidden", !ok);
+      if (ok) shown += 1;
+    }});
+    document.getElementById("shown").textContent = String(shown);
+  }}
+  ["f-run", "f-length", "f-score", "f-category"].forEach(function (id) {{
+    document.getElementById(id).addEventListener("change", apply);
+  }});
+  apply();
+}})();
+</script></body></html>
+"""
