@@ -155,7 +155,7 @@ def render_memupdate(row: dict[str, Any], source: str) -> str:
         + f'<div class="store"><b>store before:</b> {store("memory_before")} '
         + f'<b>after:</b> {store("memory_after")}</div>'
         + f'<ul class="diff">{added}{removed}{changed}</ul>'
-        + f'<div class="final"><b>gold:</b> <code class="gold-answer">'
+        + '<div class="final"><b>gold:</b> <code class="gold-answer">'
         + f'{html.escape(" | ".join(_strs(row.get("answers"))))}</code> '
         + f'<b>scores:</b> {html.escape(json.dumps(row.get("scores")))} '
         + f'<b>score:</b> <span class="score">{score:g}</span></div></section>'

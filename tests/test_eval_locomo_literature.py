@@ -12,7 +12,6 @@ from memrl.cli import main
 from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact, save_episodes
 from memrl.errors import MemrlInputError
 from memrl.eval.locomo import evaluate_locomo, literature_scores, split_conversations
-from memrl.eval.report import read_jsonl
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.memory.embedder import HashingEmbedder
 from memrl.rewards.locomo_metrics import judge_prompt

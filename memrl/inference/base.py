@@ -101,6 +101,13 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
+def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
+    """Every engine's precondition: each prompt has at least one token."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+
+
 def generate_checked(
     generator: Generator, prompts: Sequence[Sequence[int]], params: SamplingParams
 ) -> list[Generation]:

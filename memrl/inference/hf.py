@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memrl.inference.base import Generation, SamplingParams
+from memrl.inference.base import Generation, SamplingParams, check_prompts
 
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
 """A character is at most 4 byte-level tokens: how far back to look for a new stop string."""
@@ -83,9 +83,7 @@ class HFGenerator:
         """
         import torch
 
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+        check_prompts(prompts)
         if not prompts:
             return []
         rng = None

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generation, SamplingParams, derive_seed
+from memrl.inference.base import Generation, SamplingParams, check_prompts, derive_seed
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.hf import first_stop_end
 from memrl.inference.vllm import policy_weights
@@ -105,9 +105,7 @@ class OpenAIGenerator:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         """One Generation per prompt, in input order; requests run concurrently."""
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+        check_prompts(prompts)
         if not prompts:
             return []
 
@@ -120,8 +118,7 @@ class OpenAIGenerator:
 
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         """One request; equals `generate([prompt], params)[0]`."""
-        if len(prompt) == 0:
-            raise ValueError("prompt is empty: a causal LM needs at least one token")
+        check_prompts([prompt])
         return await self._complete(list(prompt), params, 0)
 
     def request_body(self, prompt: list[int], params: SamplingParams, index: int) -> dict:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError, require
-from memrl.inference.base import Generation, SamplingParams, derive_seed
+from memrl.inference.base import Generation, SamplingParams, check_prompts, derive_seed
 from memrl.inference.config import VLLMConfig
 from memrl.inference.hf import first_stop_end
 
@@ -145,9 +145,7 @@ class VLLMGenerator:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         """One Generation per prompt, in input order (vLLM batches them continuously)."""
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+        check_prompts(prompts)
         if not prompts:
             return []
         self._check_awake()
@@ -162,8 +160,7 @@ class VLLMGenerator:
         """One request; requests of concurrent coroutines are batched continuously (one
         driver task adds them to the engine between its steps). Equals
         `generate([prompt], params)[0]`. Do not mix with a `generate` running meanwhile."""
-        if len(prompt) == 0:
-            raise ValueError("prompt is empty: a causal LM needs at least one token")
+        check_prompts([prompt])
         self._check_awake()
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()

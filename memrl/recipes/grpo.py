@@ -348,26 +348,10 @@ def setup(
     reference = models.build_reference(config, policy, tokenizer, temperature)
     engine = models.build_engine(config, policy, tokenizer)
 
-    state = TrainState()
     out_dir = Path(config.trainer.out_dir)
-    latest = latest_checkpoint(out_dir / "checkpoints", warn=warn_on_stderr(dist))
-    if config.trainer.resume == "auto" and latest is not None:
-        saved = load_checkpoint(
-            latest, model=policy, optimizer=actor.optimizer, scheduler=actor.scheduler
-        )
-        state = TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
-        if dist.is_main:
-            truncate_metrics(out_dir / "metrics.jsonl", state.step)
-        if console is not None and dist.is_main:
-            console.print(f"resumed from {latest} at step {state.step}")
-    elif latest is not None:
-        raise MemrlInputError(
-            f"{out_dir / 'checkpoints'} already holds checkpoints: pass --resume "
-            "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
-            location="trainer.out_dir",
-        )
-    elif (out_dir / "metrics.jsonl").exists() and dist.is_main:
-        truncate_metrics(out_dir / "metrics.jsonl", -1)  # a fresh run in a used directory
+    state = resume_or_start(out_dir, config.trainer.resume, model=policy,
+                            optimizer=actor.optimizer, scheduler=actor.scheduler, dist=dist,
+                            console=console)
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
                val_records, dist, console)
@@ -391,3 +375,28 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def resume_or_start(
+    out_dir: Path, resume: str, *, model: Any, optimizer: Any, scheduler: Any, dist: Dist,
+    console: Any = None,
+) -> TrainState:
+    """The state to start from: the latest checkpoint's (loaded into the live objects) when
+    resuming, else a fresh one; a fresh run refuses a directory that holds checkpoints."""
+    latest = latest_checkpoint(out_dir / "checkpoints", warn=warn_on_stderr(dist))
+    if resume == "auto" and latest is not None:
+        saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler)
+        if dist.is_main:
+            truncate_metrics(out_dir / "metrics.jsonl", saved["step"])
+            if console is not None:
+                console.print(f"resumed from {latest} at step {saved['step']}")
+        return TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
+    if latest is not None:
+        raise MemrlInputError(
+            f"{out_dir / 'checkpoints'} already holds checkpoints: pass --resume "
+            "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
+            location="trainer.out_dir",
+        )
+    if (out_dir / "metrics.jsonl").exists() and dist.is_main:
+        truncate_metrics(out_dir / "metrics.jsonl", -1)  # a fresh run in a used directory
+    return TrainState()

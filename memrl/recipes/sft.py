@@ -31,13 +31,13 @@ from memrl.data.io import expect_object, iter_jsonl
 from memrl.dist import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
-from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
+from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets
 from memrl.recipes import models
-from memrl.recipes.grpo import seed_everything
+from memrl.recipes.grpo import resume_or_start, seed_everything
 from memrl.recipes.sft_config import SFTConfig
 from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
 from memrl.rl.batch import RolloutBatch
-from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memrl.rl.checkpoint import save_checkpoint
 from memrl.rl.rollout import QuestionStream, TrainState
 from memrl.tasks.memagent_qa import MemAgentQATask
 
@@ -193,23 +193,9 @@ def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -
     optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
                                 weight_decay=optim.weight_decay)
     scheduler = warmup_schedule(optimizer, optim.warmup_steps)
-    state, out = TrainState(), Path(config.trainer.out_dir)
-    latest = latest_checkpoint(out / "checkpoints")
-    if config.trainer.resume == "auto" and latest is not None:
-        saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler)
-        state = TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
-        if dist.is_main:
-            truncate_metrics(out / "metrics.jsonl", state.step)
-            if console is not None:
-                console.print(f"resumed from {latest} at step {state.step}")
-    elif latest is not None:
-        raise MemrlInputError(
-            f"{out / 'checkpoints'} already holds checkpoints: pass --resume "
-            "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
-            location="trainer.out_dir",
-        )
-    elif (out / "metrics.jsonl").exists() and dist.is_main:
-        truncate_metrics(out / "metrics.jsonl", -1)
+    out = Path(config.trainer.out_dir)
+    state = resume_or_start(out, config.trainer.resume, model=model, optimizer=optimizer,
+                            scheduler=scheduler, dist=dist, console=console)
     kinds = config.sft.turn_kinds
     if kinds is not None:
         for t in [*trajs, *val]:
