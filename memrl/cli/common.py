@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from pydantic import BaseModel, ValidationError
 
 from memrl.errors import MemrlInputError
@@ -174,3 +175,19 @@ def print_warning(message: str) -> None:
     from memrl.metrics import scrub_env_secrets
 
     print(f"warning: {scrub_env_secrets(one_line(message))}", file=sys.stderr, flush=True)
+
+
+# Options every evaluation command takes (declared once).
+BatchSizeOption = Annotated[
+    int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
+]
+EngineOption = Annotated[
+    str, typer.Option(help="Generation engine: hf (in-process), vllm, openai (servers).")
+]
+BaseUrlOption = Annotated[
+    list[str] | None,
+    typer.Option("--base-url", help="A vLLM OpenAI-compatible server (--engine openai); "
+                 "repeat for several."),
+]
+DeviceOption = Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")]
+DtypeOption = Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")]

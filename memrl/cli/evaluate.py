@@ -10,6 +10,11 @@ import typer
 from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import eval_app
 from memrl.cli.common import (
+    BaseUrlOption,
+    BatchSizeOption,
+    DeviceOption,
+    DtypeOption,
+    EngineOption,
     check_model_dir,
     check_out_dir,
     config_options,
@@ -58,19 +63,11 @@ def ruler_hqa(
         bool, typer.Option("--resume", help="Continue the run in --out (an error if there "
                            "is none); re-running into the same --out resumes anyway.")
     ] = False,
-    batch_size: Annotated[
-        int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
-    ] = 32,
-    engine: Annotated[
-        str, typer.Option(help="Generation engine: hf (in-process), vllm, openai (servers).")
-    ] = "hf",
-    base_url: Annotated[
-        list[str] | None,
-        typer.Option("--base-url", help="A vLLM OpenAI-compatible server (--engine openai); "
-                     "repeat for several."),
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")] = None,
-    dtype: Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")] = None,
+    batch_size: BatchSizeOption = 32,
+    engine: EngineOption = "hf",
+    base_url: BaseUrlOption = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
 ) -> None:
     """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
