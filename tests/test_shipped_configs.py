@@ -6,13 +6,15 @@ import pytest
 
 from memrl.config import load_config
 from memrl.recipes.config import TrainConfig
+from memrl.recipes.sft_config import SFTConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_config_validates(path):
-    load_config(TrainConfig, path)
+    """`*_sft.yaml` configs are `memrl sft` configs; the others `memrl train` configs."""
+    load_config(SFTConfig if path.stem.endswith("_sft") else TrainConfig, path)
 
 
 def test_memagent_example_mirrors_published_hyperparameters():
