@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers import kill_at_first_checkpoint
 
 from memrl.agents.trajectory import Trajectory
 from memrl.cli import main as cli_main
@@ -280,23 +278,9 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_model_dir, data_dir, tmp
 
     cfg = write_yaml(tmp_path / "kill.yaml", tiny_model_dir, data_dir, tmp_path / "kill",
                      total_steps=total, save_freq=2)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "memrl", "train", str(cfg)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    killed_at = kill_at_first_checkpoint(
+        [sys.executable, "-m", "memrl", "train", str(cfg)], env, tmp_path / "kill"
     )
-    latest = tmp_path / "kill" / "checkpoints" / "latest"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if latest.exists() and latest.read_text().strip():
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "training finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = json.loads(
-        (tmp_path / "kill" / "checkpoints" / latest.read_text().strip() / "trainer_state.json")
-        .read_text()
-    )["step"]
     assert 0 < killed_at < total
 
     # Without --resume a used out_dir is refused; with it the run continues.

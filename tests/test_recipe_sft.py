@@ -5,10 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import torch
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import kill_at_first_checkpoint
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig
 from memrl.agents.oracle import OracleGenerator, needed_facts, oracle_memory, replay_memagent
@@ -177,17 +175,8 @@ def test_sft_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir, sft
     assert cli_main(["sft", str(ref)]) == 0
     cfg = sft_yaml(tmp_path / "kill.yaml", tiny_model_dir, sft_data, tmp_path / "kill",
                    total_steps=8, save_freq=2)
-    proc = subprocess.Popen([sys.executable, "-m", "memrl", "sft", str(cfg)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = tmp_path / "kill" / "checkpoints" / "latest"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if latest.exists() and latest.read_text().strip():
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_first_checkpoint([sys.executable, "-m", "memrl", "sft", str(cfg)], env,
+                             tmp_path / "kill")
     assert cli_main(["sft", str(cfg)]) == 2  # a used out_dir needs --resume
     assert cli_main(["sft", str(cfg), "--resume"]) == 0
     def drop(rows):

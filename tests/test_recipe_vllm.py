@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import kill_at_first_checkpoint
 
 from memrl.cli import main as cli_main
 from memrl.config import load_config
@@ -104,10 +105,8 @@ def test_vllm_run_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir
                                                                  tmp_path):
     import math
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     import yaml
 
@@ -123,17 +122,7 @@ def test_vllm_run_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir
     run = [sys.executable, "-m", "memrl", "train"]
     assert subprocess.run([*run, str(write("ref"))], env=env, capture_output=True).returncode == 0
     cfg = write("kill")
-    proc = subprocess.Popen([*run, str(cfg)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    latest = tmp_path / "kill" / "checkpoints" / "latest"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if latest.exists() and latest.read_text().strip():
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "training finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_first_checkpoint([*run, str(cfg)], env, tmp_path / "kill", timeout=300)
     resumed = subprocess.run([*run, str(cfg), "--resume"], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
