@@ -11,6 +11,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
+TINY_MEMAGENT = [
+    "memagent.chunk_size=48",
+    "memagent.max_chunks=2",
+    "memagent.max_memory_tokens=6",
+    "memagent.max_final_tokens=6",
+    "memagent.temperature=1.0",
+    "memagent.top_p=1.0",
+    "rl.overlong=keep",
+]
+"""Overrides that make MemAgent episodes on the tiny model short: two 48-token chunks, 6-token
+memories and answers, plain sampling, truncated turns trained."""
+
+
 def kill_at_first_checkpoint(
     cmd: Sequence[str], env: Mapping[str, str], run_dir: Path, *, timeout: float = 240
 ) -> int:

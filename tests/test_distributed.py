@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import TINY_MEMAGENT
 import torch
 from safetensors.torch import load_file
 
@@ -52,13 +53,7 @@ def overrides(model_dir: Path, data_dir: Path, out_dir: Path, *extra: str) -> li
         f"data.train_file={data_dir / 'train.jsonl'}",
         f"data.val_file={data_dir / 'val.jsonl'}",
         f"trainer.out_dir={out_dir}",
-        "memagent.chunk_size=48",
-        "memagent.max_chunks=2",
-        "memagent.max_memory_tokens=6",
-        "memagent.max_final_tokens=6",
-        "memagent.temperature=1.0",
-        "memagent.top_p=1.0",
-        "rl.overlong=keep",
+        *TINY_MEMAGENT,
         "rl.reward=context_overlap",
         "rl.rollout_n=2",
         "data.train_batch_size=3",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import kill_at_first_checkpoint
+from helpers import TINY_MEMAGENT, kill_at_first_checkpoint
 
 from memrl.agents.trajectory import Trajectory
 from memrl.cli import main as cli_main
@@ -32,16 +32,7 @@ from memrl.rl.batch import RolloutBatch
 from memrl.rl.rollout import collect_groups
 from memrl.tasks.memagent_qa import MemAgentQATask
 
-BASE = [
-    "memagent.chunk_size=48",
-    "memagent.max_chunks=2",
-    "memagent.max_memory_tokens=6",
-    "memagent.max_final_tokens=6",
-    "memagent.temperature=1.0",
-    "memagent.top_p=1.0",
-    "rl.overlong=keep",
-    "trainer.log_sinks=[jsonl]",
-]
+BASE = [*TINY_MEMAGENT, "trainer.log_sinks=[jsonl]"]
 
 
 @pytest.fixture(scope="module")
