@@ -15,6 +15,7 @@ the HF engine, both recipes, checkpoints, export and `memrl eval ruler-hqa`'s ev
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,6 @@ from memrl.config import load_config
 from memrl.errors import MemrlInputError
 from memrl.recipes.config import TrainConfig
 
-TRAIN_DOCS = 4
-"""Documents per training question (the "training length")."""
-EVAL_DOCS = (4, 8, 16, 32)
-"""Documents per evaluation question: 1x, 2x, 4x and 8x the training length."""
-EVAL_QUESTIONS = 48
-"""Evaluation questions per document count."""
-TRAIN_QUESTIONS = 512
-"""Training questions (the oracle answers each once for the warm start; GRPO samples them)."""
 MODEL_SHAPE: dict[str, int] = {
     "hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
     "intermediate_size": 256, "vocab_size": 1024,
@@ -38,7 +31,30 @@ MODEL_SHAPE: dict[str, int] = {
 STAGES = ("before", "warm_start", "rl")
 
 
-def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0) -> Path:
+@dataclass(frozen=True)
+class QuickstartPlan:
+    """What the quickstart builds and how it evaluates; the defaults are the 2-core CPU
+    quickstart, `benchmarks/miniature.py` passes a GPU-sized one."""
+
+    train_docs: int = 4
+    """Documents per training question (the "training length")."""
+    eval_docs: tuple[int, ...] = (4, 8, 16, 32)
+    """Documents per evaluation question: 1x, 2x, 4x and 8x the training length."""
+    eval_questions: int = 48
+    """Evaluation questions per document count."""
+    train_questions: int = 4000
+    """Training questions (the oracle answers each once for the warm start; GRPO samples
+    them). Many distinct people, so the model learns to read, not to remember."""
+    model_shape: dict[str, int] = field(default_factory=lambda: dict(MODEL_SHAPE))
+    """`build_tiny_model` arguments of the model memrl builds."""
+    device: str = "cpu"
+    """Where the evaluations run."""
+    eval_batch_size: int = 64
+    """Episodes per lockstep generate call in the evaluations."""
+
+
+def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0,
+                       plan: QuickstartPlan = QuickstartPlan()) -> Path:
     """Build the tiny model, the training / validation questions and the RULER-style
     evaluation sets that the config points at; existing files are kept. Returns the
     evaluation directory."""
@@ -47,7 +63,8 @@ def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0) -> Path:
     from memrl.data.synthetic import make_synthetic_records
     from memrl.models.tiny import build_tiny_model
 
-    train = make_synthetic_records(TRAIN_QUESTIONS, TRAIN_DOCS, seed, hops=1, entities="train")
+    train = make_synthetic_records(plan.train_questions, plan.train_docs, seed, hops=1,
+                                   entities="train")
     model_dir = Path(cfg.model.path)
     if not (model_dir / "config.json").exists():
         # The tokenizer learns the prompts' words and the names' syllables.
@@ -59,32 +76,34 @@ def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0) -> Path:
             + f" \\boxed{{{r.answers[0]}}}"
             for r in train[:300]
         ]
-        build_tiny_model(model_dir, seed=seed, corpus=corpus, **MODEL_SHAPE)
+        build_tiny_model(model_dir, seed=seed, corpus=corpus, **plan.model_shape)
     if not Path(cfg.data.train_file).exists():
         save_records_jsonl(train, cfg.data.train_file)
     if cfg.data.val_file and not Path(cfg.data.val_file).exists():
-        val = make_synthetic_records(16, TRAIN_DOCS, seed + 1, hops=1, entities="eval")
+        val = make_synthetic_records(16, plan.train_docs, seed + 1, hops=1, entities="eval")
         save_records_jsonl(val, cfg.data.val_file)
     eval_dir = Path(cfg.trainer.out_dir).parent / "eval_data"
-    if not all((eval_dir / f"eval_{n}.json").exists() for n in EVAL_DOCS):
+    if not all((eval_dir / f"eval_{n}.json").exists() for n in plan.eval_docs):
         # One gold paragraph per question; distractors are other questions' paragraphs.
-        pool = make_synthetic_records(max(EVAL_QUESTIONS, max(EVAL_DOCS)) + 16, 1, seed + 2,
-                                      hops=1, entities="eval")
-        write_ruler_hqa(pool, eval_dir, list(EVAL_DOCS), seed=seed,
-                        num_questions=EVAL_QUESTIONS)
+        pool = make_synthetic_records(max(plan.eval_questions, max(plan.eval_docs)) + 16, 1,
+                                      seed + 2, hops=1, entities="eval")
+        write_ruler_hqa(pool, eval_dir, list(plan.eval_docs), seed=seed,
+                        num_questions=plan.eval_questions)
     return eval_dir
 
 
 def evaluate(model_dir: Path, eval_dir: Path, out_dir: Path, cfg: TrainConfig,
-             console: Any) -> dict[str, Any]:
-    """Greedy MemAgent evaluation of a saved model at every EVAL_DOCS (results.json etc.)."""
+             console: Any, plan: QuickstartPlan = QuickstartPlan()) -> dict[str, Any]:
+    """Greedy MemAgent evaluation of a saved model at every `plan.eval_docs` (results.json
+    etc.)."""
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
     from memrl.inference.hf import HFGenerator
     from memrl.inference.loader import load_pretrained
 
-    generator = HFGenerator(*load_pretrained(model_dir, device="cpu"), max_batch_size=64)
+    generator = HFGenerator(*load_pretrained(model_dir, device=plan.device),
+                            max_batch_size=plan.eval_batch_size)
     agent_cfg = cfg.memagent.model_copy(update={"seed": cfg.seed, "temperature": 0.0})
-    return evaluate_ruler_hqa(generator, eval_dir, list(EVAL_DOCS), config=agent_cfg,
+    return evaluate_ruler_hqa(generator, eval_dir, list(plan.eval_docs), config=agent_cfg,
                               out_dir=out_dir, model_name=str(model_dir), console=console,
                               show_progress=False)
 
@@ -102,8 +121,10 @@ def run_quickstart(
     overrides: list[str] = (),
     *,
     sft_config_path: str | Path = "configs/quickstart_sft.yaml",
+    sft_overrides: list[str] = (),
     fresh: bool = False,
     console: Any = None,
+    plan: QuickstartPlan = QuickstartPlan(),
 ) -> dict[str, Any]:
     """Prepare, evaluate, warm-start, evaluate, train with GRPO, evaluate; print and plot
     the accuracy table. Returns where everything went and the table."""
@@ -133,45 +154,46 @@ def run_quickstart(
                               "over", location=str(root))
     sft_cfg = load_config(SFTConfig, sft_config_path, [
         f"model.path={base_model}", f"data.train_file={cfg.data.train_file}",
-        f"trainer.out_dir={warm_run}", f"seed={cfg.seed}",
+        f"trainer.out_dir={warm_run}", f"seed={cfg.seed}", *sft_overrides,
     ]).model_copy(update={"memagent": cfg.memagent})
 
     console.rule("1/5 tiny model and synthetic data (train / eval entities disjoint)")
-    eval_dir = prepare_quickstart(cfg, seed=cfg.seed)
+    eval_dir = prepare_quickstart(cfg, seed=cfg.seed, plan=plan)
     console.print(f"model {base_model}, training questions {cfg.data.train_file}, "
-                  f"evaluation sets {eval_dir} (N = {', '.join(map(str, EVAL_DOCS))} documents)")
+                  f"evaluation sets {eval_dir} "
+                  f"(N = {', '.join(map(str, plan.eval_docs))} documents)")
     results: dict[str, dict[str, Any]] = {}
 
     console.rule("2/5 evaluation of the untrained model")
-    results["before"] = evaluate(base_model, eval_dir, root / "eval_before", cfg, console)
+    results["before"] = evaluate(base_model, eval_dir, root / "eval_before", cfg, console, plan)
 
     console.rule("3/5 warm start: supervised fine-tuning on the oracle's trajectories")
     sft.train(sft_cfg, console=console)
     export_checkpoint(latest_checkpoint(warm_run / "checkpoints"), warm_model)
     results["warm_start"] = evaluate(warm_model, eval_dir, root / "eval_warm_start", cfg,
-                                     console)
+                                     console, plan)
 
     console.rule(f"4/5 GRPO from the warm start, reward {cfg.rl.reward}")
     grpo.train(cfg.model_copy(update={"model": cfg.model.model_copy(
         update={"path": str(warm_model)})}), console=console)
     export_checkpoint(latest_checkpoint(out / "checkpoints"), rl_model)
-    results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console)
+    results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console, plan)
 
     console.rule("5/5 accuracy (sub-EM %) against the number of documents")
     table = accuracy_table(results)
-    view = Table("stage", *(f"N={n}" for n in EVAL_DOCS))
+    view = Table("stage", *(f"N={n}" for n in plan.eval_docs))
     for stage in STAGES:
-        view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in EVAL_DOCS))
+        view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in plan.eval_docs))
     console.print(view)
-    tokens = [results["before"]["results"][str(n)]["context_tokens"] for n in EVAL_DOCS]
+    tokens = [results["before"]["results"][str(n)]["context_tokens"] for n in plan.eval_docs]
     plot = plot_scores(root / "accuracy.png", tokens,
-                       {s: [table[s][n] for n in EVAL_DOCS] for s in STAGES},
+                       {s: [table[s][n] for n in plan.eval_docs] for s in STAGES},
                        xlabel="mean context length (tokens)", ylabel="sub-EM (%)",
                        title="quickstart: before / warm start / RL",
-                       labels=[f"N={n}" for n in EVAL_DOCS])
+                       labels=[f"N={n}" for n in plan.eval_docs])
     summary = {
         "table": {s: {str(n): v for n, v in row.items()} for s, row in table.items()},
-        "train_docs": TRAIN_DOCS, "eval_docs": list(EVAL_DOCS), "plot": str(plot),
+        "train_docs": plan.train_docs, "eval_docs": list(plan.eval_docs), "plot": str(plot),
         "warm_start_run": str(warm_run), "rl_run": str(out),
         "evaluations": {s: str(root / f"eval_{s}") for s in STAGES},
     }

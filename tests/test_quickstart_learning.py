@@ -78,7 +78,7 @@ def test_quickstart_data_keeps_evaluation_entities_out_of_training(tmp_path):
 
     from memrl.data.hotpotqa import load_hotpotqa
     from memrl.data.ruler_hqa import load_ruler_hqa
-    from memrl.quickstart import EVAL_DOCS, prepare_quickstart
+    from memrl.quickstart import QuickstartPlan, prepare_quickstart
     from memrl.recipes.config import TrainConfig
 
     cfg = load_config(TrainConfig, "configs/quickstart.yaml", [
@@ -90,7 +90,7 @@ def test_quickstart_data_keeps_evaluation_entities_out_of_training(tmp_path):
     names = lambda text: set(re.findall(r"\b[A-Z][a-z]+\b", text))  # noqa: E731
     train_names = set().union(*(names(r.render_context()) for r in
                                 load_hotpotqa(cfg.data.train_file)))
-    for n in EVAL_DOCS:
+    for n in QuickstartPlan().eval_docs:
         for r in load_ruler_hqa(eval_dir / f"eval_{n}.json"):
             asked = names(r.question) - {"In", "By", "Which", "What"}
             assert asked and not asked & train_names, (n, r.question)

@@ -7,9 +7,10 @@ distractors (about other invented entities) never contradict a gold fact, also w
 `build_ruler_hqa` mixes paragraphs of different questions. Answers are single words; the
 countries, rivers and languages come from small closed lists, so a tiny model can learn them.
 
-`hops=1` gives one-fact questions about one-word names ("Kovan was born in Zarnia." → "In
-which country was Kovan born?"), whose distractors are facts of the same kinds about other
-people, each paragraph that one sentence: the quickstart's task, small enough for a model
+`hops=1` gives one-fact questions about one-word names ("The person Kovan was born in Zarnia."
+→ "In which country was Kovan born?"), whose distractors are facts of the same kinds about
+other people, each paragraph that one sentence (titled "About Kovan"), every answer from a
+closed list (countries, rivers, languages, jobs): the quickstart's task, small enough for a model
 trained from scratch on a CPU. `entities="train"` / `"eval"` draw invented names from two
 disjoint halves of the name space (by a hash of the name), so evaluation questions are about
 people, cities and companies never seen in training and their answers can only be read from
@@ -148,24 +149,28 @@ def _employer_city(rng: random.Random, names: _Names) -> tuple[list[Document], s
 TEMPLATES: tuple[_Template, ...] = (_born_in, _river, _language, _employer_city)
 
 # One-fact questions: (fact, question, answer) of a person, and the same kinds of facts about
-# other people as distractors.
+# other people as distractors. The name never starts a line or a sentence, so a byte-level
+# BPE (Qwen2's pre-tokenizer attaches the preceding space to a word) cuts it into the same
+# tokens in the question, the document, the memory and the title ("\nKovan" and " Kovan" would
+# be different tokens); every answer comes from a closed list, so it is one word to read, and
+# guessing scores about 1 in 10.
 _ONE_HOP = (
-    lambda rng, names, p: (f"{p} was born in {(a := rng.choice(COUNTRIES))}.",
-                           f"In which country was {p} born?", a),
-    lambda rng, names, p: (f"{p} lives by the {(a := rng.choice(RIVERS))} river.",
-                           f"By which river does {p} live?", a),
-    lambda rng, names, p: (f"{p} speaks {(a := rng.choice(LANGUAGES))}.",
-                           f"Which language does {p} speak?", a),
-    lambda rng, names, p: (f"{p} lives in {(a := names.word())}.",
-                           f"In which city does {p} live?", a),
+    lambda rng, p: (f"The person {p} was born in {(a := rng.choice(COUNTRIES))}.",
+                    f"In which country was {p} born?", a),
+    lambda rng, p: (f"The person {p} lives by the {(a := rng.choice(RIVERS))} river.",
+                    f"By which river does {p} live?", a),
+    lambda rng, p: (f"The person {p} speaks {(a := rng.choice(LANGUAGES))}.",
+                    f"Which language does {p} speak?", a),
+    lambda rng, p: (f"The person {p} works as a {(a := rng.choice(_JOBS))}.",
+                    f"What does {p} work as?", a),
 )
 
 
 def _one_hop_doc(rng: random.Random, names: _Names, kind: int, gold: bool
                  ) -> tuple[Document, str, str]:
     person = names.word()
-    fact, question, answer = _ONE_HOP[kind](rng, names, person)
-    return Document(title=person, text=fact, is_supporting=gold), question, answer
+    fact, question, answer = _ONE_HOP[kind](rng, person)
+    return Document(title=f"About {person}", text=fact, is_supporting=gold), question, answer
 
 
 def _distractor(rng: random.Random, names: _Names) -> Document:
