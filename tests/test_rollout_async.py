@@ -21,6 +21,7 @@ from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import (
+    Engine,
     SamplingParams,
     batch_params,
     derive_seed,
@@ -100,6 +101,7 @@ def test_episode_keys_count_copies_of_a_record():
 def test_rollout_mode_auto_follows_the_engine(tiny_tokenizer):
     scripted = ScriptedGenerator(tiny_tokenizer, lambda p: "x")  # generate only
     engine = ScriptedAsyncEngine(tiny_tokenizer, memagent_reply)
+    assert isinstance(engine, Engine) and not isinstance(scripted, Engine)
     assert runs_async(engine, "auto") and not runs_async(scripted, "auto")
     assert not runs_async(engine, "lockstep") and runs_async(engine, "async")
     with pytest.raises(ValueError, match="needs an engine with agenerate"):

@@ -250,8 +250,6 @@ class Sampler:
         self.temperature = temperature
         self.top_p = top_p
         self.seed = seed
-        self.calls = 0
-        """generate calls so far (lockstep) or requests so far (async)."""
 
     def params(self, max_new_tokens: int, *key: int | str) -> SamplingParams:
         return SamplingParams(
@@ -264,11 +262,9 @@ class Sampler:
     def __call__(
         self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
     ) -> list[Generation]:
-        self.calls += 1
         return generate_checked(self.generator, prompts, params)
 
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        self.calls += 1
         return await self.generator.agenerate(prompt, params)  # type: ignore[attr-defined]
 
     def text(self, generation: Generation) -> str:
