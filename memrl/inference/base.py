@@ -35,7 +35,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 T = TypeVar("T")
 
@@ -177,7 +177,7 @@ RolloutMode = Literal["auto", "lockstep", "async"]
 running episode), `async` (each episode a coroutine awaiting `agenerate`), or `auto`
 (async on engines with `continuous_batching`, lockstep otherwise)."""
 
-ROLLOUT_MODES: tuple[str, ...] = ("auto", "lockstep", "async")
+ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
 
 
 def runs_async(generator: Generator, mode: str) -> bool:
