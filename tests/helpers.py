@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from memrl.inference.base import Generation, SamplingParams, derive_seed, request_params
 
 
 TINY_MEMAGENT = [
@@ -42,3 +47,97 @@ def kill_at_first_checkpoint(
     proc.wait()
     state = latest.parent / latest.read_text().strip() / "trainer_state.json"
     return json.loads(state.read_text())["step"]
+
+
+class ScriptedAsyncEngine:
+    """An Engine whose reply to a request is a deterministic function of (prompt ids, seed):
+    `respond(prompt_text, seed)` gives the text, the log-probs are hashed from the prompt ids,
+    the seed and the position. `generate` answers a batch at once; `agenerate` sleeps a
+    random time (or `delay(prompt_text)`) first, so concurrent requests finish in a random
+    order. It records what the async path did: `events` ("send" / "done", request number),
+    `prompts` (decoded, by request number), `max_in_flight`, and `generate_calls` (sizes)."""
+
+    continuous_batching = True
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        respond: Callable[[str, int | None], str],
+        *,
+        seed: int = 0,
+        max_delay: float = 0.003,
+        delay: Callable[[str], float] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.respond = respond
+        self.rng = random.Random(seed)
+        self.max_delay = max_delay
+        self.delay = delay
+        self.events: list[tuple[str, int]] = []
+        self.prompts: list[str] = []
+        self.generate_calls: list[int] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def reply(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        text = self.respond(self.tokenizer.decode(list(prompt)), params.seed)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: params.max_new_tokens]
+        finish = "length" if len(ids) == params.max_new_tokens else "stop"
+        base = derive_seed(str(params.seed), *prompt)
+        logprobs = [-(derive_seed(base, j) % 1000) / 250 for j in range(len(ids))]
+        return Generation(ids, logprobs, self.tokenizer.decode(ids, skip_special_tokens=True),
+                          finish)
+
+    def generate(self, prompts, params) -> list[Generation]:
+        self.generate_calls.append(len(prompts))
+        return [self.reply(p, q) for p, q in zip(prompts, request_params(prompts, params),
+                                                   strict=True)]
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        number = len(self.prompts)
+        text = self.tokenizer.decode(list(prompt))
+        self.prompts.append(text)
+        self.events.append(("send", number))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            wait = self.delay(text) if self.delay else self.rng.uniform(0, self.max_delay)
+            await asyncio.sleep(wait)
+        finally:
+            self.in_flight -= 1
+        self.events.append(("done", number))
+        return self.reply(prompt, params)
+
+    def sync_weights(self, policy: Any, step: int) -> None:
+        """Nothing to sync: the replies are scripted."""
+
+    def sleep(self) -> None:
+        """Nothing to free."""
+
+    def wake(self) -> None:
+        """Nothing to restore."""
+
+
+def assert_same_trajectories(a: Sequence[Any], b: Sequence[Any], *,
+                             ignore_info: Sequence[str] = (), logprob_atol: float = 0.0) -> None:
+    """Trajectories equal turn by turn (prompt ids, response ids, log-probs, text, meta) and
+    in their ids and info (but the `ignore_info` keys). Log-probs exactly, or within
+    `logprob_atol` (a real engine's float sums change with the batch a request shares)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert (x.record_id, x.sample_index) == (y.record_id, y.sample_index)
+        assert len(x.turns) == len(y.turns), x.record_id
+        for s, t in zip(x.turns, y.turns, strict=True):
+            assert s.prompt_ids == t.prompt_ids
+            assert s.response_ids == t.response_ids
+            if logprob_atol:
+                gaps = [abs(p - q) for p, q in zip(s.response_logprobs, t.response_logprobs,
+                                                    strict=True)]
+                assert max(gaps, default=0.0) <= logprob_atol, max(gaps)
+            else:
+                assert s.response_logprobs == t.response_logprobs
+            assert (s.kind, s.response_text, s.finish_reason, s.meta) == (
+                t.kind, t.response_text, t.finish_reason, t.meta)
+        keep = lambda info: {k: v for k, v in info.items() if k not in ignore_info}  # noqa: E731
+        assert keep(x.info) == keep(y.info)
+        assert (x.answer, x.reward, x.metrics) == (y.answer, y.reward, y.metrics)

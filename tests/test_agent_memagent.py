@@ -19,7 +19,7 @@ from memrl.agents import (
     split_token_ids,
 )
 from memrl.agents.prompts import fill_template
-from memrl.inference.base import derive_seed
+from memrl.inference.base import derive_seed, request_params
 from memrl.inference.chat import encode_chat, render_chat
 from memrl.data.records import Document, QARecord
 from memrl.errors import MemrlInputError
@@ -267,7 +267,7 @@ class RecordingGenerator(ScriptedGenerator):
         self.params = []
 
     def generate(self, prompts, params):
-        self.params.append(params)
+        self.params += request_params(prompts, params)
         return super().generate(prompts, params)
 
 
@@ -281,7 +281,8 @@ def test_sampling_params_per_turn_kind_and_truncation(tiny_tokenizer):
                             temperature=0.3, top_p=0.9, seed=11)
     [traj] = MemAgent(gen, config).run([record("r", context_of(tok, 8, "q"))])
     assert [p.max_new_tokens for p in gen.params] == [5, 5, 7]
-    assert [p.seed for p in gen.params] == [derive_seed(11, i) for i in range(3)]
+    # turn t of episode (record "r", occurrence 0, sample 0)
+    assert [p.seed for p in gen.params] == [derive_seed(11, "r", 0, 0, t) for t in range(3)]
     assert len({p.seed for p in gen.params}) == 3
     assert {(p.temperature, p.top_p) for p in gen.params} == {(0.3, 0.9)}
     update = traj.turns[0]

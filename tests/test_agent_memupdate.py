@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.inference.base import derive_seed
+from memrl.inference.base import derive_seed, request_params
 from memrl.agents.memupdate import (
     SYSTEM_PROMPT,
     MemoryUpdateAgent,
@@ -266,7 +266,7 @@ def test_keep_token_ids_false_and_seeds(tiny_tokenizer, store):
 
     class Recording(ScriptedGenerator):
         def generate(self, prompts, params):
-            seeds.append(params.seed)
+            seeds.extend(p.seed for p in request_params(prompts, params))
             return super().generate(prompts, params)
 
     create_base_namespace(store, ep)
@@ -275,9 +275,9 @@ def test_keep_token_ids_false_and_seeds(tiny_tokenizer, store):
     (traj,) = agent.run([ep], keep_token_ids=False)
     assert all(t.prompt_ids == [] and t.response_ids == [] for t in traj.turns)
     assert all(t.meta["prompt_tokens"] > 0 for t in traj.turns)
-    assert seeds == [derive_seed(5, i) for i in range(3)]
+    assert seeds == [derive_seed(5, "ids", 0, 0, t) for t in range(3)]  # reply t of the episode
     agent.run([ep], seed=100)
-    assert seeds[3:] == [derive_seed(100, i) for i in range(3)]
+    assert seeds[3:] == [derive_seed(100, "ids", 0, 0, t) for t in range(3)]
 
 
 def test_template_with_tools_gets_tools_argument(tiny_tokenizer, store):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from memrl.cli import main as cli_main
 from memrl.errors import MemrlInputError
-from memrl.inference import SamplingParams, derive_seed, encode_chat
+from memrl.inference import SamplingParams, encode_chat
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.openai import OpenAIGenerator, ServerError, token_id, wait_until_ready
 
@@ -36,8 +36,8 @@ def test_body_and_answer_follow_the_hf_conventions(tiny_tokenizer):
     gen = OpenAIGenerator(OpenAIConfig(base_urls=["http://127.0.0.1:1"], model="m"),
                           tiny_tokenizer)
     body = gen.request_body([1, 2], SamplingParams(max_new_tokens=5, temperature=0.7, seed=9,
-                                                   stop=("x",)), index=3)
-    assert body["prompt"] == [1, 2] and body["seed"] == derive_seed(9, 3)
+                                                   stop=("x",)))
+    assert body["prompt"] == [1, 2] and body["seed"] == 9  # the request's own seed
     assert body["logprobs"] == 0 and body["return_tokens_as_token_ids"] is True
     assert body["stop"] == ["x"] and body["include_stop_str_in_output"] is True
     eos = tiny_tokenizer.eos_token_id

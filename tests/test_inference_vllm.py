@@ -140,9 +140,35 @@ def test_agenerate_batches_concurrent_requests_like_generate(engine, prompts):
         return await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
 
     together = asyncio.run(rollout())
-    alone = [engine.generate([p], params)[0] for p in prompts]
+    alone = [engine.generate([p], [params])[0] for p in prompts]  # the same request, seed
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
     assert [g.logprobs for g in together] == [g.logprobs for g in alone]
+
+
+@needs_vllm
+def test_async_memagent_episodes_equal_lockstep_on_the_engine(engine, tiny_tokenizer):
+    """Per-request seeds: the same trajectories whether each episode runs as a coroutine
+    over `agenerate` or all run in lockstep `generate` calls (other batches, other order)."""
+    from helpers import assert_same_trajectories
+
+    from memrl.agents.memagent import MemAgent, MemAgentConfig
+    from memrl.data.records import QARecord
+    from memrl.inference.base import runs_async
+
+    records = [QARecord(id=f"q{i}", question=q, answers=["Paris"],
+                        context=" ".join(QUESTIONS[: i + 1]) * (i + 1))
+               for i, q in enumerate(QUESTIONS[:3])]
+    agent = MemAgent(engine, MemAgentConfig(chunk_size=16, max_chunks=4, max_memory_tokens=8,
+                                            max_final_tokens=8, temperature=1.0, top_p=1.0,
+                                            seed=3))
+    assert len({len(agent.chunk(r).texts) for r in records}) > 1  # episodes of other lengths
+    assert runs_async(engine, "auto")
+    lockstep = agent.run(records, num_samples=2, mode="lockstep")
+    asynchronous = agent.run(records, num_samples=2)  # auto: async on vLLM
+    # tokens exactly; log-probs up to float sums, which change with the batch (as HF's do)
+    assert_same_trajectories(lockstep, asynchronous, logprob_atol=ATOL)
+    samples = {tuple(t.turns[0].response_ids) for t in lockstep if t.record_id == "q0"}
+    assert len(samples) == 2  # the samples of a group differ
 
 
 def _one_optimizer_step(model, prompts, lr=1e-2) -> None:

@@ -10,6 +10,7 @@ from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
+from memrl.inference.base import batch_params, request_params
 from memrl.inference.loader import load_model
 from memrl.metrics import read_metrics
 from memrl.recipes import grpo
@@ -92,7 +93,8 @@ def test_rl_defaults_and_refusals_follow_verl(tmp_path):
 # ---------------------------------------------------------------- seeds
 def test_sampling_seeds_never_repeat_within_a_step(tiny_model_dir, tmp_path):
     """With every group uninformative, a step rolls out 1 + max_refill_rounds rounds; no two
-    generate calls of the step (any round, any turn) share a seed."""
+    requests of the step (any round, question, sample or turn) share a seed, and neither do
+    the generate calls the HF engine seeds as a whole."""
     save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = config(
         tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
@@ -105,14 +107,18 @@ def test_sampling_seeds_never_repeat_within_a_step(tiny_model_dir, tmp_path):
     seeds = []
     generate = run.engine.generate
 
+    calls = []
+
     def recording(prompts, params):
-        seeds.append(params.seed)
+        seeds.extend(p.seed for p in request_params(prompts, params))
+        calls.append(batch_params(prompts, params).seed)
         return generate(prompts, params)
 
     run.engine.generate = recording
     metrics = grpo.train_step(run)
     assert metrics["train/groups_generated"] == 2 * 4  # four rounds: nothing informative
-    assert len(seeds) > 8 and len(set(seeds)) == len(seeds)
+    assert len(calls) > 8 and len(set(calls)) == len(calls)
+    assert len(seeds) > 2 * 4 * 2 * 2 and len(set(seeds)) == len(seeds)
 
 
 # ---------------------------------------------------------------- logits at responses only

@@ -23,6 +23,7 @@ from memrl.data.locomo import (
 )
 from memrl.errors import MemrlInputError
 from memrl.eval.report import read_jsonl
+from memrl.inference.base import request_params
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.memory.embedder import HashingEmbedder
 from memrl.metrics import read_metrics
@@ -316,7 +317,7 @@ def test_llm_answerer_uses_the_generator(tiny_tokenizer):
 
     class Recording(ScriptedGenerator):
         def generate(self, prompts, params):
-            sizes.append((len(prompts), params.temperature))
+            sizes.append((len(prompts), request_params(prompts, params)[0].temperature))
             return super().generate(prompts, params)
 
     (t,) = task.rollout(Recording(tiny_tokenizer, respond), [ep], num_samples=1, seed=0)

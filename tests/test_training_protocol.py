@@ -17,6 +17,7 @@ from memrl.agents.memagent import (
 )
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
+from memrl.inference.base import request_params
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.rl.config import RLConfig
 from memrl.tasks.memagent_qa import REWARDS, MemAgentQATask
@@ -147,7 +148,7 @@ class Recording(ScriptedGenerator):
         self.params = []
 
     def generate(self, prompts, params):
-        self.params.append(params)
+        self.params += request_params(prompts, params)
         return super().generate(prompts, params)
 
 

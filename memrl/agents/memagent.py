@@ -9,11 +9,22 @@ One episode (one record, one sample) is:
     answer = last \\boxed{...} in response
 
 Every model call is one independent conversation (a single user message through the chat
-template) and becomes one Turn. Episodes run in lockstep: step k of every episode that still
-has a k-th chunk goes to the generator in ONE `generate` call, and the final turns of all
-episodes go in one last call once every episode has read all its chunks (as MemAgent does;
-the final turn has its own `max_new_tokens`, and SamplingParams is per call). So a batch
-whose longest context has K chunks makes K + 1 generate calls.
+template) and becomes one Turn. Two schedules run the same episodes:
+
+- lockstep (`run(mode="lockstep")`, the HF engine's): step k of every episode that still
+  has a k-th chunk goes to the generator in ONE `generate` call, and the final turns of all
+  episodes go in one last call once every episode has read all its chunks (as MemAgent
+  does; the final turn has its own `max_new_tokens`). So a batch whose longest context has
+  K chunks makes K + 1 generate calls.
+- async (`arun`, or `run(mode="async")`; `auto` picks it on vLLM and the server pool): each
+  episode is a coroutine that sends its next turn with `agenerate` as soon as its previous
+  reply is back; the engine batches whatever is in flight.
+
+Turn t of the episode of (record id, occurrence, sample index) is seeded with
+`derive_seed(seed, record id, occurrence, sample index, t)` (memory update k is turn k, the
+final answer turn num_chunks) on both schedules, so on an engine that seeds each request on
+its own (vLLM, the server pool) they give the same trajectories; the HF engine seeds a whole
+`generate` call (`memrl.inference.base`).
 
 The agent does not score, nor extract the answer: its task reads the final response
 (`Trajectory.info["final_response"]`) and sets `Trajectory.answer` and the reward.
@@ -21,6 +32,7 @@ The agent does not score, nor extract the answer: its task reads the final respo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,7 +42,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from memrl.agents.prompts import MemAgentPrompts, resolve_prompts
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord
-from memrl.inference.base import Generation, Generator, Sampler
+from memrl.inference.base import (
+    Generation,
+    Generator,
+    RolloutMode,
+    Sampler,
+    SamplingParams,
+    episode_keys,
+    run_concurrently,
+    runs_async,
+)
 from memrl.inference.chat import encode_chat
 
 
@@ -62,8 +83,9 @@ class MemAgentConfig(BaseModel):
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling threshold."""
     seed: int | None = None
-    """Base sampling seed; generate call i uses `derive_seed(seed, i)`, so runs are
-    reproducible and no two calls share a seed."""
+    """Base sampling seed; turn t of the episode (record id, occurrence, sample index) is
+    seeded with `derive_seed(seed, record id, occurrence, sample index, t)`, whichever
+    schedule runs it, so runs are reproducible and no two requests share a seed."""
     prompts: str | MemAgentPrompts = "memagent"
     """A preset name (see PROMPT_PRESETS) or custom templates."""
 
@@ -160,8 +182,8 @@ class ProgressEvent:
     """What the agent reports while it runs, for progress bars.
 
     kind "start": `episodes` and `chunks` are the totals this run will process.
-    kind "chunks": `chunks` memory updates just finished (one lockstep step).
-    kind "final": `episodes` episodes just finished (the final call).
+    kind "chunks": `chunks` memory updates just finished (one lockstep step, or one turn).
+    kind "final": `episodes` episodes just finished (the final call, or one episode).
     """
 
     kind: Literal["start", "chunks", "final"]
@@ -202,6 +224,8 @@ def _task_index(progress: Any, task_id: Any) -> int:
 class _Episode:
     record: QARecord
     sample_index: int
+    key: tuple[str, int, int]
+    """(record id, occurrence, sample index): what seeds its requests (`episode_keys`)."""
     chunks: ContextChunks
     memory: str
     memories: list[str] = field(default_factory=list)
@@ -209,7 +233,7 @@ class _Episode:
 
 
 class MemAgent:
-    """The recurrent memory agent, run in lockstep over many episodes."""
+    """The recurrent memory agent, run over many episodes in lockstep or as coroutines."""
 
     def __init__(self, generator: Generator, config: MemAgentConfig | None = None) -> None:
         self.generator = generator
@@ -243,13 +267,79 @@ class MemAgent:
         progress: ProgressCallback | None = None,
         *,
         keep_token_ids: bool = True,
+        mode: RolloutMode = "auto",
     ) -> list[Trajectory]:
         """One trajectory per (record, sample), ordered record by record, samples 0..n-1.
 
+        `mode` picks the schedule (`memrl.inference.base.RolloutMode`): `lockstep` (K + 1
+        `generate` calls), `async` (`arun`: every episode a coroutine over `agenerate`), or
+        `auto` (async on an engine with continuous batching, else lockstep). Both give the
+        same trajectories on an engine that seeds each request on its own.
         `keep_token_ids=False` leaves the turns' prompt_ids / response_ids / logprobs empty
         (their lengths stay in `turn.meta`): evaluation over millions of context tokens does
         not need them, and keeping every prompt would take gigabytes. Training needs them.
         """
+        if runs_async(self.generator, mode):
+            return asyncio.run(
+                self.arun(records, num_samples, progress, keep_token_ids=keep_token_ids)
+            )
+        episodes, sample, report = self._start(records, num_samples, progress)
+        if not episodes:
+            return []
+        # Memory updates: step k of every episode that has a k-th chunk, in one call.
+        num_steps = max(e.chunks.num_chunks for e in episodes)
+        for k in range(num_steps):
+            active = [e for e in episodes if k < e.chunks.num_chunks]
+            prompts = [self._update_prompt(e, k) for e in active]
+            generations = sample(prompts, [self._update_params(sample, e, k) for e in active])
+            for episode, prompt, gen in zip(active, prompts, generations, strict=True):
+                self._read_chunk(episode, k, prompt, gen, sample, keep_token_ids)
+            report(ProgressEvent("chunks", chunks=len(active)))
+
+        # Final answers for every episode, in one call.
+        prompts = [self._final_prompt(e) for e in episodes]
+        generations = sample(prompts, [self._final_params(sample, e) for e in episodes])
+        trajectories = [
+            self._answer(episode, prompt, gen, sample, keep_token_ids)
+            for episode, prompt, gen in zip(episodes, prompts, generations, strict=True)
+        ]
+        report(ProgressEvent("final", episodes=len(episodes)))
+        return trajectories
+
+    async def arun(
+        self,
+        records: Sequence[QARecord],
+        num_samples: int = 1,
+        progress: ProgressCallback | None = None,
+        *,
+        keep_token_ids: bool = True,
+    ) -> list[Trajectory]:
+        """`run` with every episode an independent coroutine: its next turn is sent with
+        `agenerate` as soon as its own previous reply is back, so the engine batches
+        continuously and nobody waits for the slowest reply of a step. Progress comes per
+        turn ("chunks" of 1, "final" of 1). Same order and trajectories as the lockstep
+        `run` on an engine that seeds each request on its own (vLLM, the server pool)."""
+        episodes, sample, report = self._start(records, num_samples, progress)
+
+        async def episode_run(episode: _Episode) -> Trajectory:
+            for k in range(episode.chunks.num_chunks):
+                prompt = self._update_prompt(episode, k)
+                gen = await sample.agenerate(prompt, self._update_params(sample, episode, k))
+                self._read_chunk(episode, k, prompt, gen, sample, keep_token_ids)
+                report(ProgressEvent("chunks", chunks=1))
+            prompt = self._final_prompt(episode)
+            gen = await sample.agenerate(prompt, self._final_params(sample, episode))
+            trajectory = self._answer(episode, prompt, gen, sample, keep_token_ids)
+            report(ProgressEvent("final", episodes=1))
+            return trajectory
+
+        return await run_concurrently(episode_run(e) for e in episodes)
+
+    # ---- the steps both schedules share ------------------------------------------------
+
+    def _start(
+        self, records: Sequence[QARecord], num_samples: int, progress: ProgressCallback | None
+    ) -> tuple[list[_Episode], Sampler, ProgressCallback]:
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         report = progress or (lambda event: None)
@@ -259,59 +349,57 @@ class MemAgent:
             top_p=self.config.top_p,
             seed=self.config.seed,
         )
+        keys = iter(episode_keys([r.id for r in records], num_samples))
         episodes: list[_Episode] = []
         for record in records:
             chunks = self.chunk(record)
             for s in range(num_samples):
-                episodes.append(_Episode(record, s, chunks, self.prompts.no_memory))
-        if not episodes:
-            return []
-        report(
-            ProgressEvent(
+                episodes.append(_Episode(record, s, next(keys), chunks, self.prompts.no_memory))
+        if episodes:
+            report(ProgressEvent(
                 "start", episodes=len(episodes), chunks=sum(e.chunks.num_chunks for e in episodes)
-            )
+            ))
+        return episodes, sample, report
+
+    def _update_prompt(self, episode: _Episode, k: int) -> list[int]:
+        return self.update_prompt_ids(episode.record.question, episode.memory,
+                                      episode.chunks.texts[k])
+
+    def _final_prompt(self, episode: _Episode) -> list[int]:
+        return self.final_prompt_ids(episode.record.question, episode.memory)
+
+    def _update_params(self, sample: Sampler, episode: _Episode, k: int) -> SamplingParams:
+        """Turn k (memory update k) of the episode: seeded by (episode key, k)."""
+        return sample.params(self.config.max_memory_tokens, *episode.key, k)
+
+    def _final_params(self, sample: Sampler, episode: _Episode) -> SamplingParams:
+        """The final turn, turn num_chunks of the episode."""
+        return sample.params(self.config.max_final_tokens, *episode.key,
+                             episode.chunks.num_chunks)
+
+    def _read_chunk(self, episode: _Episode, k: int, prompt: list[int], gen: Generation,
+                    sample: Sampler, keep_ids: bool) -> None:
+        episode.turns.append(_turn("memory_update", prompt, gen, k, keep_ids))
+        # Overwrite. An empty response leaves an empty memory (as in MemAgent, which only
+        # uses "No previous memory" before the first chunk).
+        episode.memory = sample.text(gen)
+        episode.memories.append(episode.memory)
+
+    def _answer(self, episode: _Episode, prompt: list[int], gen: Generation, sample: Sampler,
+                keep_ids: bool) -> Trajectory:
+        episode.turns.append(_turn("final", prompt, gen, None, keep_ids))
+        return Trajectory(
+            record_id=episode.record.id,
+            sample_index=episode.sample_index,
+            turns=episode.turns,
+            info={
+                "memories": episode.memories,
+                "num_chunks": episode.chunks.num_chunks,
+                "context_tokens": episode.chunks.context_tokens,
+                "capped": episode.chunks.capped,
+                "final_response": sample.text(gen),
+            },
         )
-
-        # Memory updates: step k of every episode that has a k-th chunk, in one call.
-        num_steps = max(e.chunks.num_chunks for e in episodes)
-        for k in range(num_steps):
-            active = [e for e in episodes if k < e.chunks.num_chunks]
-            prompts = [
-                self.update_prompt_ids(e.record.question, e.memory, e.chunks.texts[k])
-                for e in active
-            ]
-            generations = sample(prompts, self.config.max_memory_tokens)
-            for episode, prompt, gen in zip(active, prompts, generations, strict=True):
-                episode.turns.append(_turn("memory_update", prompt, gen, k, keep_token_ids))
-                # Overwrite. An empty response leaves an empty memory (as in MemAgent, which
-                # only uses "No previous memory" before the first chunk).
-                episode.memory = sample.text(gen)
-                episode.memories.append(episode.memory)
-            report(ProgressEvent("chunks", chunks=len(active)))
-
-        # Final answers for every episode, in one call.
-        prompts = [self.final_prompt_ids(e.record.question, e.memory) for e in episodes]
-        generations = sample(prompts, self.config.max_final_tokens)
-        trajectories = []
-        for episode, prompt, gen in zip(episodes, prompts, generations, strict=True):
-            final_text = sample.text(gen)
-            episode.turns.append(_turn("final", prompt, gen, None, keep_token_ids))
-            trajectories.append(
-                Trajectory(
-                    record_id=episode.record.id,
-                    sample_index=episode.sample_index,
-                    turns=episode.turns,
-                    info={
-                        "memories": episode.memories,
-                        "num_chunks": episode.chunks.num_chunks,
-                        "context_tokens": episode.chunks.context_tokens,
-                        "capped": episode.chunks.capped,
-                        "final_response": final_text,
-                    },
-                )
-            )
-        report(ProgressEvent("final", episodes=len(episodes)))
-        return trajectories
 
 
 def _turn(

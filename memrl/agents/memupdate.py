@@ -17,17 +17,24 @@ prompt_ids are the whole conversation so far (system, dialogue, earlier replies 
 responses), so each turn is an independent training sample carrying the trajectory's
 advantage, and tool responses are prompt tokens, never response tokens.
 
-Episodes run in lockstep: the next reply of every unfinished episode goes to the generator
-in ONE `generate` call, as in MemAgent. The agent does not score; the reward
+Two schedules run the same episodes, as in MemAgent: lockstep (`run(mode="lockstep")`, the
+HF engine's: the next reply of every unfinished episode goes to the generator in ONE
+`generate` call) and async (`arun`; `auto` picks it on vLLM and the server pool: each
+(episode, sample) is a coroutine that sends its next reply with `agenerate` as soon as its
+tool calls have run). Reply t of the episode (id, occurrence, sample index) is seeded with
+`derive_seed(seed, id, occurrence, sample index, t)` on both, so an engine that seeds each
+request on its own gives the same trajectories either way. The agent does not score; the reward
 (`memrl.rewards.memory_delta`) compares QA over the trial memory with QA over the base, and
 whoever scores releases the trial namespaces (`Trajectory.info["namespace"]`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +42,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.locomo import DialogueTurn, EmbeddingIndex, MemoryEpisode
-from memrl.inference.base import Generation, Generator, Sampler
+from memrl.inference.base import (
+    Generation,
+    Generator,
+    RolloutMode,
+    Sampler,
+    SamplingParams,
+    episode_keys,
+    run_concurrently,
+    runs_async,
+)
 from memrl.inference.chat import encode_messages
 from memrl.memory.embedder import Embedder, HashingEmbedder, default_embedder
 from memrl.memory.store import MemoryBackend
@@ -74,7 +90,8 @@ class MemUpdateConfig(BaseModel):
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling threshold."""
     seed: int | None = None
-    """Base sampling seed; generate call i uses `derive_seed(seed, i)`."""
+    """Base sampling seed; reply t of the episode (id, occurrence, sample index) is seeded
+    with `derive_seed(seed, id, occurrence, sample index, t)`, whichever schedule runs it."""
     embedder: Literal["minilm", "hashing"] = "minilm"
     """Memory embeddings: the packaged MiniLM (memrl[embed]) or feature hashing (tests)."""
     # ---- the reward (memrl.rewards.memory_delta)
@@ -192,6 +209,8 @@ def user_message(dialogue: str, piece: int, pieces: int, memory_view: str) -> st
 class _Episode:
     episode: MemoryEpisode
     sample_index: int
+    key: tuple[str, int, int]
+    """(episode id, occurrence, sample index): what seeds its replies (`episode_keys`)."""
     namespace: str
     pieces: list[list[DialogueTurn]]
     piece: int = 0
@@ -207,7 +226,8 @@ class _Episode:
 
 
 class MemoryUpdateAgent:
-    """The tool-calling memory agent, run in lockstep over many (episode, sample) pairs."""
+    """The tool-calling memory agent, run over many (episode, sample) pairs in lockstep or
+    as coroutines."""
 
     def __init__(
         self, generator: Generator, store: MemoryBackend, config: MemUpdateConfig | None = None
@@ -248,40 +268,91 @@ class MemoryUpdateAgent:
         *,
         seed: int | None = None,
         keep_token_ids: bool = True,
+        mode: RolloutMode = "auto",
     ) -> list[Trajectory]:
         """One trajectory per (episode, sample), episode by episode, samples 0..n-1.
 
         Each works in its own trial namespace forked from the episode's base namespace
         (which must exist: `create_base_namespace`); the caller releases the trials.
-        `seed` (default: the config's) seeds generate call i of this run with
-        `derive_seed(seed, i)`.
+        `seed` (default: the config's) seeds reply t of the episode (id, occurrence, sample)
+        with `derive_seed(seed, id, occurrence, sample, t)`.
+        `mode`: `lockstep` (one `generate` call per round over the unfinished episodes),
+        `async` (`arun`), or `auto` (async on an engine with continuous batching).
         `keep_token_ids=False` leaves the turns' token ids empty (evaluation needs none).
         """
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        self._sample = self._sampler(self.config.seed if seed is None else seed)
-        run_id = next(_RUN_IDS)
-        states: list[_Episode] = []
-        try:
-            for e_index, episode in enumerate(episodes):
-                pieces = dialogue_pieces(episode.dialogue, self.config.session_chunk_turns)
-                for s in range(num_samples):
-                    ns = self.store.fork(episode.id, f"r{run_id}-e{e_index}-s{s}")
-                    states.append(_Episode(episode, s, ns, pieces))
+        if runs_async(self.generator, mode):
+            return asyncio.run(self.arun(
+                episodes, num_samples, seed=seed, keep_token_ids=keep_token_ids
+            ))
+        states = self._start(episodes, num_samples, seed)
+        with self._trials(states):
             before = {st.namespace: self.store.stats(st.namespace) for st in states}
             for st in states:
                 self._start_piece(st)
             while active := [st for st in states if not st.done]:
                 prompts = [self.encode(st.messages) for st in active]
-                generations = self._sample(prompts, self.config.max_response_tokens)
+                generations = self._sample(prompts, [self._params(st) for st in active])
                 for st, prompt, gen in zip(active, prompts, generations, strict=True):
                     self._step(st, prompt, gen, keep_token_ids)
             return [self._trajectory(st, before[st.namespace]) for st in states]
+
+    async def arun(
+        self,
+        episodes: Sequence[MemoryEpisode],
+        num_samples: int = 1,
+        *,
+        seed: int | None = None,
+        keep_token_ids: bool = True,
+    ) -> list[Trajectory]:
+        """`run` with every (episode, sample) an independent coroutine that sends its next
+        reply with `agenerate` as soon as its tool calls have run. Same order and
+        trajectories as the lockstep `run` on an engine that seeds each request on its own
+        (each trial has its own namespace, so the order of edits across trials is free)."""
+        states = self._start(episodes, num_samples, seed)
+
+        async def episode_run(st: _Episode) -> Trajectory:
+            before = self.store.stats(st.namespace)
+            self._start_piece(st)
+            while not st.done:
+                prompt = self.encode(st.messages)
+                gen = await self._sample.agenerate(prompt, self._params(st))
+                self._step(st, prompt, gen, keep_token_ids)
+            return self._trajectory(st, before)
+
+        with self._trials(states):
+            return await run_concurrently(episode_run(st) for st in states)
+
+    def _start(
+        self, episodes: Sequence[MemoryEpisode], num_samples: int, seed: int | None
+    ) -> list[_Episode]:
+        """The run's (episode, sample) states, each in a fresh trial namespace."""
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        self._sample = self._sampler(self.config.seed if seed is None else seed)
+        run_id = next(_RUN_IDS)
+        keys = iter(episode_keys([e.id for e in episodes], num_samples))
+        states: list[_Episode] = []
+        with self._trials(states):
+            for e_index, episode in enumerate(episodes):
+                pieces = dialogue_pieces(episode.dialogue, self.config.session_chunk_turns)
+                for s in range(num_samples):
+                    ns = self.store.fork(episode.id, f"r{run_id}-e{e_index}-s{s}")
+                    states.append(_Episode(episode, s, next(keys), ns, pieces))
+        return states
+
+    @contextmanager
+    def _trials(self, states: list[_Episode]) -> Iterator[None]:
+        """On any failure, release the trial namespaces (nobody else knows their names)."""
+        try:
+            yield
         except BaseException:
-            # Nobody else knows these trial names yet: release them before giving up.
             for st in states:
                 self.store.release(st.namespace, missing_ok=True)
             raise
+
+    def _params(self, st: _Episode) -> SamplingParams:
+        """The episode's next reply, turn len(st.turns): seeded by (episode key, turn)."""
+        return self._sample.params(self.config.max_response_tokens, *st.key, len(st.turns))
 
     # ---- one piece, one reply -------------------------------------------------------------
 

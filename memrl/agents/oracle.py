@@ -33,7 +33,7 @@ from memrl.agents.prompts import MemAgentPrompts
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generation, SamplingParams
+from memrl.inference.base import Generation, SamplingParams, request_params
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
@@ -117,15 +117,15 @@ class OracleGenerator:
             raise ValueError(f"the oracle knows no record with question {question!r}") from None
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         out = []
-        for prompt in prompts:
+        for prompt, each in zip(prompts, request_params(prompts, params), strict=True):
             text = self.respond(self.tokenizer.decode(list(prompt), skip_special_tokens=False))
             ids = [*self.tokenizer.encode(text, add_special_tokens=False), _eos(self.tokenizer)]
             finish = "stop"
-            if len(ids) > params.max_new_tokens:
-                ids, finish = ids[: params.max_new_tokens], "length"
+            if len(ids) > each.max_new_tokens:
+                ids, finish = ids[: each.max_new_tokens], "length"
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
             out.append(Generation(ids, [0.0] * len(ids), text, finish))
         return out

@@ -232,7 +232,8 @@ def evaluate_locomo(
     `data` is a `memrl prepare locomo` directory (precomputed embeddings are used when they
     match the embedder). `split` keeps one side of the 7/3 conversation split; `limit` keeps
     the first K episodes of the chosen categories; `episodes_per_run` episodes run together
-    in lockstep and are appended to trajectories.jsonl together. `judge` (any Generator, e.g.
+    (in lockstep on the HF engine, as independent coroutines on vLLM and the server pool)
+    and are appended to trajectories.jsonl together. `judge` (any Generator, e.g.
     a local model or a remote server) adds the LLM-judge accuracy. Finished episodes in
     `out_dir` are reused; `resume=True` additionally requires that there are some.
     """

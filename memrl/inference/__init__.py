@@ -4,11 +4,15 @@ from memrl.inference.base import (
     Engine,
     Generation,
     Generator,
+    RolloutMode,
     Sampler,
     SamplingParams,
+    batch_params,
     derive_seed,
     generate_checked,
+    request_params,
     response_text,
+    runs_async,
 )
 from memrl.inference.chat import encode_chat, encode_messages, render_chat
 from memrl.inference.config import OpenAIConfig, VLLMConfig
@@ -24,10 +28,12 @@ __all__ = [
     "HFGenerator",
     "OpenAIConfig",
     "OpenAIGenerator",
+    "RolloutMode",
     "Sampler",
     "SamplingParams",
     "VLLMConfig",
     "VLLMGenerator",
+    "batch_params",
     "derive_seed",
     "encode_chat",
     "encode_messages",
@@ -36,5 +42,7 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "render_chat",
+    "request_params",
     "response_text",
+    "runs_async",
 ]

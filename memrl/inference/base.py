@@ -1,21 +1,43 @@
 """The seam every model call goes through: token ids in, token ids + logprobs out.
 
 - `Generator`: what agents need — batched `generate` and a tokenizer.
-- `Engine`: what training needs on top — `agenerate` (one request, awaitable), and the
-  weight and memory hooks a separate inference engine (vLLM, a server pool) must have:
+- `Engine`: what training needs on top — `agenerate` (one request, awaitable), whether
+  concurrent requests are batched continuously (`continuous_batching`), and the weight and
+  memory hooks a separate inference engine (vLLM, a server pool) must have:
   `sync_weights(policy, step)` before each rollout, `sleep()` during the update, `wake()`
   before the next rollout. The in-process Hugging Face engine generates with the module being
   trained, so for it these are no-ops.
-- `Sampler`: numbered generate calls with a distinct, reproducible seed for each call, which
-  both agents use (one place for seeding, batching checks and decoding).
+- `Sampler`: the requests of one agent run, each with its own reproducible seed, which both
+  agents use (one place for seeding, batching checks and decoding).
+
+Seeds. A request is a prompt with its `SamplingParams`, and samples with `params.seed`:
+`agenerate(prompt, params)` is one request, and so is prompt i of
+`generate(prompts, [params_0, params_1, ...])` (one SamplingParams per prompt). With one
+SamplingParams for a whole call, `generate(prompts, params)` is shorthand for the per-prompt
+list `request_params(prompts, params)`: prompt i gets `derive_seed(params.seed, i)`, so the
+samples of a GRPO group (one prompt repeated) differ. Engines that seed every request on its
+own (vLLM, the server pool) so give a request the same sample whether it came alone through
+`agenerate` or inside a batch; the in-process HF engine can only seed a whole batch
+(`batch_params`: one seed hashed from the requests' seeds), so its samples also depend on
+which requests share the call.
+
+Agents key their requests by what they are, not by when they run: the Sampler gives the
+request of turn t of episode (record id, occurrence, sample index) the seed
+`derive_seed(agent seed, record id, occurrence, sample index, t)`. The lockstep schedule
+(one `generate` call per step over every episode still running) and the async one (each
+episode a coroutine awaiting `agenerate`) therefore send every request with the same seed,
+and on a per-request-seeded engine give the same trajectories.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
+
+T = TypeVar("T")
 
 SEED_BITS = 63
 """Derived seeds lie in [0, 2**63): valid for torch, numpy (via SeedSequence) and vLLM."""
@@ -63,9 +85,10 @@ class Generator(Protocol):
     """A Hugging Face tokenizer with a chat template: agents build prompts with it."""
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
-        """Return one Generation per prompt, in order."""
+        """Return one Generation per prompt, in order. `params`: one for every prompt, or
+        one per prompt (see the module docstring for how each is seeded)."""
         ...
 
 
@@ -73,8 +96,13 @@ class Generator(Protocol):
 class Engine(Generator, Protocol):
     """A Generator that a training recipe can drive: weights in, memory out, requests async."""
 
+    continuous_batching: bool
+    """True when requests of concurrent `agenerate` calls are batched together as they come
+    (vLLM, a server pool): agents then run their episodes as independent coroutines
+    (`rollout mode: auto`). False when each request is answered alone (the HF engine)."""
+
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        """One request; several may be in flight at once (continuous batching)."""
+        """One request, seeded with `params.seed`; several may be in flight at once."""
         ...
 
     def sync_weights(self, policy: Any, step: int) -> None:
@@ -101,6 +129,84 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> (64 - SEED_BITS)
 
 
+def request_params(
+    prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[SamplingParams]:
+    """The SamplingParams of each prompt of a `generate` call: a per-prompt list as given
+    (its length checked); one SamplingParams for the call gives prompt i the seed
+    `derive_seed(params.seed, i)` (None stays None)."""
+    if isinstance(params, SamplingParams):
+        if params.seed is None:
+            return [params] * len(prompts)
+        return [replace(params, seed=derive_seed(params.seed, i)) for i in range(len(prompts))]
+    params = list(params)
+    if len(params) != len(prompts):
+        raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+    return params
+
+
+def batch_params(
+    prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> SamplingParams:
+    """One SamplingParams for a whole call, for engines that can only seed a batch (HF).
+
+    One SamplingParams is used as it is (its seed seeds the call). A per-prompt list must
+    agree on everything but the seed; the call is seeded with a hash of the requests' seeds
+    (None when none has one), so the same requests in the same order sample alike.
+    """
+    if isinstance(params, SamplingParams):
+        return params
+    each = request_params(prompts, params)
+    if not each:
+        return SamplingParams()
+    first = replace(each[0], seed=None)
+    for i, p in enumerate(each):
+        if replace(p, seed=None) != first:
+            raise ValueError(
+                f"prompt {i} asks for other sampling settings than prompt 0: this engine "
+                "samples a batch with one max_new_tokens, temperature, top_p and stop"
+            )
+    seeds = [p.seed for p in each]
+    if all(s is None for s in seeds):
+        return first
+    return replace(first, seed=derive_seed("batch", *(str(s) for s in seeds)))
+
+
+RolloutMode = Literal["auto", "lockstep", "async"]
+"""How an agent schedules its episodes: `lockstep` (one `generate` call per step over every
+running episode), `async` (each episode a coroutine awaiting `agenerate`), or `auto`
+(async on engines with `continuous_batching`, lockstep otherwise)."""
+
+ROLLOUT_MODES: tuple[str, ...] = get_args(RolloutMode)
+
+
+def runs_async(generator: Generator, mode: str) -> bool:
+    """Whether episodes on `generator` run as coroutines under rollout `mode`."""
+    if mode not in ROLLOUT_MODES:
+        raise ValueError(f"rollout mode must be one of {', '.join(ROLLOUT_MODES)}, got {mode!r}")
+    if mode == "auto":
+        return bool(getattr(generator, "continuous_batching", False))
+    if mode == "async" and not hasattr(generator, "agenerate"):
+        raise ValueError(
+            f"rollout mode async needs an engine with agenerate; {type(generator).__name__} "
+            "has none"
+        )
+    return mode == "async"
+
+
+async def run_concurrently(coroutines: Iterable[Awaitable[T]]) -> list[T]:
+    """Await `coroutines` concurrently; their results in order. The first failure cancels
+    the others (awaiting their cancellation) and is raised as it is."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
     """Every engine's precondition: each prompt has at least one token."""
     for i, prompt in enumerate(prompts):
@@ -109,7 +215,9 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
 
 
 def generate_checked(
-    generator: Generator, prompts: Sequence[Sequence[int]], params: SamplingParams
+    generator: Generator,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams | Sequence[SamplingParams],
 ) -> list[Generation]:
     """`generator.generate`, with a clear error when it returns the wrong number of replies."""
     generations = generator.generate(prompts, params)
@@ -126,9 +234,13 @@ def response_text(tokenizer: Any, generation: Generation) -> str:
 
 
 class Sampler:
-    """Numbered generate calls: call i samples with seed `derive_seed(seed, i)`.
+    """The requests of one agent run: settings shared, a seed per request.
 
-    With `seed=None` the calls are unseeded (the generator's own randomness).
+    `params(max_new_tokens, *key)` is the SamplingParams of the request named `key` (an
+    agent passes the episode key and the turn index): its seed is `derive_seed(seed, *key)`,
+    the same whichever schedule sends it. `__call__` sends a lockstep batch in one
+    `generate` call; `agenerate` sends one request. With `seed=None` the requests are
+    unseeded (the generator's own randomness).
     """
 
     def __init__(
@@ -138,20 +250,36 @@ class Sampler:
         self.temperature = temperature
         self.top_p = top_p
         self.seed = seed
-        self.calls = 0
 
-    def __call__(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int
-    ) -> list[Generation]:
-        seed = None if self.seed is None else derive_seed(self.seed, self.calls)
-        self.calls += 1
-        params = SamplingParams(
+    def params(self, max_new_tokens: int, *key: int | str) -> SamplingParams:
+        return SamplingParams(
             max_new_tokens=max_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
-            seed=seed,
+            seed=None if self.seed is None else derive_seed(self.seed, *key),
         )
+
+    def __call__(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    ) -> list[Generation]:
         return generate_checked(self.generator, prompts, params)
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        return await self.generator.agenerate(prompt, params)  # type: ignore[attr-defined]
 
     def text(self, generation: Generation) -> str:
         return response_text(self.generator.tokenizer, generation)
+
+
+def episode_keys(record_ids: Sequence[str], num_samples: int) -> list[tuple[str, int, int]]:
+    """(record id, occurrence, sample index) of each episode of a run, record by record,
+    samples 0..n-1: what names an episode whichever order it runs in. `occurrence` counts
+    earlier copies of the same id in the run (a question stream that wrapped around), so
+    copies sample apart."""
+    seen: dict[str, int] = {}
+    keys = []
+    for rid in record_ids:
+        occurrence = seen.get(rid, 0)
+        seen[rid] = occurrence + 1
+        keys += [(rid, occurrence, s) for s in range(num_samples)]
+    return keys

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memrl.inference.base import Generation, SamplingParams, check_prompts
+from memrl.inference.base import Generation, SamplingParams, batch_params, check_prompts
 
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
 """A character is at most 4 byte-level tokens: how far back to look for a new stop string."""
@@ -37,6 +37,9 @@ class HFGenerator:
     weights it is updating. Prompts are sorted by length and run in left-padded
     micro-batches of at most `max_batch_size`; results come back in input order.
     """
+
+    continuous_batching = False
+    """Each request is answered alone (no request queue): agents run in lockstep on it."""
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32) -> None:
         if max_batch_size < 1:
@@ -74,18 +77,22 @@ class HFGenerator:
         return self.generate([prompt], params)[0]
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """One Generation per prompt, in input order.
 
-        With `params.seed` set, the same prompts, params and `max_batch_size` give the same
+        With a seed set, the same prompts, params and `max_batch_size` give the same
         samples (the seed drives a private torch.Generator; the global RNG is untouched).
+        The whole call shares one RNG: per-prompt params must agree on everything but the
+        seed, and seed the call with a hash of their seeds (`batch_params`), so a prompt's
+        sample depends on the prompts beside it (vLLM seeds each request on its own).
         """
         import torch
 
         check_prompts(prompts)
         if not prompts:
             return []
+        params = batch_params(prompts, params)
         rng = None
         if params.seed is not None:
             rng = torch.Generator(device=self.device)

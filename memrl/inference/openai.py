@@ -14,8 +14,10 @@ with the log-prob of each), so agents see exactly what the in-process engines gi
   when the model stopped, a stop string ends a response after the token that completes it,
   `text` is decoded here by the tokenizer and cut just after the stop string. Start servers
   with `--logprobs-mode processed_logprobs` for log-probs under the sampling temperature
-  (vLLM's default, raw_logprobs, is temperature 1). Prompt i of a call with seed s uses
-  `derive_seed(s, i)`, as the vLLM engine does.
+  (vLLM's default, raw_logprobs, is temperature 1). Seeds as in the vLLM engine: each
+  request is sent with its own `params.seed` (one SamplingParams for a whole `generate` call
+  gives prompt i `derive_seed(params.seed, i)`), so `agenerate(prompt, params)` equals
+  `generate([prompt], [params])[0]`.
 - Weights (training): `sync_weights` writes the policy's weights to `weights_dir` and has
   every server reload them (`/collective_rpc` → `reload_weights`, then
   `/reset_prefix_cache`; servers started with VLLM_SERVER_DEV_MODE=1). A disk round trip:
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generation, SamplingParams, check_prompts, derive_seed
+from memrl.inference.base import Generation, SamplingParams, check_prompts, request_params
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.hf import first_stop_end
 from memrl.inference.vllm import policy_weights
@@ -83,6 +85,9 @@ class Server:
 class OpenAIGenerator:
     """Batched and async generation over several OpenAI-compatible vLLM servers."""
 
+    continuous_batching = True
+    """Concurrent requests are in flight together; each server batches them continuously."""
+
     def __init__(self, config: OpenAIConfig, tokenizer: Any) -> None:
         if not config.base_urls:
             raise MemrlInputError("no server URL given", location="rollout.openai.base_urls")
@@ -102,27 +107,28 @@ class OpenAIGenerator:
 
     # ---- generation
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """One Generation per prompt, in input order; requests run concurrently."""
         check_prompts(prompts)
         if not prompts:
             return []
+        each = request_params(prompts, params)
 
         async def run() -> list[Generation]:
             return list(await asyncio.gather(
-                *(self._complete(list(p), params, i) for i, p in enumerate(prompts))
+                *(self._complete(list(p), q) for p, q in zip(prompts, each, strict=True))
             ))
 
         return asyncio.run(run())
 
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        """One request; equals `generate([prompt], params)[0]`."""
+        """One request; equals `generate([prompt], [params])[0]`."""
         check_prompts([prompt])
-        return await self._complete(list(prompt), params, 0)
+        return await self._complete(list(prompt), params)
 
-    def request_body(self, prompt: list[int], params: SamplingParams, index: int) -> dict:
-        """The `/v1/completions` body of prompt `index` of a call."""
+    def request_body(self, prompt: list[int], params: SamplingParams) -> dict:
+        """The `/v1/completions` body of one request (seeded with `params.seed`)."""
         greedy = params.temperature == 0
         body: dict[str, Any] = {
             "model": self.model,
@@ -136,17 +142,17 @@ class OpenAIGenerator:
             "skip_special_tokens": True,
         }
         if params.seed is not None and not greedy:
-            body["seed"] = derive_seed(params.seed, index)
+            body["seed"] = params.seed
         stops = [s for s in params.stop if s]
         if stops:
             body["stop"] = stops
         return body
 
-    async def _complete(self, prompt: list[int], params: SamplingParams, index: int) -> Generation:
+    async def _complete(self, prompt: list[int], params: SamplingParams) -> Generation:
         self._bind_loop()
         if self.model is None:
             self.model = await self._served_model()
-        body = self.request_body(prompt, params, index)
+        body = self.request_body(prompt, params)
         tried: list[Server] = []
         errors: list[str] = []
         for _ in range(self.config.max_retries + 1):

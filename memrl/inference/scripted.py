@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memrl.inference.base import Generation, SamplingParams
+from memrl.inference.base import Generation, SamplingParams, request_params
 
 
 class ScriptedGenerator:
@@ -22,16 +22,16 @@ class ScriptedGenerator:
         """Batch size of every generate() call, so tests can check batching."""
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         self.calls.append(len(prompts))
         out = []
-        for prompt in prompts:
+        for prompt, each in zip(prompts, request_params(prompts, params), strict=True):
             text = self.respond(self.tokenizer.decode(list(prompt), skip_special_tokens=False))
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             finish = "stop"
-            if len(ids) > params.max_new_tokens:
-                ids, finish = ids[: params.max_new_tokens], "length"
+            if len(ids) > each.max_new_tokens:
+                ids, finish = ids[: each.max_new_tokens], "length"
                 text = self.tokenizer.decode(ids)
             out.append(Generation(ids, [0.0] * len(ids), text, finish))
         return out

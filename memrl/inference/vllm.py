@@ -19,9 +19,11 @@ tokenizer without special tokens. Log-probs are vLLM's `processed_logprobs`: log
 logits / temperature (of the raw logits when greedy), which is the HF convention exactly
 when `top_p == 1` (every shipped training config). With `top_p < 1` vLLM takes them after
 the nucleus filter, i.e. renormalised over the nucleus: higher than the HF engine's by
--log(nucleus mass). Seeds: prompt i of a call with `params.seed = s` samples with
-`derive_seed(s, i)`, so the samples of a GRPO group (the same prompt repeated) differ, and
-`agenerate(prompt, params)` equals `generate([prompt], params)[0]`.
+-log(nucleus mass). Seeds: every request samples with its own seed, `params.seed`
+(`memrl.inference.base`: one SamplingParams for a whole `generate` call gives prompt i
+`derive_seed(params.seed, i)`), so `agenerate(prompt, params)` equals
+`generate([prompt], [params])[0]` and a request's sample does not depend on the requests
+batched with it: the async and lockstep rollouts of an agent give the same trajectories.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError, require
-from memrl.inference.base import Generation, SamplingParams, check_prompts, derive_seed
+from memrl.inference.base import Generation, SamplingParams, check_prompts, request_params
 from memrl.inference.config import VLLMConfig
 from memrl.inference.hf import first_stop_end
 
@@ -48,6 +50,9 @@ CPU_KV_CACHE_BYTES = 1 << 30
 
 class VLLMGenerator:
     """Batched sampling with an in-process vLLM engine whose weights follow the policy."""
+
+    continuous_batching = True
+    """Concurrent `agenerate` requests join the running batch between engine steps."""
 
     def __init__(
         self,
@@ -125,8 +130,8 @@ class VLLMGenerator:
         return kw
 
     # ---- generation
-    def sampling_params(self, params: SamplingParams, index: int) -> Any:
-        """vLLM's SamplingParams of prompt `index` of a call (its seed derived from it)."""
+    def sampling_params(self, params: SamplingParams) -> Any:
+        """vLLM's SamplingParams of one request (seeded with `params.seed`)."""
         greedy = params.temperature == 0
         stops = [s for s in params.stop if s]
         return self._vllm.SamplingParams(
@@ -134,7 +139,7 @@ class VLLMGenerator:
             max_tokens=params.max_new_tokens,
             temperature=params.temperature,
             top_p=1.0 if greedy else params.top_p,
-            seed=None if params.seed is None or greedy else derive_seed(params.seed, index),
+            seed=None if greedy else params.seed,
             stop=stops or None,
             include_stop_str_in_output=True,
             logprobs=0,
@@ -142,24 +147,25 @@ class VLLMGenerator:
         )
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """One Generation per prompt, in input order (vLLM batches them continuously)."""
         check_prompts(prompts)
         if not prompts:
             return []
         self._check_awake()
+        each = request_params(prompts, params)
         outputs = self.llm.generate(
             [{"prompt_token_ids": [int(t) for t in p]} for p in prompts],
-            [self.sampling_params(params, i) for i in range(len(prompts))],
+            [self.sampling_params(p) for p in each],
             use_tqdm=False,
         )
-        return [self.to_generation(out, params) for out in outputs]
+        return [self.to_generation(out, p) for out, p in zip(outputs, each, strict=True)]
 
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         """One request; requests of concurrent coroutines are batched continuously (one
         driver task adds them to the engine between its steps). Equals
-        `generate([prompt], params)[0]`. Do not mix with a `generate` running meanwhile."""
+        `generate([prompt], [params])[0]`. Do not mix with a `generate` running meanwhile."""
         check_prompts([prompt])
         self._check_awake()
         loop = asyncio.get_running_loop()
@@ -179,7 +185,7 @@ class VLLMGenerator:
                     rid = f"memrl-{next(self._request_ids)}"
                     # vLLM may give the request an internal id; outputs carry ours.
                     engine.add_request(
-                        rid, {"prompt_token_ids": prompt}, self.sampling_params(params, 0)
+                        rid, {"prompt_token_ids": prompt}, self.sampling_params(params)
                     )
                     waiting[rid] = (future, params)
                 # One engine step (a prefill/decode iteration) on this thread: vLLM's
@@ -192,6 +198,11 @@ class VLLMGenerator:
                         if not future.done():
                             future.set_result(self.to_generation(out, params))
         except BaseException as exc:  # fail every waiting request, not just one
+            if waiting:  # and leave none of them in the engine (the next call would see it)
+                try:
+                    engine.abort_request(list(waiting))
+                except Exception:  # noqa: BLE001 - the original error matters more
+                    log.warning("could not abort %d vLLM requests", len(waiting))
             for future, _ in waiting.values():
                 if not future.done():
                     future.set_exception(exc)

