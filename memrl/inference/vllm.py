@@ -257,8 +257,13 @@ class VLLMGenerator:
             self.asleep = True
 
     def wake(self) -> None:
-        """Undo `sleep` before the next rollout."""
+        """Undo `sleep` before the next rollout. First hands the blocks torch's caching
+        allocator keeps from the update back to the GPU (vLLM maps its memory outside that
+        allocator, so without this the two together can exceed the card, as verl also does)."""
         if self.asleep:
+            import torch
+
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self.asleep = False
 
