@@ -2,14 +2,15 @@
 full-context forward pass.
 
 memrl's own `memrl.agents.memagent.MemAgent` reads synthetic documents of growing length
-(7K, 14K, 28K, … tokens up to `--max-tokens`, doubling; or `--lengths`) chunk by chunk with
+(7K, 14K, 28K, 56K tokens by default: doubling up to `--max-tokens`; or `--lengths`) chunk by chunk with
 memrl's colocated vLLM engine (`memrl.inference.VLLMGenerator`), on a causal LM with
 Qwen2.5-0.5B's shape and random weights (nothing is downloaded): 5000-token chunks, a few
 questions per length read together (lockstep: one `generate` call per chunk step).
 
     python benchmarks/linear_cost_gpu.py --out linear.json              # GPU, ~4 min on an H100
-    python benchmarks/linear_cost_gpu.py --lengths 3500000 --memory-tokens 64 --questions 2 \\
-        --no-baseline --case-timeout 500 --out long.json                # one 3.5M-token point
+    python benchmarks/linear_cost_gpu.py --lengths 7000,56000,448000,3584000 \\
+        --memory-tokens 64 --final-tokens 16 --questions 2 --case-timeout 400 \\
+        --out long.json                                                 # up to 3.5M, ~7 min
     python benchmarks/linear_cost_gpu.py --tiny --out /tmp/linear.json  # CPU smoke check
 
 Every memory update writes exactly `--memory-tokens` tokens: a random-weight model never
@@ -126,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(overrides --min-tokens/--max-tokens)")
     p.add_argument("--min-tokens", type=int, default=None, help="first length (default 7000)")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="last length, doubling from --min-tokens (default 112000; e.g. 3500000)")
+                   help="last length, doubling from --min-tokens (default 56000; 3584000 = 7000·2⁹)")
     p.add_argument("--questions", type=int, default=None, help="questions per length (default 4)")
     p.add_argument("--chunk-size", type=int, default=None, help="default 5000")
     p.add_argument("--memory-tokens", type=int, default=None,
@@ -145,7 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     defaults = ({"min_tokens": 300, "max_tokens": 600, "questions": 2, "chunk_size": 128,
                  "memory_tokens": 16, "final_tokens": 4} if args.tiny else
-                {"min_tokens": 7000, "max_tokens": 112_000, "questions": 4, "chunk_size": 5000,
+                {"min_tokens": 7000, "max_tokens": 56_000, "questions": 4, "chunk_size": 5000,
                  "memory_tokens": 1024, "final_tokens": 32})
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -292,8 +293,9 @@ def memagent_lengths(model_dir: Path, records: dict[int, list[Any]], args: argpa
 
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
-    # Longest prompt: chunk + memory + template (< 512 tokens), then the reply.
-    longest = args.chunk_size + 2 * args.memory_tokens + args.final_tokens + 512
+    # Longest sequence: chunk + memory (re-encoded: may be a little longer than written) +
+    # template and question (a few hundred tokens) + the reply.
+    longest = args.chunk_size + 2 * args.memory_tokens + args.final_tokens + 1024
     engine = VLLMGenerator(model_dir, tokenizer, VLLMConfig(
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=longest,
         max_num_seqs=max(args.questions, 1), enforce_eager=args.enforce_eager, seed=args.seed,

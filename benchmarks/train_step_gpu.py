@@ -175,8 +175,9 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
 
 
 def vllm_config(args: argparse.Namespace) -> dict[str, Any]:
-    """rollout.vllm: longest prompt (chunk + memory + template) plus its response fits."""
-    longest = args.chunk_size + args.max_memory_tokens + 512 + max(
+    """rollout.vllm: the longest prompt (chunk + memory, which may re-encode a little longer,
+    + template and question) plus its response fits."""
+    longest = args.chunk_size + args.max_memory_tokens + 1024 + max(
         args.max_memory_tokens, args.max_final_tokens)
     cfg: dict[str, Any] = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization,
                            "enforce_eager": args.vllm_enforce_eager,
