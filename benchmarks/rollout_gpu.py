@@ -12,6 +12,7 @@ vLLM's sleep / wake (level 1; GPU only).
 
     python benchmarks/rollout_gpu.py --out rollout.json                 # GPU, ~4 min on an H100
     python benchmarks/rollout_gpu.py --no-hf --cases 6144x256           # vLLM only, one case
+    python benchmarks/rollout_gpu.py --no-hf --unseeded                 # per-request seeds' cost
     python benchmarks/rollout_gpu.py --tiny --out /tmp/rollout.json     # CPU smoke check
 
 The memory-bandwidth bound printed with each case (`--hbm-tbps`, 3.35 TB/s = H100 SXM):
@@ -142,6 +143,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="HBM bandwidth in TB/s for the bound (H100 SXM 3.35, H200 4.8)")
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="dense bf16 TFLOP/s for the prefill part of the bound (H100 SXM 989)")
+    p.add_argument("--unseeded", action="store_true",
+                   help="requests without seeds. memrl seeds every request (reproducible "
+                        "rollouts); vLLM then samples seeded rows one by one (one kernel per "
+                        "request per step), unseeded ones in one kernel: this shows the cost")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="where the model is written (default: a "
                    "temporary directory, removed at the end)")
@@ -278,7 +283,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         name = case_name(prompt_len, batch)
         prompts = random_prompts(batch, prompt_len, low, high, args.seed * 1000 + i)
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0,
-                                seed=args.seed + i, ignore_eos=True)
+                                seed=None if args.unseeded else args.seed + i,
+                                ignore_eos=True)
         row: dict[str, Any] = {"case": name, "prompt_tokens": prompt_len, "batch": batch,
                                "new_tokens_each": args.new_tokens}
         row.update(rollout_bound(
@@ -306,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": model_info,
         "settings": {"new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0,
                      "ignore_eos": True, "logprobs": True,
+                     "seeded_requests": not args.unseeded,
                      "hf_batch_size": args.hf_batch_size, "hf_dtype": str(policy.dtype),
                      "gpu_memory_utilization": args.gpu_memory_utilization,
                      "enforce_eager": args.enforce_eager, "repeats": args.repeats,
