@@ -7,7 +7,20 @@ kernel selection, allocator growth). The summary (JSON, also printed) gives per-
 numbers: rollout and training throughput, step time, peak GPU memory.
 
     python benchmarks/train_step_gpu.py --json-out bench.json            # Qwen2.5-0.5B shape
-    python benchmarks/train_step_gpu.py --tiny                           # CPU smoke check
+    python benchmarks/train_step_gpu.py --engine vllm --json-out v.json  # colocated vLLM
+    python benchmarks/train_step_gpu.py --engine vllm --recipe-shapes    # published shapes
+    python benchmarks/train_step_gpu.py --tiny [--engine vllm]           # CPU smoke check
+
+`--engine vllm` rolls out on the colocated vLLM engine (`rollout.engine: vllm`: weights
+synced from the policy every step, sleep during the update, wake before the next rollout).
+The step is then broken down as rollout / weight sync / old+ref log-probs / update from the
+recipe's `perf/*_s` metrics, with the engine's public `wake`, `sync_weights` and `sleep`
+wrapped to time them apart (`perf/sync_s` holds wake + sync, `perf/rollout_s` the sleep).
+`--recipe-shapes` takes the published MemAgent recipe's per-conversation shapes
+(configs/memagent_qwen2.5-7b_hotpotqa.yaml: 5000-token chunks, 1024-token memories and
+answers, 16 samples per question, temperature 1, 16384 tokens per micro-batch, gradient
+checkpointing) scaled to one GPU: 2 questions per step (32 trajectories) of about two
+chunks each, one question per mini-batch.
 
 Choices that make a random-weight run measure what a real run would:
 - The tokenizer is a small BPE trained here, padded with placeholder tokens (`<|r123|>`) up
@@ -24,9 +37,7 @@ Choices that make a random-weight run measure what a real run would:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 import random
 import shutil
 import statistics
@@ -35,25 +46,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-QWEN25_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=32768,
-)
-"""Qwen2.5-0.5B's architecture (tied embeddings, rope_theta 1e6), without its weights."""
-
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=2048,
-    max_position_embeddings=4096,
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import (  # noqa: E402
+    QWEN25_05B,
+    TINY,
+    build_model_dir,
+    environment,
+    gpu_memory_used_gib,
+    print_environment,
 )
 
 
@@ -86,21 +86,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-final-tokens", type=int, default=None)
     p.add_argument("--rollout-n", type=int, default=None)
     p.add_argument("--train-batch-size", type=int, default=None)
-    p.add_argument("--ppo-mini-batch-size", type=int, default=2)
-    p.add_argument("--max-tokens-per-micro-batch", type=int, default=8192)
+    p.add_argument("--ppo-mini-batch-size", type=int, default=None, help="default 2")
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=None, help="default 8192")
     p.add_argument("--generation-batch-size", type=int, default=64)
     p.add_argument("--no-kl", action="store_true", help="turn the KL loss (reference model) off")
     p.add_argument("--keep-checkpoint", action="store_true",
                    help="keep the checkpoint the trainer saves after the last step")
+    # rollout engine
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="rollout.engine: the in-process HF engine or colocated vLLM")
+    p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3,
+                   help="rollout.vllm.gpu_memory_utilization (the policy, reference and "
+                        "optimizer share the GPU)")
+    p.add_argument("--vllm-enforce-eager", action="store_true",
+                   help="rollout.vllm.enforce_eager (no CUDA graphs)")
+    p.add_argument("--recipe-shapes", action="store_true",
+                   help="the published recipe's shapes scaled to one GPU (see the docstring)")
     args = p.parse_args(argv)
     big = {"steps": 3, "tokenizer_vocab": 8192, "docs_min": 80, "docs_max": 120,
            "chunk_size": 1024, "max_memory_tokens": 256, "max_final_tokens": 32,
-           "rollout_n": 8, "train_batch_size": 4}
+           "rollout_n": 8, "train_batch_size": 4, "ppo_mini_batch_size": 2,
+           "max_tokens_per_micro_batch": 8192, "temperature": 0.7, "top_p": 0.95}
+    recipe = {**big, "docs_min": 220, "docs_max": 260, "chunk_size": 5000,
+              "max_memory_tokens": 1024, "max_final_tokens": 1024, "rollout_n": 16,
+              "train_batch_size": 2, "ppo_mini_batch_size": 1,
+              "max_tokens_per_micro_batch": 16384, "temperature": 1.0, "top_p": 1.0}
     tiny = {"steps": 2, "tokenizer_vocab": 512, "docs_min": 6, "docs_max": 10,
             "chunk_size": 128, "max_memory_tokens": 16, "max_final_tokens": 8,
-            "rollout_n": 2, "train_batch_size": 2}
-    for key, value in (tiny if args.tiny else big).items():
-        if getattr(args, key) is None:
+            "rollout_n": 2, "train_batch_size": 2, "ppo_mini_batch_size": 2,
+            "max_tokens_per_micro_batch": 8192, "temperature": 0.7, "top_p": 0.95}
+    if args.tiny and args.recipe_shapes:
+        tiny = {**tiny, "temperature": 1.0, "top_p": 1.0, "max_tokens_per_micro_batch": 16384}
+    if args.recipe_shapes and not args.tiny:
+        args.gradient_checkpointing = True
+    for key, value in (tiny if args.tiny else recipe if args.recipe_shapes else big).items():
+        if getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.num_questions is None:
         args.num_questions = args.steps * args.train_batch_size
@@ -112,48 +132,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------- setup
-def build_model_dir(out: Path, shape: dict[str, int], args: argparse.Namespace,
-                    corpus: list[str], device: str) -> dict[str, Any]:
-    """Save a random Qwen2 model (bf16 on disk, as Qwen checkpoints ship) and its tokenizer."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from memrl.models.tiny import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer(corpus, vocab_size=args.tokenizer_vocab)
-    bpe_len = len(tokenizer)
-    vocab = shape["vocab_size"]
-    if bpe_len > vocab:
-        raise SystemExit(f"tokenizer has {bpe_len} tokens, more than the model's {vocab}")
-    if not args.no_pad_tokenizer:
-        tokenizer.add_tokens([f"<|r{i}|>" for i in range(vocab - bpe_len)])
-    config = Qwen2Config(
-        **shape,
-        tie_word_embeddings=True,
-        rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(args.seed)
-    # Initialise on the GPU when there is one: 0.5B normal_() draws are slow on a CPU.
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config)
-    params = sum(p.numel() for p in model.parameters())
-    model = model.to(torch.bfloat16)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
-    del model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return {**shape, "tie_word_embeddings": True, "rope": rope, "params": params,
-            "tokenizer_bpe_tokens": bpe_len, "tokenizer_tokens": len(tokenizer)}
-
-
 def write_data(path: Path, args: argparse.Namespace) -> list[Any]:
     """Questions with between docs-min and docs-max paragraphs each (ids stay unique)."""
     from memrl.data.hotpotqa import save_records_jsonl
@@ -181,7 +159,8 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
         "memagent": {"chunk_size": args.chunk_size,
                      "max_memory_tokens": args.max_memory_tokens,
                      "max_final_tokens": args.max_final_tokens,
-                     "temperature": 0.7, "top_p": 0.95},
+                     "temperature": args.temperature, "top_p": args.top_p},
+        "rollout": {"engine": args.engine, "vllm": vllm_config(args)},
         "rl": {"rollout_n": args.rollout_n, "generation_batch_size": args.generation_batch_size,
                "dynamic_sampling": False, "overlong": "keep",
                "use_kl_loss": not args.no_kl, "kl_loss_coef": 0.001,
@@ -195,10 +174,24 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
     })
 
 
+def vllm_config(args: argparse.Namespace) -> dict[str, Any]:
+    """rollout.vllm: the longest prompt (chunk + memory, which may re-encode a little longer,
+    + template and question) plus its response fits."""
+    longest = args.chunk_size + args.max_memory_tokens + 1024 + max(
+        args.max_memory_tokens, args.max_final_tokens)
+    cfg: dict[str, Any] = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+                           "enforce_eager": args.vllm_enforce_eager,
+                           "max_model_len": longest, "seed": args.seed}
+    if args.device == "cpu":
+        cfg["kv_cache_memory_bytes"] = 1 << 28
+    return cfg
+
+
 # ---------------------------------------------------------------------------------- timing
 def make_run(config, reward_seed: int):
     """The recipe's run with a random 0/1 reward; the actor's update is wrapped (through its
-    public method) to record the shapes of each step's batch."""
+    public method) to record the shapes of each step's batch, and the engine's hooks to
+    time them."""
     from memrl.recipes import grpo
     from memrl.tasks.memagent_qa import MemAgentQATask
 
@@ -229,11 +222,42 @@ def make_run(config, reward_seed: int):
         return update(batch) if dist is None else update(batch, dist)
 
     run.actor.update = recording_update
-    return run, shapes
+    return run, shapes, time_engine_hooks(run.engine)
 
 
-def run_steps(run, shapes, steps: int) -> list[dict[str, Any]]:
-    """`steps` recipe steps; per step its perf/* metrics, batch shapes and peak memory."""
+def time_engine_hooks(engine: Any) -> dict[str, float]:
+    """Wrap the engine's public wake / sync_weights / sleep to time each (and read the GPU
+    memory in use by every allocator after waking: vLLM's share is not in torch's stats).
+    Returns the dict the times accumulate in until `run_steps` takes them for its row."""
+    pending: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            sync_cuda()
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            sync_cuda()
+            pending[f"{name}_s"] = pending.get(f"{name}_s", 0.0) + time.perf_counter() - t0
+            if name == "wake":
+                pending["gpu_used_after_wake_gib"] = gpu_memory_used_gib() or 0.0
+            return out
+        return wrapper
+
+    for name in ("wake", "sync_weights", "sleep"):
+        setattr(engine, name, timed(name, getattr(engine, name)))
+    return pending
+
+
+def sync_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[str, Any]]:
+    """`steps` recipe steps; per step its perf/* metrics, batch shapes, the engine hooks'
+    times (`pending`, from `time_engine_hooks`) and peak memory."""
     import torch
 
     from memrl.recipes import grpo
@@ -252,9 +276,12 @@ def run_steps(run, shapes, steps: int) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
         row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
         row.update(shapes[-1])
+        row.update(pending)
+        pending.clear()
         if cuda:
             row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            row["gpu_used_end_of_step_gib"] = gpu_memory_used_gib()
         rows.append(row)
     return rows
 
@@ -265,6 +292,7 @@ PERF_KEYS = (
     "perf/sync_s", "perf/rollout_s", "perf/logprobs_s", "perf/update_s",
     "train/samples", "train/chunks_per_episode", "train/memory_update_response_len",
     "train/final_response_len", "train/truncated_frac",
+    "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
     "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy",
 )
 
@@ -273,6 +301,13 @@ def add_derived(rows: list[dict[str, Any]], params: int, with_reference: bool) -
     for row in rows:
         row["rollout_s"], row["logprob_s"] = row["perf/rollout_s"], row["perf/logprobs_s"]
         row["update_s"] = row["perf/update_s"]
+        # The breakdown: rollout (generation only) / sync (wake + weights) / sleep /
+        # old+ref log-probs / update; `other_s` is the rest of the step (batching, metrics).
+        row["sleep_s"] = row.get("sleep_s", 0.0)
+        row["generate_s"] = row["rollout_s"] - row["sleep_s"]
+        row["weight_sync_s"] = row["perf/sync_s"]
+        row["other_s"] = row["perf/step_time_s"] - (
+            row["perf/sync_s"] + row["rollout_s"] + row["logprob_s"] + row["update_s"])
         row["conversations_per_trajectory"] = row["samples"] / row["trajectories"]
         # Approximate model FLOPs (6·N per trained token, 2·N per scored token; attention
         # and the autocast weight casts not counted): a yardstick, not a measurement.
@@ -288,28 +323,12 @@ def mean_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.fmean(r[k] for r in rows) for k in keys}
 
 
-def environment() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    env: dict[str, Any] = {
-        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
-    if torch.cuda.is_available():
-        env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return env
-
-
 def print_table(summary: dict[str, Any]) -> None:
     cols = [("step", "step", "{:d}"), ("samples", "samples", "{:.0f}"),
             ("conv/traj", "conversations_per_trajectory", "{:.2f}"),
             ("prompt", "prompt_len_mean", "{:.0f}"), ("resp", "response_len_mean", "{:.0f}"),
-            ("rollout s", "rollout_s", "{:.1f}"), ("logprob s", "logprob_s", "{:.1f}"),
+            ("sync s", "weight_sync_s", "{:.2f}"), ("rollout s", "generate_s", "{:.1f}"),
+            ("sleep s", "sleep_s", "{:.2f}"), ("logprob s", "logprob_s", "{:.1f}"),
             ("update s", "update_s", "{:.1f}"), ("step s", "step_wall_s", "{:.1f}"),
             ("roll tok/s", "perf/rollout_tokens_per_s", "{:.0f}"),
             ("train tok/s", "perf/train_tokens_per_s", "{:.0f}"),
@@ -335,6 +354,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from memrl.data.synthetic import synthetic_corpus
 
+    env = environment()
+    print_environment(env)
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.device = device
     shape = dict(TINY if args.tiny else QWEN25_05B)
@@ -345,8 +367,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     t0 = time.perf_counter()
-    model_info = build_model_dir(out / "model", shape, args,
-                                 synthetic_corpus(args.seed, 200), device)
+    model_info = build_model_dir(
+        out / "model", shape, tokenizer_vocab=args.tokenizer_vocab,
+        pad_tokenizer=not args.no_pad_tokenizer, corpus=synthetic_corpus(args.seed, 200),
+        seed=args.seed, device=device)
     records = write_data(out / "train.jsonl", args)
     t_build = time.perf_counter() - t0
     print(f"model {model_info['params'] / 1e6:.1f}M params, {len(records)} questions, "
@@ -354,11 +378,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     config = make_config(args, out / "model", out / "train.jsonl", out / "run")
     t0 = time.perf_counter()
-    run, shapes = make_run(config, args.seed)
+    run, shapes, pending = make_run(config, args.seed)
     t_setup = time.perf_counter() - t0
     print(f"recipe setup (policy + reference load) {t_setup:.1f} s", flush=True)
     t0 = time.perf_counter()
-    rows = run_steps(run, shapes, args.steps)
+    rows = run_steps(run, shapes, pending, args.steps)
     if args.keep_checkpoint:
         from memrl.recipes import grpo
 
@@ -368,11 +392,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     measured = rows[args.warmup:]
     summary = {
         "benchmark": "memrl MemAgent RL training step",
-        "environment": environment(),
+        "environment": env,
         "argv": sys.argv[1:] if argv is None else argv,
         "model": model_info,
         "settings": {
             "gradient_checkpointing": args.gradient_checkpointing,
+            "engine": args.engine, "recipe_shapes": args.recipe_shapes,
+            "rollout_vllm": config.rollout.vllm.model_dump() if args.engine == "vllm" else None,
             "chunk_size": args.chunk_size, "max_memory_tokens": args.max_memory_tokens,
             "max_final_tokens": args.max_final_tokens, "rollout_n": args.rollout_n,
             "train_batch_size": args.train_batch_size,
@@ -381,7 +407,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "use_dynamic_bsz": True,
             "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
             "generation_batch_size": args.generation_batch_size,
-            "temperature": 0.7, "top_p": 0.95, "dtype": "fp32 master weights, bf16 autocast"
+            "temperature": args.temperature, "top_p": args.top_p,
+            "dtype": "fp32 master weights, bf16 autocast"
             if device.startswith("cuda") else "float32",
             "reward": "random 0/1", "dynamic_sampling": False, "overlong": "keep",
             "docs_per_question": [args.docs_min, args.docs_max],

@@ -183,6 +183,22 @@ def test_eos_stops_one_row_and_is_kept_in_ids(model, tiny_tokenizer, prompts) ->
     torch.testing.assert_close(other.logprobs, free[1].logprobs, atol=LAYOUT_ATOL, rtol=0)
 
 
+def test_ignore_eos_decodes_past_eos_to_max_new_tokens(model, tiny_tokenizer, prompts) -> None:
+    generator = HFGenerator(model, tiny_tokenizer, max_batch_size=8)
+    eos = tiny_tokenizer.eos_token_id
+    params = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
+    handle = model.lm_head.register_forward_hook(_ForceEOS(eos, row=0, step=3))
+    try:
+        [gen] = generator.generate([prompts[3]], params)
+    finally:
+        handle.remove()
+    assert len(gen.token_ids) == 10 and gen.finish_reason == "length"
+    assert gen.token_ids[3] == eos  # EOS sampled, kept, and decoding went on
+    assert "<|im_end|>" not in gen.text
+    assert max((_teacher_forced_logprobs(model, prompts[3], gen.token_ids, 0)
+                - torch.tensor(gen.logprobs))[4:].abs()) < LAYOUT_ATOL
+
+
 def test_seed_reproducibility(generator, prompts) -> None:
     rng_before = torch.get_rng_state()
     p = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.95, seed=123)

@@ -40,6 +40,8 @@ def test_body_and_answer_follow_the_hf_conventions(tiny_tokenizer):
     assert body["prompt"] == [1, 2] and body["seed"] == 9  # the request's own seed
     assert body["logprobs"] == 0 and body["return_tokens_as_token_ids"] is True
     assert body["stop"] == ["x"] and body["include_stop_str_in_output"] is True
+    assert "ignore_eos" not in body
+    assert gen.request_body([1], SamplingParams(ignore_eos=True), index=0)["ignore_eos"] is True
     eos = tiny_tokenizer.eos_token_id
     hello = tiny_tokenizer.encode(" the city", add_special_tokens=False)
     answer = {"choices": [{"finish_reason": "stop", "logprobs": {

