@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memrl.inference.base import SamplingParams
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
     QWEN25_05B,
@@ -111,9 +113,18 @@ class FixedLengthReplies:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.continuous_batching = getattr(engine, "continuous_batching", False)
+        """Episodes run as coroutines (`agenerate`) where the engine batches continuously,
+        as `memrl eval` runs them."""
 
     def generate(self, prompts: Any, params: Any) -> Any:
-        return self.engine.generate(prompts, dataclasses.replace(params, ignore_eos=True))
+        if isinstance(params, SamplingParams):
+            return self.engine.generate(prompts, dataclasses.replace(params, ignore_eos=True))
+        return self.engine.generate(
+            prompts, [dataclasses.replace(p, ignore_eos=True) for p in params])
+
+    async def agenerate(self, prompt: Any, params: SamplingParams) -> Any:
+        return await self.engine.agenerate(prompt, dataclasses.replace(params, ignore_eos=True))
 
 
 # ---------------------------------------------------------------------------------- args
