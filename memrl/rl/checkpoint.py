@@ -30,6 +30,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -711,7 +712,9 @@ def _gather_shards(ckpt: Path, marker: dict[str, Any]) -> Any:
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = {"model": model.state_dict()}
     try:  # only the weights are read: the optimizer's entries stay on disk
-        dcp.load(state, checkpoint_id=ckpt / SHARDED_DIR, no_dist=True)
+        with warnings.catch_warnings():  # "assuming ... a single process": yes, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=ckpt / SHARDED_DIR, no_dist=True)
     except (RuntimeError, ValueError, KeyError, OSError) as exc:
         raise MemrlInputError(f"cannot read the sharded weights: {_first_line(exc)}",
                               location=str(ckpt / SHARDED_DIR)) from None
