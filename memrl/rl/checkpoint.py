@@ -389,6 +389,8 @@ def load_checkpoint(
         raise MemrlInputError("checkpoint directory not found", location=str(path))
     state = _read_trainer_state(path)
     rng_file = path / RNG_FILE
+    if not (path / MODEL_DIR).is_dir():
+        raise MemrlInputError(f"checkpoint is missing {MODEL_DIR}/", location=str(path / MODEL_DIR))
     if read_checkpoint_marker(path)["format"] == "sharded":
         _load_shards(path / SHARDED_DIR, _unwrap(model), optimizer)
         rng_file = path / RANK_RNG_DIR / f"rank_{dist.rank:05d}.pt"
