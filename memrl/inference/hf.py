@@ -71,7 +71,9 @@ class HFGenerator:
         theirs = policy.state_dict()
         if mine.keys() != theirs.keys():
             diff = sorted(mine.keys() ^ theirs.keys())
-            raise ValueError(f"HFGenerator: the policy's weights differ from the copy's: {diff[:5]}")
+            raise ValueError(
+                f"HFGenerator: the policy's weights differ from the copy's: {diff[:5]}"
+            )
         with torch.no_grad():
             for name, value in theirs.items():
                 if hasattr(value, "full_tensor"):
