@@ -52,6 +52,17 @@ class Dist:
         tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
         return type(value)(t.item()) if isinstance(value, int) else t.item()
 
+    def all_reduce_max(self, value: int) -> int:
+        """The largest of the ranks' `value`s (e.g. micro-batch counts they must agree on)."""
+        if self.world_size == 1:
+            return value
+        import torch
+        import torch.distributed as tdist
+
+        t = torch.tensor(int(value), dtype=torch.int64)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        return int(t.item())
+
     def shard(self, items: list[Any]) -> list[Any]:
         """This rank's share of `items`: every world_size-th one, starting at its rank."""
         return items[self.rank :: self.world_size]

@@ -36,14 +36,19 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_process_group(timeout_s: float, *, device: str | None = None) -> Dist:
+def init_process_group(
+    timeout_s: float, *, device: str | None = None, always: bool = False
+) -> Dist:
     """Join the launcher's process group (once) and return this process's `Dist`.
+
+    Without a launcher: a single process's `Dist()` and no group, unless `always` (FSDP
+    needs a group even alone): then a group of one process, with no network rendezvous.
 
     Backend: nccl when the run trains on CUDA (`device` None or a cuda device, and CUDA is
     there), else gloo. On CUDA each process uses the GPU of its LOCAL_RANK. A collective that
     waits longer than `timeout_s` seconds raises on the waiting ranks.
     """
-    if not launched():
+    if not launched() and not always:
         return Dist()
     import torch
     import torch.distributed as tdist
@@ -53,9 +58,11 @@ def init_process_group(timeout_s: float, *, device: str | None = None) -> Dist:
     cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    tdist.init_process_group(
-        backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=float(timeout_s))
-    )
+    options: dict = dict(backend="nccl" if cuda else "gloo",
+                         timeout=timedelta(seconds=float(timeout_s)))
+    if not launched():
+        options.update(store=tdist.HashStore(), rank=0, world_size=1)
+    tdist.init_process_group(**options)
     return Dist.from_environment()
 
 

@@ -175,11 +175,14 @@ def rank_of(pid: int) -> int | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
-def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir, tmp_path):
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
+def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir, tmp_path,
+                                                        strategy):
     config = tmp_path / "train.yaml"
     config.write_text("trainer:\n  total_steps: 1000\n")
     out = tmp_path / "run"
-    args = overrides(tiny_model_dir, data_dir, out, "trainer.save_freq=0", "trainer.test_freq=0")
+    args = overrides(tiny_model_dir, data_dir, out, "trainer.save_freq=0", "trainer.test_freq=0",
+                     f"model.strategy={strategy}")
     proc = subprocess.Popen(
         [sys.executable, "-m", "memrl", "train", str(config), *args, "--nproc-per-node", "2"],
         env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,

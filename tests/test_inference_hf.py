@@ -264,17 +264,25 @@ def test_loader_bad_path_and_dtype_are_user_errors(tmp_path) -> None:
 
 
 def test_engine_seam_of_the_in_process_engine(tiny_model_dir) -> None:
-    """The HF engine samples from the module it wraps: sync is a check, sleep/wake no-ops,
-    and one async request equals the batched call."""
+    """The HF engine samples from the module it wraps: syncing that module is nothing,
+    syncing another copies its weights in; sleep/wake no-ops, and one async request equals
+    the batched call."""
     import asyncio
+
+    import torch
 
     model, tokenizer = load_pretrained(tiny_model_dir)
     engine = HFGenerator(model, tokenizer)
     assert isinstance(engine, Engine)
     engine.sync_weights(model, step=3)
+    assert engine.model is model
     other, _ = load_pretrained(tiny_model_dir)
-    with pytest.raises(ValueError, match="module it wraps"):
-        engine.sync_weights(other, step=3)
+    with torch.no_grad():
+        other.model.norm.weight.add_(0.5)
+    engine.sync_weights(other, step=3)
+    assert torch.equal(model.model.norm.weight, other.model.norm.weight)
+    with pytest.raises(ValueError, match="weights differ"):
+        engine.sync_weights(torch.nn.Linear(2, 2), step=3)
     engine.sleep()
     engine.wake()
     ids = tokenizer.encode("hello world", add_special_tokens=False)

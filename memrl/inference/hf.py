@@ -38,6 +38,9 @@ class HFGenerator:
     It wraps the module it is given (no copy), so a trainer can generate with the very
     weights it is updating. Prompts are sorted by length and run in left-padded
     micro-batches of at most `max_batch_size`; results come back in input order.
+
+    Given a module of its own (a full copy of a policy that is sharded over ranks), it
+    samples from that, and `sync_weights(policy, step)` copies the policy's weights into it.
     """
 
     continuous_batching = False
@@ -59,14 +62,28 @@ class HFGenerator:
     def device(self) -> Any:
         return next(self.model.parameters()).device
 
-    # ---- the Engine seam: this engine samples from the very module being trained.
+    # ---- the Engine seam: this engine samples from the very module being trained, or from
+    # a copy of it.
     def sync_weights(self, policy: Any, step: int) -> None:
-        """Nothing to copy: generation uses `self.model`, which must be the policy itself."""
-        if policy is not None and _unwrap(policy) is not _unwrap(self.model):
+        """Nothing to do when `self.model` is the policy itself; else copy the policy's
+        weights into `self.model`, one tensor at a time. A weight sharded over ranks (a
+        DTensor, under FSDP) is gathered whole first: a collective, so every rank syncs."""
+        if policy is None or _unwrap(policy) is _unwrap(self.model):
+            return
+        import torch
+
+        mine = self.model.state_dict()
+        theirs = policy.state_dict()
+        if mine.keys() != theirs.keys():
+            diff = sorted(mine.keys() ^ theirs.keys())
             raise ValueError(
-                "HFGenerator generates with the module it wraps; build it over the policy "
-                "being trained instead of syncing another module into it"
+                f"HFGenerator: the policy's weights differ from the copy's: {diff[:5]}"
             )
+        with torch.no_grad():
+            for name, value in theirs.items():
+                if hasattr(value, "full_tensor"):
+                    value = value.to(self.device).full_tensor()
+                mine[name].copy_(value)
 
     def sleep(self) -> None:
         """Nothing to free: the KV cache lives only inside a `generate` call."""

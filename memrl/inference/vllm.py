@@ -288,7 +288,8 @@ def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
 
     LoRA (a PEFT model): each adapted weight is the base weight plus the adapters' delta,
     computed here (the PEFT model is not modified; nothing is merged into it in place).
-    Tied embeddings: `lm_head.weight` is included (it is the embedding matrix).
+    Tied embeddings: `lm_head.weight` is included (it is the embedding matrix). A weight
+    sharded over ranks (FSDP) is gathered whole: a collective, so every rank syncs.
     """
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     deltas: dict[str, Any] = {}
@@ -307,14 +308,19 @@ def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
                                                 "lora_magnitude")):
             continue
         name = key.replace(".base_layer.", ".")
-        value = value.detach()
+        value = _whole(value.detach())
         if name in deltas:
             value = value + deltas[name].to(value.dtype)
         seen.add(name)
         yield name, value
     config = getattr(base, "config", None)
     if "lm_head.weight" not in seen and getattr(config, "tie_word_embeddings", False):
-        yield "lm_head.weight", base.get_input_embeddings().weight.detach()
+        yield "lm_head.weight", _whole(base.get_input_embeddings().weight.detach())
+
+
+def _whole(tensor: Any) -> Any:
+    """A tensor as a plain torch.Tensor: a DTensor shard (FSDP) gathered from every rank."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _rng_states() -> tuple[Any, Any, Any]:

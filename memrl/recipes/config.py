@@ -31,6 +31,20 @@ class LoraConfig(StrictModel):
     """Module names (or "all-linear"); names that match nothing in the model are an error."""
 
 
+class FSDPConfig(StrictModel):
+    """Options of `model.strategy: fsdp` (docs/scaling.md)."""
+
+    cpu_offload: bool = False
+    """Keep the sharded fp32 parameters, their gradients and the AdamW state in CPU memory;
+    each layer is copied to the GPU for its forward and backward (torch CPUOffloadPolicy;
+    verl fsdp_config.param_offload and optimizer_offload together). The optimizer step then
+    runs on the CPU."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward and gather them again for
+    the backward (ZeRO-3; verl fsdp_config.reshard_after_forward). False keeps them
+    gathered from forward to backward (ZeRO-2-like: more memory, fewer all-gathers)."""
+
+
 class ModelConfig(StrictModel):
     path: str = Field(..., description="HF model directory or hub id of the policy")
     """HF model directory (or a hub id already in the local cache) of the policy."""
@@ -43,6 +57,23 @@ class ModelConfig(StrictModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (verl enable_gradient_checkpointing)."""
     lora: LoraConfig = LoraConfig()
+    strategy: Literal["replicate", "fsdp"] = "replicate"
+    """How the policy and the reference are held by several training processes
+    (verl actor_rollout_ref.actor.strategy). replicate: every rank holds every weight and
+    the gradients are summed over ranks. fsdp: FSDP2 (`fully_shard` per decoder layer, then
+    the whole model): each rank holds 1/N of the weights, gradients and AdamW state;
+    checkpoints are sharded (torch.distributed.checkpoint). Full fine-tuning only."""
+    fsdp: FSDPConfig = FSDPConfig()
+    """Options of strategy fsdp."""
+
+    @model_validator(mode="after")
+    def _fsdp_full_weights(self) -> ModelConfig:
+        if self.strategy == "fsdp" and self.lora.enabled:
+            raise ValueError(
+                "model.strategy fsdp trains every weight; with LoRA the policy is small: "
+                "use model.strategy=replicate"
+            )
+        return self
 
     @field_validator("device")
     @classmethod

@@ -82,7 +82,8 @@ def train(
     if dist is None:
         from memrl.distributed import init_process_group
 
-        dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device)
+        dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device,
+                                  always=config.model.strategy == "fsdp")
     run = setup(config, task=task, dist=dist, console=console)
     if on_start is not None:
         on_start(run)
@@ -298,11 +299,9 @@ def validate(run: Run) -> dict[str, float]:
 
 
 def save(run: Run) -> Path | None:
-    """A checkpoint of the policy, optimizer, schedule, RNG and data cursor (main rank)."""
-    if not run.dist.is_main:
-        run.dist.barrier()  # the next step starts once the checkpoint is complete
-        return None
-    path = save_checkpoint(
+    """A checkpoint of the policy, optimizer, schedule, RNG and data cursor (every rank
+    takes part; the next step starts once it is complete)."""
+    return save_checkpoint(
         run.out_dir / "checkpoints",
         run.state.step,
         model=run.actor.model,
@@ -312,9 +311,8 @@ def save(run: Run) -> Path | None:
         trainer_state=asdict(run.state),
         config_yaml=config_to_yaml(run.config),
         keep_last=run.config.trainer.keep_last,
+        dist=run.dist,
     )
-    run.dist.barrier()
-    return path
 
 
 def total_steps(config: TrainConfig, num_records: int) -> int:
@@ -345,8 +343,8 @@ def setup(
 
     policy, tokenizer = models.load_policy(config.model)
     temperature = task.sampling_temperature
-    actor = models.build_actor(config, policy, tokenizer, temperature)
-    reference = models.build_reference(config, policy, tokenizer, temperature)
+    actor = models.build_actor(config, policy, tokenizer, temperature, dist)
+    reference = models.build_reference(config, policy, tokenizer, temperature, dist)
     engine = models.build_engine(config, policy, tokenizer)
 
     out_dir = Path(config.trainer.out_dir)
@@ -386,7 +384,8 @@ def resume_or_start(
     resuming, else a fresh one; a fresh run refuses a directory that holds checkpoints."""
     latest = latest_checkpoint(out_dir / "checkpoints", warn=warn_on_stderr(dist))
     if resume == "auto" and latest is not None:
-        saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler)
+        saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler,
+                                dist=dist)
         if dist.is_main:
             truncate_metrics(out_dir / "metrics.jsonl", saved["step"])
             if console is not None:

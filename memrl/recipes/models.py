@@ -1,4 +1,9 @@
-"""Building the trained models from a config: the policy (+LoRA), the reference, the engine."""
+"""Building the trained models from a config: the policy (+LoRA), the reference, the engine.
+
+With `model.strategy: fsdp` the policy and the reference are loaded on the CPU and sharded
+over the ranks (`memrl.rl.sharding.shard`); the in-process engine then generates from a full
+copy of the policy of its own (a sharded module cannot generate: see memrl.rl.sharding).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ from typing import Any
 
 import torch
 
+from memrl.dist import Dist
 from memrl.errors import MemrlInputError, require
 from memrl.inference.hf import HFGenerator
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
+from memrl.rl.sharding import shard
 
 
 def master_dtype(mcfg: ModelConfig) -> torch.dtype:
@@ -23,15 +30,39 @@ def autocast_dtype(mcfg: ModelConfig) -> torch.dtype | None:
     return torch.bfloat16 if mcfg.dtype == "auto" else None
 
 
-def load_policy(mcfg: ModelConfig) -> tuple[Any, Any]:
-    """(policy in train mode, tokenizer); LoRA adapters wrapped on when enabled."""
+def fsdp_param_dtype(mcfg: ModelConfig) -> torch.dtype | None:
+    """dtype of FSDP's gathered weights: bfloat16 when the run is mixed precision (`auto`
+    on CUDA), else None (the stored dtype)."""
+    cuda = resolve_device(mcfg.device).type == "cuda"
+    return torch.bfloat16 if mcfg.dtype == "auto" and cuda else None
+
+
+def load_trained(mcfg: ModelConfig, *, trainable: bool) -> Any:
+    """The weights of `model.path`: on the device (replicate) or sharded (fsdp)."""
     device = resolve_device(mcfg.device)
-    tokenizer = load_tokenizer(mcfg.path)
-    model = load_model(mcfg.path, device=device, dtype=master_dtype(mcfg))
-    if mcfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    fsdp = mcfg.strategy == "fsdp"
+    model = load_model(mcfg.path, device="cpu" if fsdp else device, dtype=master_dtype(mcfg))
+    if not trainable:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    if trainable and mcfg.gradient_checkpointing:
+        # FSDP: non-reentrant, so the recomputed forward runs FSDP's hooks (its all-gathers).
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False} if fsdp else None
+        )
         if hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()
+    if fsdp:
+        f = mcfg.fsdp
+        model = shard(model, device, param_dtype=fsdp_param_dtype(mcfg),
+                      cpu_offload=f.cpu_offload, reshard_after_forward=f.reshard_after_forward)
+    return model
+
+
+def load_policy(mcfg: ModelConfig) -> tuple[Any, Any]:
+    """(policy in train mode, tokenizer); LoRA adapters wrapped on when enabled."""
+    tokenizer = load_tokenizer(mcfg.path)
+    model = load_trained(mcfg, trainable=True)
     if mcfg.lora.enabled:
         model = _with_lora(model, mcfg)
     model.train()
@@ -60,7 +91,16 @@ def _with_lora(model: Any, mcfg: ModelConfig) -> Any:
     return peft.get_peft_model(model, lora)
 
 
-def build_actor(config: TrainConfig, policy: Any, tokenizer: Any, temperature: float) -> Actor:
+def sharding_kwargs(config: TrainConfig, dist: Dist) -> dict[str, Any]:
+    """What Actor and Reference need to know of FSDP: the ranks and the compute device."""
+    if config.model.strategy != "fsdp":
+        return {}
+    return dict(sharded_over=dist, device=resolve_device(config.model.device))
+
+
+def build_actor(
+    config: TrainConfig, policy: Any, tokenizer: Any, temperature: float, dist: Dist = Dist()
+) -> Actor:
     optimizer = build_optimizer(
         policy,
         lr=config.optim.lr,
@@ -76,11 +116,12 @@ def build_actor(config: TrainConfig, policy: Any, tokenizer: Any, temperature: f
         pad_id=pad_token_id(tokenizer),
         temperature=temperature,
         autocast_dtype=autocast_dtype(config.model),
+        **sharding_kwargs(config, dist),
     )
 
 
 def build_reference(
-    config: TrainConfig, policy: Any, tokenizer: Any, temperature: float
+    config: TrainConfig, policy: Any, tokenizer: Any, temperature: float, dist: Dist = Dist()
 ) -> Reference | None:
     """The frozen initial policy when a KL term needs it: the policy with its adapters off
     (LoRA), else a second copy of the initial weights."""
@@ -93,11 +134,8 @@ def build_reference(
     )
     if config.model.lora.enabled:
         return Reference(policy, config.rl, adapters_off=True, **kw)
-    device = next(policy.parameters()).device
-    ref = load_model(config.model.path, device=device, dtype=master_dtype(config.model))
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return Reference(ref, config.rl, **kw)
+    ref = load_trained(config.model, trainable=False)
+    return Reference(ref, config.rl, **kw, **sharding_kwargs(config, dist))
 
 
 def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
@@ -112,6 +150,10 @@ def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
         from memrl.inference.openai import OpenAIGenerator
 
         return OpenAIGenerator(rollout.openai, tokenizer)
+    if config.model.strategy == "fsdp":  # a full copy, synced from the shards every step
+        mcfg = config.model
+        policy = load_model(mcfg.path, device=resolve_device(mcfg.device),
+                            dtype=fsdp_param_dtype(mcfg) or master_dtype(mcfg))
     return HFGenerator(policy, tokenizer, max_batch_size=config.rl.generation_batch_size)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.config import StrictModel
@@ -56,3 +56,11 @@ class SFTConfig(StrictModel):
     optim: OptimConfig = OptimConfig(lr=1e-5)
     trainer: TrainerConfig = TrainerConfig(out_dir="runs/sft")
     """test_freq / val_before_train drive `val/nll`; num_logged_trajectories is unused."""
+
+    @model_validator(mode="after")
+    def _one_process(self) -> SFTConfig:
+        if self.model.strategy != "replicate":
+            raise ValueError(
+                "memrl sft trains on one process: model.strategy fsdp is for memrl train"
+            )
+        return self

@@ -39,6 +39,7 @@ from memrl.rl.losses import (
     logprobs_from_logits,
     policy_loss,
 )
+from memrl.rl.sharding import run_as_forward
 
 __all__ = ["Actor", "Reference", "build_optimizer", "response_logprobs", "warmup_schedule"]
 
@@ -86,14 +87,16 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    device: torch.device | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens of a collated batch, as (B, L)
     float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere).
 
     Logits are computed at response positions only. ``temperature`` is the sampling
-    temperature of the rollout (log-probs of softmax(logits / T)).
+    temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
+    forward runs (None: the device of the model's parameters).
     """
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     mask = tensors["response_mask"].to(device)
     inputs = {
         k: tensors[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")
@@ -141,16 +144,37 @@ class _PolicyModel:
         pad_id: int,
         temperature: float = 1.0,
         autocast_dtype: torch.dtype | None = None,
+        sharded_over: Dist | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.pad_id = pad_id
         self.temperature = temperature if temperature > 0 else 1.0
         self.autocast_dtype = autocast_dtype
+        self.sharded_over = sharded_over
+        """The ranks an FSDP model is sharded over (None: not sharded). Its forwards are
+        collectives, so every rank runs as many as the busiest (zero-weight padding)."""
+        self.compute_device = device
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where forward passes run: the given device, else the parameters'."""
+        return self.compute_device or next(self.model.parameters()).device
+
+    def padding_passes(self, count: int) -> int:
+        """How many zero-weight micro-batches this rank adds to its `count` real ones so that
+        every rank of a sharded model runs the same number of forwards (0 if replicated)."""
+        if self.sharded_over is None:
+            return 0
+        return self.sharded_over.all_reduce_max(count) - count
+
+    def padding_tensors(self) -> dict[str, Tensor]:
+        """A one-token micro-batch whose only use is to take part in the collectives."""
+        one = torch.full((1, 1), self.pad_id, dtype=torch.long)
+        return {"input_ids": one, "labels": one, "attention_mask": torch.ones_like(one),
+                "position_ids": torch.zeros_like(one),
+                "response_mask": torch.ones((1, 1), dtype=torch.bool)}
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast over fp32 master weights (CUDA), else nothing."""
@@ -169,7 +193,8 @@ class _PolicyModel:
 
     def _forward(self, tensors: dict[str, Tensor], **kw: Any) -> tuple[Tensor, Tensor | None]:
         with self.autocast():
-            return response_logprobs(self.model, tensors, temperature=self.temperature, **kw)
+            return run_as_forward(self.model, response_logprobs, self.model, tensors,
+                                  temperature=self.temperature, device=self.device, **kw)
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
@@ -179,12 +204,16 @@ class _PolicyModel:
         out: list[Tensor | None] = [None] * len(batch.samples)
         everything = list(range(len(batch.samples)))
         try:
-            for micro in self.micro_batches(batch, everything):
+            micros = self.micro_batches(batch, everything) if everything else []
+            padding = self.padding_passes(len(micros))  # agreed before any forward
+            for micro in micros:
                 tensors = batch.collate(micro, self.pad_id)
                 lp, _ = self._forward(tensors)
                 mask = tensors["response_mask"].to(lp.device)
                 for row, i in enumerate(micro):
                     out[i] = lp[row][mask[row]].float().cpu()
+            for _ in range(padding):
+                self._forward(self.padding_tensors())
         finally:
             self.model.train(was_training)
         return [x for x in out if x is not None]
@@ -286,11 +315,17 @@ class Actor(_PolicyModel):
                 norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
                 losses = torch.zeros(len(loss_names), dtype=torch.float64)
-                for positions in self.micro_batches(batch, mini) if mini else []:
+                micros = self.micro_batches(batch, mini) if mini else []
+                padding = self.padding_passes(len(micros))  # agreed before any forward
+                for positions in micros:
                     indices = [mini[p] for p in positions]
                     terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg)
                     losses += torch.tensor([terms[name] for name in loss_names])
-                dist.sum_gradients(params)
+                for _ in range(padding):
+                    lp, _ = self._forward(self.padding_tensors())
+                    (lp.sum() * 0.0).backward()  # zero gradients, same collectives
+                if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
+                    dist.sum_gradients(params)
                 grad_norm = self._optimizer_step()
                 for name, value in zip(loss_names, dist.all_reduce_sum(losses).tolist(),
                                        strict=True):
@@ -353,7 +388,10 @@ class Actor(_PolicyModel):
 
     def _optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, reduced over the shards
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -7,9 +7,18 @@ Layout of one checkpoint, `ROOT/step_00000012/`:
     optimizer.pt  scheduler.pt  rng.pt  trainer_state.json  config.yaml
 and `ROOT/latest` names the newest complete one.
 
+A policy sharded with FSDP (`model.strategy: fsdp`) is saved sharded instead, by every rank
+at once with torch.distributed.checkpoint (DCP), and can be loaded on any number of ranks
+(DCP reshards), into a sharded or a replicated policy:
+    model/              memrl_model.json (format "sharded") and the model's config.json
+    sharded/            DCP: {"model": weights, "optim": AdamW state}, by parameter name
+    rng/rank_00000.pt   the RNG state of every rank (a rank with no file takes rank 0's)
+    tokenizer/  scheduler.pt  trainer_state.json  config.yaml   (main rank)
+
 A checkpoint is written into `ROOT/.tmp-step_.../` and renamed into place, so a `step_*`
 directory is always complete: a run killed mid-save leaves only a `.tmp-*` leftover, which
-readers ignore and the next save deletes.
+readers ignore and the next save deletes. Sharded: the main rank renames it once every rank
+has written its part (a barrier).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,8 +39,10 @@ import numpy as np
 import torch
 
 from memrl import modelfiles
+from memrl.dist import Dist
 from memrl.errors import MemrlInputError, require
 from memrl.fileio import MIN_FREE_BYTES, check_output_dir, fsync_dir, write_atomic
+from memrl.rl.sharding import is_sharded
 
 LATEST_FILE = "latest"
 MODEL_DIR = "model"
@@ -41,6 +53,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.pt"
 CONFIG_FILE = "config.yaml"
+SHARDED_DIR = "sharded"
+RANK_RNG_DIR = "rng"
 TMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -63,14 +77,21 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     config_yaml: str,
     keep_last: int,
-) -> Path:
+    dist: Dist = Dist(),
+) -> Path | None:
     """Write `root/step_{step:08d}/` atomically, point `root/latest` at it, prune old ones.
 
-    The RNG states are captured on entry and restored on exit, so saving draws nothing from
-    any generator: a run with checkpoints continues exactly like one without.
+    Called by every rank: the main rank writes the checkpoint (with a sharded model every
+    rank writes its shards into it first) and returns its path; the others return None once
+    it is complete. The RNG states are captured on entry and restored on exit, so saving
+    draws nothing from any generator: a run with checkpoints continues exactly like one
+    without.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    if not (dist.is_main or is_sharded(model)):
+        dist.barrier()  # the main rank saves alone; the next step starts once it is done
+        return None
     rng = get_rng_state()
     root = Path(root)
     final = root / step_dir_name(step)
@@ -78,16 +99,17 @@ def save_checkpoint(
         _save_atomically(
             root, final, model=model, optimizer=optimizer, scheduler=scheduler,
             tokenizer=tokenizer, rng=rng, state={**trainer_state, "step": step},
-            config_yaml=config_yaml,
+            config_yaml=config_yaml, dist=dist,
         )
-        write_atomic(
-            root / LATEST_FILE,
-            final.name + "\n",
-            durable=True,
-            tmp_prefix=f"{TMP_PREFIX}{LATEST_FILE}-",
-        )
-        _prune(root, keep_last=keep_last, newest=final)
-        _remove_leftovers(root)
+        if dist.is_main:
+            write_atomic(
+                root / LATEST_FILE,
+                final.name + "\n",
+                durable=True,
+                tmp_prefix=f"{TMP_PREFIX}{LATEST_FILE}-",
+            )
+            _prune(root, keep_last=keep_last, newest=final)
+            _remove_leftovers(root)
     except Exception as exc:
         problem = _storage_problem(exc, root)
         if problem is None:
@@ -97,29 +119,46 @@ def save_checkpoint(
             location=str(final),
         ) from None
     set_rng_state(rng)
-    return final
+    dist.barrier()
+    return final if dist.is_main else None
 
 
 def _save_atomically(
     root: Path, final: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-    tokenizer: Any, rng: dict[str, Any], state: dict[str, Any], config_yaml: str,
+    tokenizer: Any, rng: dict[str, Any], state: dict[str, Any], config_yaml: str, dist: Dist,
 ) -> None:
-    """Write the checkpoint into `root/.tmp-*` and rename it to `final`: complete or absent."""
+    """Write the checkpoint into `root/.tmp-*` and rename it to `final`: complete or absent.
+    Sharded: every rank writes its shards and RNG state there, then the main rank the rest."""
     from memrl.metrics import scrub_env_secrets
 
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}-", dir=root))
+    sharded = is_sharded(model)
+    tmp: Path | None = None
+    if dist.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(root)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}-", dir=root))
+    if sharded:
+        tmp = Path(dist.all_gather(str(tmp))[0])  # the main rank's directory, on every rank
+    assert tmp is not None
     aside: Path | None = None
     try:
-        _write_model(tmp / MODEL_DIR, model)
+        if sharded:
+            _write_shards(tmp / SHARDED_DIR, model, optimizer)
+            (tmp / RANK_RNG_DIR).mkdir(exist_ok=True)
+            torch.save(rng, tmp / RANK_RNG_DIR / f"rank_{dist.rank:05d}.pt")
+            dist.barrier()
+            if not dist.is_main:
+                return
+            _write_sharded_marker(tmp / MODEL_DIR, model)
+        else:
+            _write_model(tmp / MODEL_DIR, model)
+            if optimizer is not None:
+                torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            torch.save(rng, tmp / RNG_FILE)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
-        torch.save(rng, tmp / RNG_FILE)
         (tmp / CONFIG_FILE).write_text(scrub_env_secrets(config_yaml), encoding="utf-8")
         (tmp / TRAINER_STATE).write_text(
             json.dumps(state, indent=2, sort_keys=True) + "\n", encoding="utf-8"
@@ -133,6 +172,8 @@ def _save_atomically(
             os.rename(final, aside / final.name)
         os.rename(tmp, final)
     except BaseException:
+        if not dist.is_main:
+            raise  # the main rank owns (and removes) the directory
         shutil.rmtree(tmp, ignore_errors=True)
         if aside is not None and not final.exists() and (aside / final.name).is_dir():
             os.rename(aside / final.name, final)  # put the old copy back
@@ -178,6 +219,28 @@ def _write_model(out: Path, model: torch.nn.Module) -> None:
     else:
         model.save_pretrained(out)
         marker = {"format": "full", "base_model": None}
+    (out / MODEL_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_shards(out: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """This rank's shards of the weights and of the optimizer state (a DCP collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+    else:
+        weights, optim = get_state_dict(model, optimizer)
+        state = {"model": weights, "optim": optim}
+    dcp.save(state, checkpoint_id=out)
+
+
+def _write_sharded_marker(out: Path, model: torch.nn.Module) -> None:
+    """The model's config (to rebuild it for export) and the sharded format's marker."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(out)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    marker = {"format": "sharded", "base_model": None, "dtype": dtype}
     (out / MODEL_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
@@ -311,30 +374,86 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
+    dist: Dist = Dist(),
 ) -> dict[str, Any]:
     """Load a checkpoint into live objects and return its trainer state.
 
     Weights are copied into the existing parameters (never replaced), so an optimizer built
-    over them stays valid. Then optimizer, scheduler and RNG states are restored.
+    over them stays valid. Then optimizer, scheduler and RNG states are restored. A sharded
+    checkpoint is read by every rank at once (a collective), on any number of ranks, into
+    a sharded or a replicated model; each rank takes its own RNG state (rank 0's if it has
+    none).
     """
     path = Path(path)
     if not path.is_dir():
         raise MemrlInputError("checkpoint directory not found", location=str(path))
     state = _read_trainer_state(path)
-    _load_model(path / MODEL_DIR, _unwrap(model))
-    if optimizer is not None:
-        optimizer.load_state_dict(_torch_load(path / OPTIMIZER_FILE))
+    rng_file = path / RNG_FILE
+    if not (path / MODEL_DIR).is_dir():
+        raise MemrlInputError(f"checkpoint is missing {MODEL_DIR}/", location=str(path / MODEL_DIR))
+    if read_checkpoint_marker(path)["format"] == "sharded":
+        _load_shards(path / SHARDED_DIR, _unwrap(model), optimizer)
+        rng_file = path / RANK_RNG_DIR / f"rank_{dist.rank:05d}.pt"
+        if not rng_file.is_file():
+            rng_file = path / RANK_RNG_DIR / f"rank_{0:05d}.pt"
+    else:
+        if is_sharded(model):
+            raise MemrlInputError(
+                "this checkpoint holds a whole (replicated) model, and model.strategy is "
+                "fsdp: resume it with model.strategy=replicate, or export it and start the "
+                "fsdp run from the exported model (model.path)",
+                location=str(path),
+            )
+        _load_model(path / MODEL_DIR, _unwrap(model))
+        if optimizer is not None:
+            optimizer.load_state_dict(_torch_load(path / OPTIMIZER_FILE))
     if scheduler is not None:
         scheduler.load_state_dict(_torch_load(path / SCHEDULER_FILE))
-    set_rng_state(_torch_load(path / RNG_FILE))
+    set_rng_state(_torch_load(rng_file))
     return state
 
 
+def _load_shards(shards: Path, model: torch.nn.Module, optimizer: Any) -> None:
+    """Weights (and the optimizer state) from a DCP checkpoint, resharded to this world."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if not shards.is_dir():
+        raise MemrlInputError(f"checkpoint is missing {SHARDED_DIR}/", location=str(shards))
+    try:
+        if optimizer is None:
+            state = {"model": get_model_state_dict(model)}
+            dcp.load(state, checkpoint_id=shards)
+            set_model_state_dict(model, state["model"])
+        else:
+            weights, optim = get_state_dict(model, optimizer)
+            state = {"model": weights, "optim": optim}
+            dcp.load(state, checkpoint_id=shards)
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+    except (RuntimeError, ValueError, KeyError, OSError) as exc:  # DCP's CheckpointException
+        raise MemrlInputError(
+            f"cannot load the sharded checkpoint into the model: {_first_line(exc)}",
+            location=str(shards),
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
 def read_checkpoint_marker(path: str | Path) -> dict[str, Any]:
-    """`model/memrl_model.json` of a checkpoint: {"format": "full"|"lora", "base_model": ...}."""
+    """`model/memrl_model.json` of a checkpoint: {"format": "full"|"lora"|"sharded",
+    "base_model": ...}."""
     marker = Path(path) / MODEL_DIR / MODEL_MARKER
     data = _read_json(marker)
-    if data.get("format") not in ("full", "lora"):
+    if data.get("format") not in ("full", "lora", "sharded"):
         raise MemrlInputError(
             f"unknown model format {data.get('format')!r}", location=f"{marker}: key format"
         )
@@ -374,6 +493,9 @@ def _load_model(model_dir: Path, model: torch.nn.Module) -> None:
         raise MemrlInputError(f"checkpoint is missing {MODEL_DIR}/", location=str(model_dir))
     fmt = read_checkpoint_marker(model_dir.parent)["format"]
     live = "lora" if _is_peft(model) else "full"
+    if fmt == "sharded":
+        raise MemrlInputError("a sharded checkpoint has no HF weights here: use "
+                              "load_checkpoint or memrl export", location=str(model_dir))
     if fmt != live:
         names = {"lora": "a LoRA adapter (peft)", "full": "a full model"}
         raise MemrlInputError(
@@ -515,7 +637,8 @@ def export_checkpoint(
     """Write a plain Hugging Face model directory (weights + tokenizer) from a checkpoint.
 
     A LoRA checkpoint is merged into its base model: `base_model_path`, else the config's
-    `model.path`, else the base recorded by peft. The result loads with
+    `model.path`, else the base recorded by peft. A sharded one is gathered whole on this
+    process (its weights only, not the optimizer state). The result loads with
     `AutoModelForCausalLM.from_pretrained` and needs neither memrl nor peft.
     """
     from transformers import AutoModelForCausalLM
@@ -537,6 +660,9 @@ def export_checkpoint(
         modelfiles.check_model_dir(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
         tokenizer_source: Path | str | None = None
+    elif marker["format"] == "sharded":
+        model = _gather_shards(ckpt, marker)
+        tokenizer_source = None
     else:
         peft = require("peft", extra="lora", feature="exporting a LoRA checkpoint")
         modelfiles.check_adapter_dir(model_dir)
@@ -569,6 +695,33 @@ def export_checkpoint(
 
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(out)
     return out
+
+
+def _gather_shards(ckpt: Path, marker: dict[str, Any]) -> Any:
+    """The whole model of a sharded checkpoint, built from its config, on this process."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, str(marker.get("dtype", "float32")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise MemrlInputError(f"unknown dtype {marker.get('dtype')!r}",
+                              location=str(ckpt / MODEL_DIR / MODEL_MARKER))
+    try:
+        config = AutoConfig.from_pretrained(ckpt / MODEL_DIR)
+    except (OSError, ValueError) as exc:
+        raise MemrlInputError(f"cannot read the model's config: {_first_line(exc)}",
+                              location=str(ckpt / MODEL_DIR)) from None
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {"model": model.state_dict()}
+    try:  # only the weights are read: the optimizer's entries stay on disk
+        with warnings.catch_warnings():  # "assuming ... a single process": yes, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=ckpt / SHARDED_DIR, no_dist=True)
+    except (RuntimeError, ValueError, KeyError, OSError) as exc:
+        raise MemrlInputError(f"cannot read the sharded weights: {_first_line(exc)}",
+                              location=str(ckpt / SHARDED_DIR)) from None
+    model.load_state_dict(state["model"])
+    return model
 
 
 def _config_model_path(ckpt: Path) -> str | None:
