@@ -11,6 +11,7 @@ from memrl.inference.hf import HFGenerator
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
+from memrl.rl.flops import device_peak_flops
 
 
 def master_dtype(mcfg: ModelConfig) -> torch.dtype:
@@ -23,11 +24,17 @@ def autocast_dtype(mcfg: ModelConfig) -> torch.dtype | None:
     return torch.bfloat16 if mcfg.dtype == "auto" else None
 
 
+def attention(mcfg: ModelConfig) -> dict[str, str]:
+    """`from_pretrained` keywords choosing the attention kernel (none: the default)."""
+    impl = mcfg.attn_implementation
+    return {} if impl is None else {"attn_implementation": impl}
+
+
 def load_policy(mcfg: ModelConfig) -> tuple[Any, Any]:
     """(policy in train mode, tokenizer); LoRA adapters wrapped on when enabled."""
     device = resolve_device(mcfg.device)
     tokenizer = load_tokenizer(mcfg.path)
-    model = load_model(mcfg.path, device=device, dtype=master_dtype(mcfg))
+    model = load_model(mcfg.path, device=device, dtype=master_dtype(mcfg), **attention(mcfg))
     if mcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         if hasattr(model, "enable_input_require_grads"):
@@ -73,10 +80,19 @@ def build_actor(config: TrainConfig, policy: Any, tokenizer: Any, temperature: f
         optimizer=optimizer,
         scheduler=warmup_schedule(optimizer, config.optim.warmup_steps),
         grad_clip=config.optim.grad_clip,
+        peak_flops=peak_flops(config, policy),
         pad_id=pad_token_id(tokenizer),
         temperature=temperature,
         autocast_dtype=autocast_dtype(config.model),
     )
+
+
+def peak_flops(config: TrainConfig, policy: Any) -> float | None:
+    """Peak FLOP/s for perf/mfu: trainer.peak_tflops, else the table's for the device."""
+    if config.trainer.peak_tflops is not None:
+        return config.trainer.peak_tflops * 1e12
+    dtype = autocast_dtype(config.model) or master_dtype(config.model)
+    return device_peak_flops(next(policy.parameters()).device, dtype)
 
 
 def build_reference(
@@ -94,7 +110,10 @@ def build_reference(
     if config.model.lora.enabled:
         return Reference(policy, config.rl, adapters_off=True, **kw)
     device = next(policy.parameters()).device
-    ref = load_model(config.model.path, device=device, dtype=master_dtype(config.model))
+    ref = load_model(
+        config.model.path, device=device, dtype=master_dtype(config.model),
+        **attention(config.model),
+    )
     for p in ref.parameters():
         p.requires_grad_(False)
     return Reference(ref, config.rl, **kw)
