@@ -8,11 +8,12 @@ packed (--remove-padding), with tokens/s, MFU, padding waste and peak memory per
     python benchmarks/train_step_gpu.py --update-only --remove-padding --attn flex_attention
     python benchmarks/train_step_gpu.py --update-only --tiny              # CPU check, seconds
 
-The recipe mode builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing is
-downloaded), writes synthetic long-context questions, and runs the GRPO recipe
-(`memrl.recipes.grpo.setup` + `train_step`) for a few steps. The first `--warmup` steps are excluded from the means (CUDA context,
-kernel selection, allocator growth). The summary (JSON, also printed) gives per-step and mean
-numbers: rollout and training throughput, step time, peak GPU memory.
+The recipe mode builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing
+is downloaded), writes synthetic long-context questions, and runs the GRPO recipe
+(`memrl.recipes.grpo.setup` + `train_step`) for a few steps. The first `--warmup` steps are
+excluded from the means (CUDA context, kernel selection, allocator growth). The summary (JSON,
+also printed) gives per-step and mean numbers: rollout and training throughput, step time,
+peak GPU memory.
 
     python benchmarks/train_step_gpu.py --json-out bench.json            # Qwen2.5-0.5B shape
     python benchmarks/train_step_gpu.py --tiny                           # CPU smoke check
@@ -101,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="update-only: MIN,MAX response tokens (default 64,1024; tiny 4,40)")
     p.add_argument("--budgets", default=None,
                    help="update-only: micro-batch token budgets, comma-separated "
-                        "(default 16384,32768,65536; tiny 256,512)")
+                        "(default 8192,16384,32768; tiny 256,512)")
     # data
     p.add_argument("--num-questions", type=int, default=None,
                    help="training questions written (default steps x train-batch-size)")
@@ -127,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "chunk_size": 128, "max_memory_tokens": 16, "max_final_tokens": 8,
             "rollout_n": 2, "train_batch_size": 2}
     big |= {"samples": 48, "prompt_len": "1024,6144", "response_len": "64,1024",
-            "budgets": "16384,32768,65536"}
+            "budgets": "8192,16384,32768"}
     tiny |= {"samples": 12, "prompt_len": "16,160", "response_len": "4,40",
              "budgets": "256,512"}
     for key, value in (tiny if args.tiny else big).items():
@@ -459,15 +460,22 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         times = []
-        for _ in range(args.steps):
-            sync()
-            t0 = time.perf_counter()
-            old = actor.logprobs(batch)
-            sync()
-            t1 = time.perf_counter()
-            metrics = actor.update(batch.with_logprobs(old).with_advantages(advantages))
-            sync()
-            times.append((t1 - t0, time.perf_counter() - t1))
+        try:
+            for _ in range(args.steps):
+                sync()
+                t0 = time.perf_counter()
+                old = actor.logprobs(batch)
+                sync()
+                t1 = time.perf_counter()
+                metrics = actor.update(batch.with_logprobs(old).with_advantages(advantages))
+                sync()
+                times.append((t1 - t0, time.perf_counter() - t1))
+        except torch.OutOfMemoryError:  # a budget too large for the GPU: say so, go on
+            optimizer.zero_grad(set_to_none=True)
+            rows.append({"budget": budget, "micro_batches": len(micro),
+                         "error": "out of memory"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         logprob_s = statistics.fmean(t for t, _ in times[args.warmup:])
         update_s = statistics.fmean(u for _, u in times[args.warmup:])
         row: dict[str, Any] = {
@@ -523,7 +531,8 @@ def print_budget_table(rows: list[dict[str, Any]]) -> None:
             ("peak GiB", "peak_mem_allocated_gib", "{:.1f}")]
     print(" | ".join(name for name, _, _ in cols))
     for row in rows:
-        print(" | ".join("-" if row.get(k) is None else f.format(row[k]) for _, k, f in cols))
+        cells = ["-" if row.get(k) is None else f.format(row[k]) for _, k, f in cols]
+        print(" | ".join(cells) + (f" | {row['error']}" if "error" in row else ""))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
