@@ -1,15 +1,25 @@
 """Benchmark of one MemAgent RL training step (rollout → old/ref log-probs → PPO update).
 
-It builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing is
-downloaded), writes synthetic long-context questions, and runs the GRPO recipe
-(`memrl.recipes.grpo.setup` + `train_step`) for a few steps. The first `--warmup` steps are excluded from the means (CUDA context,
-kernel selection, allocator growth). The summary (JSON, also printed) gives per-step and mean
-numbers: rollout and training throughput, step time, peak GPU memory.
+Two modes. By default, the whole recipe step (below). With --update-only, the training side
+alone on MemAgent-shaped batches (`run_update_only`): very uneven conversations (prompts of
+1K–6K tokens, responses of 64–1K by default), timed per micro-batch token budget, padded or
+packed (--remove-padding), with tokens/s, MFU, padding waste and peak memory per budget:
+
+    python benchmarks/train_step_gpu.py --update-only --remove-padding --attn flex_attention
+    python benchmarks/train_step_gpu.py --update-only --tiny              # CPU check, seconds
+
+The recipe mode builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing
+is downloaded), writes synthetic long-context questions, and runs the GRPO recipe
+(`memrl.recipes.grpo.setup` + `train_step`) for a few steps. The first `--warmup` steps are
+excluded from the means (CUDA context, kernel selection, allocator growth). The summary (JSON,
+also printed) gives per-step and mean numbers: rollout and training throughput, step time,
+peak GPU memory.
 
     python benchmarks/train_step_gpu.py --json-out bench.json            # Qwen2.5-0.5B shape
     python benchmarks/train_step_gpu.py --engine vllm --json-out v.json  # colocated vLLM
     python benchmarks/train_step_gpu.py --engine vllm --recipe-shapes    # published shapes
     python benchmarks/train_step_gpu.py --tiny [--engine vllm]           # CPU smoke check
+    python benchmarks/train_step_gpu.py --remove-padding --attn flex_attention
 
 `--engine vllm` rolls out on the colocated vLLM engine (`rollout.engine: vllm`: weights
 synced from the policy every step, sleep during the update, wake before the next rollout).
@@ -75,6 +85,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pad-tokenizer", action="store_true",
                    help="do not pad the tokenizer with placeholder tokens to the model vocab")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "eager"],
+                   help="attention kernel (model.attn_implementation)")
+    p.add_argument("--remove-padding", action="store_true",
+                   help="packed micro-batches without padding (rl.remove_padding)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="peak TFLOP/s for MFU (default: memrl.rl.flops table, bf16 dense)")
+    # update-only mode
+    p.add_argument("--update-only", action="store_true",
+                   help="time old log-probs + PPO update on synthetic MemAgent-shaped batches")
+    p.add_argument("--samples", type=int, default=None,
+                   help="update-only: conversations per batch (default 48; tiny 12)")
+    p.add_argument("--prompt-len", default=None,
+                   help="update-only: MIN,MAX prompt tokens (default 1024,6144; tiny 16,160)")
+    p.add_argument("--response-len", default=None,
+                   help="update-only: MIN,MAX response tokens (default 64,1024; tiny 4,40)")
+    p.add_argument("--budgets", default=None,
+                   help="update-only: micro-batch token budgets, comma-separated "
+                        "(default 8192,16384,32768; tiny 256,512)")
     # data
     p.add_argument("--num-questions", type=int, default=None,
                    help="training questions written (default steps x train-batch-size)")
@@ -115,6 +143,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "chunk_size": 128, "max_memory_tokens": 16, "max_final_tokens": 8,
             "rollout_n": 2, "train_batch_size": 2, "ppo_mini_batch_size": 2,
             "max_tokens_per_micro_batch": 8192, "temperature": 0.7, "top_p": 0.95}
+    big |= {"samples": 48, "prompt_len": "1024,6144", "response_len": "64,1024",
+            "budgets": "8192,16384,32768"}
+    recipe |= {"samples": 48, "prompt_len": "1024,6144", "response_len": "64,1024",
+               "budgets": "8192,16384,32768"}
+    tiny |= {"samples": 12, "prompt_len": "16,160", "response_len": "4,40",
+             "budgets": "256,512"}
     if args.tiny and args.recipe_shapes:
         tiny = {**tiny, "temperature": 1.0, "top_p": 1.0, "max_tokens_per_micro_batch": 16384}
     if args.recipe_shapes and not args.tiny:
@@ -122,6 +156,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in (tiny if args.tiny else recipe if args.recipe_shapes else big).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    try:
+        args.prompt_len = int_range(args.prompt_len)
+        args.response_len = int_range(args.response_len)
+        args.budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError as exc:
+        p.error(str(exc))
     if args.num_questions is None:
         args.num_questions = args.steps * args.train_batch_size
     if args.steps <= args.warmup:
@@ -129,6 +169,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 2 <= args.docs_min <= args.docs_max:
         p.error("need 2 <= --docs-min <= --docs-max")
     return args
+
+
+def int_range(text: str) -> tuple[int, int]:
+    """"MIN,MAX" -> (MIN, MAX), 1 <= MIN <= MAX."""
+    lo, hi = (int(x) for x in text.split(","))
+    if not 1 <= lo <= hi:
+        raise ValueError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
 
 
 # ---------------------------------------------------------------------------------- setup
@@ -153,7 +201,8 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
     return TrainConfig.model_validate({
         "seed": args.seed,
         "model": {"path": str(model_dir), "dtype": "auto", "device": args.device,
-                  "gradient_checkpointing": args.gradient_checkpointing},
+                  "gradient_checkpointing": args.gradient_checkpointing,
+                  "attn_implementation": args.attn},
         "data": {"train_file": str(train_file), "train_batch_size": args.train_batch_size,
                  "shuffle": False},
         "memagent": {"chunk_size": args.chunk_size,
@@ -166,10 +215,11 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
                "use_kl_loss": not args.no_kl, "kl_loss_coef": 0.001,
                "kl_loss_type": "low_var_kl",
                "ppo_mini_batch_size": min(args.ppo_mini_batch_size, args.train_batch_size),
-               "use_dynamic_bsz": True,
+               "use_dynamic_bsz": True, "remove_padding": args.remove_padding,
                "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch},
         "optim": {"lr": 1e-6},
         "trainer": {"out_dir": str(run_dir), "total_steps": args.steps,
+                    "peak_tflops": args.peak_tflops,
                     "val_before_train": False, "log_sinks": ["jsonl"]},
     })
 
@@ -294,6 +344,7 @@ PERF_KEYS = (
     "train/final_response_len", "train/truncated_frac",
     "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
     "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy",
+    "perf/padding_waste", "perf/tokens_per_micro_batch", "perf/update_tflops_per_s", "perf/mfu",
 )
 
 
@@ -332,6 +383,8 @@ def print_table(summary: dict[str, Any]) -> None:
             ("update s", "update_s", "{:.1f}"), ("step s", "step_wall_s", "{:.1f}"),
             ("roll tok/s", "perf/rollout_tokens_per_s", "{:.0f}"),
             ("train tok/s", "perf/train_tokens_per_s", "{:.0f}"),
+            ("waste", "perf/padding_waste", "{:.3f}"),
+            ("MFU", "perf/mfu", "{:.3f}"),
             ("peak GiB", "peak_mem_allocated_gib", "{:.1f}")]
     print(" | ".join(name for name, _, _ in cols))
     for row in summary["steps"]:
@@ -348,6 +401,161 @@ def print_table(summary: dict[str, Any]) -> None:
              else ""))
 
 
+# ---------------------------------------------------------------------------------- update only
+def synthetic_batch(args: argparse.Namespace, vocab: int):
+    """`--samples` conversations of uniformly drawn prompt and response lengths (random ids),
+    one per trajectory, four trajectories per question, random 0/1 rewards and ±1
+    advantages: the shapes of MemAgent's memory-update and final turns, without a rollout."""
+    import torch
+
+    from memrl.agents.trajectory import Trajectory, Turn
+    from memrl.rl.batch import RolloutBatch
+
+    rng = random.Random(args.seed)
+    trajs = []
+    for i in range(args.samples):
+        p, r = rng.randint(*args.prompt_len), rng.randint(*args.response_len)
+        response = [rng.randrange(vocab) for _ in range(r)]
+        turn = Turn(kind="memory_update", prompt_ids=[rng.randrange(vocab) for _ in range(p)],
+                    response_ids=response, response_logprobs=[-1.0] * r, response_text="")
+        trajs.append(Trajectory(record_id=f"q{i // 4}", sample_index=i % 4, turns=[turn],
+                                reward=float(rng.random() < 0.5)))
+    batch = RolloutBatch.from_trajectories(trajs, overlong="keep")
+    advantages = torch.tensor([1.0 if t.reward else -1.0 for t in trajs])
+    return batch, advantages
+
+
+def run_update_only(args: argparse.Namespace, shape: dict[str, int],
+                    argv: list[str] | None) -> dict[str, Any]:
+    """Per micro-batch token budget: `--steps` rounds of old log-probs + one PPO update (one
+    optimizer step over the whole batch); the first `--warmup` rounds are left out."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from memrl.rl.actor import Actor, build_optimizer, warmup_schedule
+    from memrl.rl.config import RLConfig
+    from memrl.rl.flops import ModelShape, device_peak_flops, mfu, train_flops
+
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    config = Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=1_000_000.0)
+    torch.manual_seed(args.seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    model_shape = ModelShape.of(model)
+    params = sum(p.numel() for p in model.parameters())
+    autocast = torch.bfloat16 if cuda else None
+    peak = (args.peak_tflops * 1e12 if args.peak_tflops
+            else device_peak_flops(device, autocast))
+    optimizer = build_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)
+    batch, advantages = synthetic_batch(args, shape["vocab_size"])
+    lens = [s.num_tokens for s in batch.samples]
+    responses = [len(s.response_ids) for s in batch.samples]
+    tokens = sum(lens)
+    # Model FLOPs of the update (memrl.rl.flops, per sequence) and the classic 6·N·T
+    # yardstick (N = every parameter, the vocabulary projection at every token, no attention).
+    flops = train_flops(lens, model_shape, logit_tokens=sum(responses))
+    flops_6n = 6 * params * tokens
+    prompts = [n - r for n, r in zip(lens, responses, strict=True)]
+    print(f"model {params / 1e6:.1f}M params ({args.attn}), {len(lens)} conversations, "
+          f"{tokens} tokens (prompts {min(prompts)}–{max(prompts)}, responses "
+          f"{min(responses)}–{max(responses)}), remove_padding={args.remove_padding}",
+          flush=True)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    rows = []
+    for budget in args.budgets:
+        rl = RLConfig(rollout_n=4, use_kl_loss=False, ppo_mini_batch_size=len(lens),
+                      use_dynamic_bsz=True, max_tokens_per_micro_batch=budget,
+                      remove_padding=args.remove_padding, overlong="keep")
+        actor = Actor(model, rl, optimizer=optimizer, scheduler=warmup_schedule(optimizer, 0),
+                      grad_clip=1.0, peak_flops=peak, pad_id=0, autocast_dtype=autocast)
+        micro = actor.micro_batches(batch, list(range(len(lens))))
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        try:
+            for _ in range(args.steps):
+                sync()
+                t0 = time.perf_counter()
+                old = actor.logprobs(batch)
+                sync()
+                t1 = time.perf_counter()
+                metrics = actor.update(batch.with_logprobs(old).with_advantages(advantages))
+                sync()
+                times.append((t1 - t0, time.perf_counter() - t1))
+        except torch.OutOfMemoryError:  # a budget too large for the GPU: say so, go on
+            optimizer.zero_grad(set_to_none=True)
+            rows.append({"budget": budget, "micro_batches": len(micro),
+                         "error": "out of memory"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        logprob_s = statistics.fmean(t for t, _ in times[args.warmup:])
+        update_s = statistics.fmean(u for _, u in times[args.warmup:])
+        row: dict[str, Any] = {
+            "budget": budget, "micro_batches": len(micro),
+            "tokens_per_micro_batch": metrics["perf/tokens_per_micro_batch"],
+            "padding_waste": metrics["perf/padding_waste"],
+            "logprob_s": logprob_s, "update_s": update_s,
+            "logprob_tokens_per_s": tokens / logprob_s, "update_tokens_per_s": tokens / update_s,
+            "update_model_tflops_per_s": flops / update_s / 1e12,
+        }
+        if peak:
+            row["mfu"] = mfu(flops, update_s, peak)
+            row["mfu_6n"] = mfu(flops_6n, update_s, peak)
+            row["logprob_mfu"] = mfu(flops / 3, logprob_s, peak)
+        if cuda:
+            row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    summary = {
+        "benchmark": "memrl PPO update on MemAgent-shaped batches",
+        "environment": environment(),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "model": {**shape, "params": params, "body_params": model_shape.body_params},
+        "settings": {
+            "attn_implementation": args.attn, "remove_padding": args.remove_padding,
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "samples": len(lens), "prompt_len": list(args.prompt_len),
+            "response_len": list(args.response_len), "tokens": tokens,
+            "response_tokens": sum(responses), "sum_sq_seq_len": sum(n * n for n in lens),
+            "update_model_flops": flops, "update_6n_flops": flops_6n,
+            "peak_flops": peak, "steps_per_budget": args.steps, "warmup_steps": args.warmup,
+            "dtype": "fp32 master weights, bf16 autocast" if cuda else "float32",
+        },
+        "budgets": rows,
+    }
+    text = json.dumps(summary, indent=2)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(text + "\n")
+    print_budget_table(rows)
+    return summary
+
+
+def print_budget_table(rows: list[dict[str, Any]]) -> None:
+    cols = [("budget", "budget", "{:d}"), ("micro", "micro_batches", "{:d}"),
+            ("tok/micro", "tokens_per_micro_batch", "{:.0f}"),
+            ("waste", "padding_waste", "{:.3f}"),
+            ("logprob tok/s", "logprob_tokens_per_s", "{:.0f}"),
+            ("update tok/s", "update_tokens_per_s", "{:.0f}"),
+            ("TFLOP/s", "update_model_tflops_per_s", "{:.3g}"),
+            ("MFU", "mfu", "{:.3f}"), ("MFU 6N", "mfu_6n", "{:.3f}"),
+            ("peak GiB", "peak_mem_allocated_gib", "{:.1f}")]
+    print(" | ".join(name for name, _, _ in cols))
+    for row in rows:
+        cells = ["-" if row.get(k) is None else f.format(row[k]) for _, k, f in cols]
+        print(" | ".join(cells) + (f" | {row['error']}" if "error" in row else ""))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import torch
@@ -362,6 +570,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape = dict(TINY if args.tiny else QWEN25_05B)
     if args.layers:
         shape["num_hidden_layers"] = args.layers
+    if args.update_only:
+        return run_update_only(args, shape, argv)
     out = Path(args.out_dir)
     if out.exists():
         shutil.rmtree(out)
@@ -404,7 +614,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "train_batch_size": args.train_batch_size,
             "ppo_mini_batch_size": config.rl.ppo_mini_batch_size,
             "use_kl_loss": config.rl.use_kl_loss, "kl_loss_type": config.rl.kl_loss_type,
-            "use_dynamic_bsz": True,
+            "use_dynamic_bsz": True, "remove_padding": args.remove_padding,
+            "attn_implementation": args.attn,
             "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
             "generation_batch_size": args.generation_batch_size,
             "temperature": args.temperature, "top_p": args.top_p,

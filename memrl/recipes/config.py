@@ -56,6 +56,13 @@ class ModelConfig(StrictModel):
     """torch device; None: cuda when available, else cpu."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (verl enable_gradient_checkpointing)."""
+    attn_implementation: Literal[
+        "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
+    ] | None = None
+    """Attention kernel of the policy and reference models (transformers'
+    attn_implementation); None: transformers' default (sdpa). With rl.remove_padding,
+    flex_attention skips the blocks between packed samples; flash_attention_* need the
+    flash-attn package."""
     lora: LoraConfig = LoraConfig()
     strategy: Literal["replicate", "fsdp"] = "replicate"
     """How the policy and the reference are held by several training processes
@@ -157,6 +164,10 @@ class TrainerConfig(StrictModel):
     wandb_project: str = "memrl"
     num_logged_trajectories: int = Field(4, ge=0)
     """Sample trajectories written to disk at each validation."""
+    peak_tflops: float | None = Field(None, gt=0)
+    """Peak dense TFLOP/s of one accelerator in the training compute dtype, for the
+    perf/mfu metric of the GRPO update; None: looked up for known GPUs computing in bf16/fp16
+    (`memrl.rl.flops.PEAK_TFLOPS_16BIT`), else no perf/mfu."""
     dist_timeout_s: float = Field(1800.0, gt=0)
     """Training on several processes (torchrun, --nproc-per-node): a collective that waits
     longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed

@@ -18,6 +18,7 @@ from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
 from memrl.rl.sharding import shard
+from memrl.rl.flops import device_peak_flops
 
 
 def master_dtype(mcfg: ModelConfig) -> torch.dtype:
@@ -28,6 +29,12 @@ def master_dtype(mcfg: ModelConfig) -> torch.dtype:
 def autocast_dtype(mcfg: ModelConfig) -> torch.dtype | None:
     """bfloat16 autocast for `auto` (used on CUDA only), none otherwise."""
     return torch.bfloat16 if mcfg.dtype == "auto" else None
+
+
+def attention(mcfg: ModelConfig) -> dict[str, str]:
+    """`from_pretrained` keywords choosing the attention kernel (none: the default)."""
+    impl = mcfg.attn_implementation
+    return {} if impl is None else {"attn_implementation": impl}
 
 
 def fsdp_param_dtype(mcfg: ModelConfig) -> torch.dtype | None:
@@ -41,7 +48,8 @@ def load_trained(mcfg: ModelConfig, *, trainable: bool) -> Any:
     """The weights of `model.path`: on the device (replicate) or sharded (fsdp)."""
     device = resolve_device(mcfg.device)
     fsdp = mcfg.strategy == "fsdp"
-    model = load_model(mcfg.path, device="cpu" if fsdp else device, dtype=master_dtype(mcfg))
+    model = load_model(mcfg.path, device="cpu" if fsdp else device, dtype=master_dtype(mcfg),
+                       **attention(mcfg))
     if not trainable:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -113,11 +121,20 @@ def build_actor(
         optimizer=optimizer,
         scheduler=warmup_schedule(optimizer, config.optim.warmup_steps),
         grad_clip=config.optim.grad_clip,
+        peak_flops=peak_flops(config, policy),
         pad_id=pad_token_id(tokenizer),
         temperature=temperature,
         autocast_dtype=autocast_dtype(config.model),
         **sharding_kwargs(config, dist),
     )
+
+
+def peak_flops(config: TrainConfig, policy: Any) -> float | None:
+    """Peak FLOP/s for perf/mfu: trainer.peak_tflops, else the table's for the device."""
+    if config.trainer.peak_tflops is not None:
+        return config.trainer.peak_tflops * 1e12
+    dtype = autocast_dtype(config.model) or master_dtype(config.model)
+    return device_peak_flops(next(policy.parameters()).device, dtype)
 
 
 def build_reference(

@@ -3,6 +3,8 @@
 - `advantages`, `losses`: pure functions over tensors (verl's formulas, with tests).
 - `batch`: `RolloutBatch`, the typed batch of one step; `collate`, `pack_token_budget`.
 - `actor`: `Actor` (log-probs + PPO update) and `Reference`.
+- `packing`: padding-free micro-batches (`packed_inputs`, rl.remove_padding).
+- `flops`: training FLOPs, MFU and padding waste (`train_flops`, `mfu`, `padding_waste`).
 - `rollout`: the question stream and dynamic sampling (`collect_groups`).
 - `checkpoint`: atomic checkpoints, resume, export.
 
@@ -21,6 +23,7 @@ from memrl.rl.advantages import (
     rloo_advantages,
 )
 from memrl.rl.batch import OVERLONG_MODES, RolloutBatch, Sample, collate, pack_token_budget
+from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
 from memrl.rl.losses import (
     KL_KINDS,
     LOSS_AGG_MODES,
@@ -34,6 +37,7 @@ from memrl.rl.losses import (
     masked_mean,
     policy_loss,
 )
+from memrl.rl.packing import packed_inputs
 
 __all__ = [
     "ESTIMATORS",
@@ -43,6 +47,7 @@ __all__ = [
     "SIZE1_MODES",
     "GroupStats",
     "LossNorm",
+    "ModelShape",
     "RolloutBatch",
     "Sample",
     "agg_loss",
@@ -57,8 +62,12 @@ __all__ = [
     "logprobs_from_logits",
     "loss_norm",
     "masked_mean",
+    "mfu",
     "pack_token_budget",
+    "packed_inputs",
+    "padding_waste",
     "policy_loss",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
+    "train_flops",
 ]

@@ -14,12 +14,18 @@ Memory: the final hidden states are projected to the vocabulary only at response
 so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K; and for a
 plain linear head the projection is fused with the log-prob, chunk by chunk
 (`memrl.rl.losses.linear_logprobs`), so no (tokens, vocab) tensor is kept for backward.
+
+Padding: with rl.remove_padding each micro-batch runs as one packed row of its real tokens
+(`memrl.rl.packing`), and token-budget micro-batches count real tokens; otherwise rows are
+right-padded to the longest. `update` reports the padding waste, the tokens per micro-batch
+and, given the accelerator's peak, the MFU (`memrl.rl.flops`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +36,7 @@ from memrl.dist import Dist
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.correction import rollout_is_weights
+from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
 from memrl.rl.losses import (
     LossNorm,
     agg_loss,
@@ -40,6 +47,7 @@ from memrl.rl.losses import (
     policy_loss,
 )
 from memrl.rl.sharding import run_as_forward
+from memrl.rl.packing import check_packed_attention, packed_inputs
 
 __all__ = ["Actor", "Reference", "build_optimizer", "response_logprobs", "warmup_schedule"]
 
@@ -88,33 +96,39 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     device: torch.device | None = None,
+    remove_padding: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens of a collated batch, as (B, L)
     float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere).
 
     Logits are computed at response positions only. ``temperature`` is the sampling
     temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
-    forward runs (None: the device of the model's parameters).
+    forward runs (None: the device of the model's parameters). ``remove_padding``: the
+    forward pass runs on the samples packed into one row (`memrl.rl.packing`); the result
+    has the same layout.
     """
     device = device or next(model.parameters()).device
     mask = tensors["response_mask"].to(device)
-    inputs = {
-        k: tensors[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")
-    }
+    if remove_padding:
+        inputs, select = packed_inputs(tensors)
+        inputs, select = {k: v.to(device) for k, v in inputs.items()}, select.to(device)
+    else:
+        keys = ("input_ids", "attention_mask", "position_ids")
+        inputs, select = {k: tensors[k].to(device) for k in keys}, mask
     labels = tensors["labels"].to(device)[mask]
     parts = _decoder_and_head(model)
     ent = None
     if parts is not None and _plain_linear(parts[1]) and not entropy_grad:
         # Fused, chunked projection + log-prob: no (tokens, vocab) logits, even for backward.
         decoder, head = parts
-        hidden = decoder(**inputs, use_cache=False).last_hidden_state[mask]
+        hidden = decoder(**inputs, use_cache=False).last_hidden_state[select]
         flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature)
     else:
         if parts is not None:
             decoder, head = parts
-            logits = head(decoder(**inputs, use_cache=False).last_hidden_state[mask])
+            logits = head(decoder(**inputs, use_cache=False).last_hidden_state[select])
         else:  # logits are not a plain projection: full logits, then select
-            logits = model(**inputs, use_cache=False).logits[mask]
+            logits = model(**inputs, use_cache=False).logits[select]
         flat = logprobs_from_logits(logits, labels, temperature=temperature)
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -156,6 +170,7 @@ class _PolicyModel:
         """The ranks an FSDP model is sharded over (None: not sharded). Its forwards are
         collectives, so every rank runs as many as the busiest (zero-weight padding)."""
         self.compute_device = device
+        self._packing_checked = False
 
     @property
     def device(self) -> torch.device:
@@ -187,14 +202,21 @@ class _PolicyModel:
         cfg = self.config
         if cfg.use_dynamic_bsz:
             sizes = [batch.samples[i].num_tokens for i in indices]
-            return pack_token_budget(sizes, cfg.max_tokens_per_micro_batch, padded=True)
+            return pack_token_budget(
+                sizes, cfg.max_tokens_per_micro_batch, padded=not cfg.remove_padding
+            )
         n, k = len(indices), cfg.micro_batch_size
         return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
     def _forward(self, tensors: dict[str, Tensor], **kw: Any) -> tuple[Tensor, Tensor | None]:
+        packed = self.config.remove_padding
+        if packed and not self._packing_checked:
+            check_packed_attention(self.model)
+            self._packing_checked = True
         with self.autocast():
             return run_as_forward(self.model, response_logprobs, self.model, tensors,
-                                  temperature=self.temperature, device=self.device, **kw)
+                                  temperature=self.temperature, device=self.device,
+                                  remove_padding=packed, **kw)
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
@@ -279,12 +301,15 @@ class Actor(_PolicyModel):
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         grad_clip: float,
+        peak_flops: float | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(model, config, **kw)
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_clip = grad_clip
+        self.peak_flops = peak_flops
+        """Peak FLOP/s of the accelerator in the compute dtype: `update` reports perf/mfu."""
 
     @property
     def lr(self) -> float:
@@ -295,7 +320,9 @@ class Actor(_PolicyModel):
         """PPO epochs over mini-batches; one optimizer step each; then one lr-schedule step.
 
         Returns `actor/*` metrics: losses are mini-batch values averaged over optimizer steps;
-        clip fractions and PPO-KL are means over every loss token of the update.
+        clip fractions and PPO-KL are means over every loss token of the update. And `perf/*`:
+        padding_waste (padded / computed tokens), tokens_per_micro_batch (computed),
+        update_tflops_per_s (model FLOPs, `memrl.rl.flops`) and, with a peak, mfu.
         """
         cfg = self.config
         if batch.old_logprobs is None or batch.advantages is None:
@@ -306,6 +333,7 @@ class Actor(_PolicyModel):
         avg = _Averages()
         loss_names = ["actor/pg_loss", "actor/entropy"] + (["actor/kl_loss"] if use_kl else [])
         params = [p for p in self.model.parameters() if p.requires_grad]
+        shape, flops, t_start = ModelShape.of(self.model), 0.0, time.perf_counter()
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             # With data parallelism every rank walks the same global mini-batches (its share
@@ -319,6 +347,7 @@ class Actor(_PolicyModel):
                 padding = self.padding_passes(len(micros))  # agreed before any forward
                 for positions in micros:
                     indices = [mini[p] for p in positions]
+                    flops += self._account(batch, indices, shape, avg)
                     terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg)
                     losses += torch.tensor([terms[name] for name in loss_names])
                 for _ in range(padding):
@@ -333,7 +362,26 @@ class Actor(_PolicyModel):
                 avg.add("actor/grad_norm", grad_norm)
                 avg.add("actor/skipped_nonfinite_steps", float(not math.isfinite(grad_norm)))
         self.scheduler.step()
+        elapsed = time.perf_counter() - t_start
+        if flops > 0:
+            avg.add("perf/update_tflops_per_s", flops / elapsed / 1e12)
+            if self.peak_flops:
+                avg.add("perf/mfu", mfu(flops, elapsed, self.peak_flops))
         return avg.reduced(dist)
+
+    def _account(
+        self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None, avg: _Averages
+    ) -> float:
+        """Records a micro-batch's padding waste and size; returns its training FLOPs (0
+        when the model's shape is unknown)."""
+        lens = [batch.samples[i].num_tokens for i in indices]
+        computed = sum(lens) if self.config.remove_padding else len(lens) * max(lens)
+        avg.add("perf/padding_waste", padding_waste(sum(lens), computed), computed)
+        avg.add("perf/tokens_per_micro_batch", computed)
+        if shape is None:
+            return 0.0
+        responses = sum(len(batch.samples[i].response_ids) for i in indices)
+        return train_flops(lens, shape, logit_tokens=responses)
 
     def _micro_step(
         self,

@@ -98,6 +98,11 @@ class RLConfig(StrictModel):
     """Token budget of one forward/backward (verl ppo_max_token_len_per_gpu)."""
     micro_batch_size: int = Field(4, ge=1)
     """Samples per micro-batch when use_dynamic_bsz is False."""
+    remove_padding: bool = False
+    """Run each micro-batch as one packed row of its samples' real tokens (position_ids
+    restart at 0 per sample, no attention mask: `memrl.rl.packing`) and count only real
+    tokens against max_tokens_per_micro_batch (verl model.use_remove_padding). False: rows
+    right-padded to the longest, the budget counting rows × longest row."""
 
     @field_validator(
         "val_temperature", "kl_reward_coef", "clip_ratio_low", "clip_ratio_high",

@@ -1,0 +1,144 @@
+"""Padding-free micro-batches (rl.remove_padding): the packed layout by hand, and log-probs,
+entropies, gradients and a whole PPO update equal to the padded path on the tiny Qwen2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memrl.agents.trajectory import Trajectory, Turn
+from memrl.errors import MemrlInputError
+from memrl.inference.loader import load_model
+from memrl.rl.actor import Actor, Reference, build_optimizer, response_logprobs, warmup_schedule
+from memrl.rl.batch import RolloutBatch, Sample, collate
+from memrl.rl.config import RLConfig
+from memrl.rl.packing import check_packed_attention, packed_inputs
+
+
+def sample(prompt, response, traj=0):
+    return Sample(prompt, response, [0.0] * len(response), traj, f"g{traj}", 0, "final")
+
+
+def test_packed_inputs_by_hand():
+    t = collate([sample([5, 6, 7], [8]), sample([9], [10, 11]), sample([12, 13], [14])], 0)
+    inputs, mask = packed_inputs(t)
+    assert inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]]
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]]
+    # Logit positions of the responses: the last prompt token and the response but its last.
+    assert mask.int().tolist() == [[0, 0, 1, 0, 1, 1, 0, 0, 1, 0]]
+    assert set(inputs) == {"input_ids", "position_ids"}  # no attention mask
+
+
+UNEVEN = [sample(list(range(3, 40)), [7, 8, 9, 2]), sample([5, 6], [11, 12, 13]),
+          sample(list(range(50, 61)), [21]), sample([4] * 20, list(range(30, 45)))]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("entropy_grad", [False, True], ids=["fused", "plain"])
+def test_packed_logprobs_and_gradients_equal_the_padded_ones(tiny_model_dir, attn, entropy_grad):
+    model = load_model(tiny_model_dir, attn_implementation=attn)
+    model.train()
+    t = collate(UNEVEN, pad_id=0)
+    weights = torch.linspace(-1, 1, t["response_mask"].numel()).reshape(t["response_mask"].shape)
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        lp, ent = response_logprobs(model, t, temperature=0.8, with_entropy=True,
+                                    entropy_grad=entropy_grad, remove_padding=packed)
+        loss = (lp * weights).sum() + (0.1 * ent.sum() if entropy_grad else 0.0)
+        loss.backward()
+        results.append((lp.detach(), ent.detach(), loss.detach(),
+                        [p.grad.clone() for p in model.parameters()]))
+    (lp0, ent0, loss0, g0), (lp1, ent1, loss1, g1) = results
+    mask = t["response_mask"]
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-5)
+    assert (lp1[~mask] == 0).all() and (lp1[mask] < 0).all()
+    # Gradients: equal to fp32 rounding of the summation order (~1e-6 of each tensor's scale).
+    for a, b in zip(g1, g0, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+def turn(prompt, response):
+    return Turn(kind="final", prompt_ids=prompt, response_ids=response,
+                response_logprobs=[-1.0] * len(response), response_text="x",
+                finish_reason="stop")
+
+
+def rollout_batch() -> RolloutBatch:
+    trajs = [Trajectory(record_id=f"q{i // 2}", sample_index=i % 2, reward=float(i % 2),
+                        turns=[turn(list(range(3, 3 + p)), list(range(40, 40 + r)))
+                               for p, r in shape])
+             for i, shape in enumerate([[(30, 5), (4, 9)], [(12, 3)], [(25, 2), (6, 6)],
+                                        [(2, 12)]])]
+    return RolloutBatch.from_trajectories(trajs)
+
+
+def make_actor(model_dir, **rl) -> Actor:
+    model = load_model(model_dir)
+    config = RLConfig(max_tokens_per_micro_batch=48, ppo_mini_batch_size=2, **rl)
+    opt = build_optimizer(model, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)
+    return Actor(model, config, optimizer=opt, scheduler=warmup_schedule(opt, 0),
+                 grad_clip=1.0, pad_id=0, peak_flops=1e9)
+
+
+def test_actor_update_with_remove_padding_equals_the_padded_update(tiny_model_dir):
+    batch = rollout_batch()
+    sizes = [s.num_tokens for s in batch.samples]
+    runs = {}
+    for packed in (False, True):
+        actor = make_actor(tiny_model_dir, remove_padding=packed)
+        ref = Reference(load_model(tiny_model_dir), actor.config, pad_id=0)
+        old = actor.logprobs(batch)
+        b = batch.with_logprobs(old, ref.logprobs(batch)).with_advantages(
+            torch.tensor([0.5, -0.5, 1.0, -1.0]))
+        micro = actor.micro_batches(b, list(range(len(b.samples))))
+        runs[packed] = (old, micro, actor.update(b))
+    (old0, micro0, m0), (old1, micro1, m1) = runs[False], runs[True]
+    for a, b in zip(old1, old0, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # The budget counts real tokens when packed, rows x longest row when padded.
+    assert all(sum(sizes[i] for i in m) <= 48 or len(m) == 1 for m in micro1)
+    assert all(len(m) * max(sizes[i] for i in m) <= 48 or len(m) == 1 for m in micro0)
+    assert len(micro1) < len(micro0)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
+    assert m1["perf/padding_waste"] == 0.0 and m0["perf/padding_waste"] > 0.0
+    assert m1["perf/tokens_per_micro_batch"] > m0["perf/tokens_per_micro_batch"] * (1 - 1e-9)
+    assert m1["perf/mfu"] == pytest.approx(m1["perf/update_tflops_per_s"] * 1e12 / 1e9)
+
+
+def test_padding_waste_and_micro_batch_tokens_by_hand(tiny_model_dir):
+    """Samples of 3 and 5 tokens in one padded micro-batch: 2 x 5 computed, 2 padded."""
+    trajs = [Trajectory(record_id="q", sample_index=i, reward=float(i),
+                        turns=[turn([3] * p, [4] * r)])
+             for i, (p, r) in enumerate([(2, 1), (3, 2)])]
+    batch = RolloutBatch.from_trajectories(trajs)
+    b = batch.with_logprobs([torch.zeros(1), torch.zeros(2)]).with_advantages(
+        torch.tensor([-1.0, 1.0]))
+    for packed, waste, tokens in ((False, 2 / 10, 10.0), (True, 0.0, 8.0)):
+        m = make_actor(tiny_model_dir, remove_padding=packed, use_kl_loss=False).update(b)
+        assert m["perf/padding_waste"] == pytest.approx(waste)
+        assert m["perf/tokens_per_micro_batch"] == tokens
+
+
+class IgnoresPackedPositions(torch.nn.Module):
+    """A causal LM that drops position_ids: packed samples would attend to each other."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids, position_ids=None, use_cache=False):
+        return self.inner(input_ids=input_ids, use_cache=use_cache)
+
+
+def test_a_model_that_ignores_packing_is_refused_in_one_line(tiny_model_dir):
+    model = load_model(tiny_model_dir)
+    check_packed_attention(model)  # the tiny Qwen2 keeps packed samples apart
+    with pytest.raises(MemrlInputError, match="rl.remove_padding: .*attend to each other"):
+        check_packed_attention(IgnoresPackedPositions(model))
