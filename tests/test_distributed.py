@@ -110,11 +110,17 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
-    """One process for 2 steps; 2 ranks for 1 step, then resumed on 1 process to step 2."""
-    base = tmp_path_factory.mktemp("dist_runs")
-    single, two = base / "single", base / "two"
-    run_helper(1, overrides(tiny_model_dir, data_dir, single, "trainer.total_steps=2"))
+def single(tiny_model_dir, data_dir, tmp_path_factory) -> Path:
+    """One process for 2 steps."""
+    out = tmp_path_factory.mktemp("dist_single") / "single"
+    run_helper(1, overrides(tiny_model_dir, data_dir, out, "trainer.total_steps=2"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(single, tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
+    """2 ranks for 1 step, then resumed on 1 process to step 2 (and the one-process run)."""
+    two = tmp_path_factory.mktemp("dist_runs") / "two"
     run_helper(2, overrides(tiny_model_dir, data_dir, two, "trainer.total_steps=1"))
     first_two = read_metrics(two / "metrics.jsonl")
     run_helper(1, overrides(tiny_model_dir, data_dir, two, "trainer.total_steps=2",
@@ -142,6 +148,52 @@ def test_resume_two_ranks_on_one_process(runs):
     two_metrics = read_metrics(runs["two"] / "metrics.jsonl")
     assert [r["step"] for r in two_metrics] == [1, 2]
     assert_same_metrics(two_metrics[1], single_metrics[1])
+
+
+# ---- the same training on Ray Train's workers (memrl[ray]; one local cluster of 2 CPUs)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_two_ray_workers_take_the_single_process_steps(ray_cluster, single, tiny_model_dir,
+                                                        data_dir, tmp_path):
+    import dist_train
+
+    from memrl.config import load_config
+    from memrl.ray_launcher import train_on_ray
+    from memrl.recipes.config import TrainConfig
+
+    out = tmp_path / "ray"
+    config = load_config(TrainConfig, None, overrides(
+        tiny_model_dir, data_dir, out, "trainer.total_steps=2", "trainer.launcher=ray",
+        "trainer.ray.num_workers=2"))
+    state = train_on_ray(config, dist_train.train_config)
+    assert state.step == 2  # rank 0's return value
+    for step in (1, 2):
+        assert_same_weights(weights(out, step), weights(single, step))
+    ray_metrics = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in ray_metrics] == [1, 2]
+    for mine, theirs in zip(ray_metrics, read_metrics(single / "metrics.jsonl"), strict=True):
+        assert_same_metrics(mine, theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_failing_ray_worker_ends_the_run_with_its_rank_named(ray_cluster, tiny_model_dir,
+                                                                data_dir, tmp_path):
+    import dist_train
+
+    from memrl.config import load_config
+    from memrl.ray_launcher import RankFailedError, train_on_ray
+    from memrl.recipes.config import TrainConfig
+
+    config = load_config(TrainConfig, None, overrides(
+        tiny_model_dir, data_dir, tmp_path / "run", "trainer.launcher=ray",
+        "trainer.ray.num_workers=2", "trainer.dist_timeout_s=30"))
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"^rank 1 failed: ValueError: rank 1 gave up\b"):
+        train_on_ray(config, dist_train.fail_on_rank_1)
+    assert time.monotonic() - t0 < 60  # rank 0, waiting in a collective, was stopped
 
 
 def descendants(pid: int) -> list[int]:
