@@ -308,3 +308,50 @@ def test_bad_timeout_is_a_config_error(tiny_model_dir, data_dir, tmp_path):
     with pytest.raises(MemrlInputError, match="dist_timeout_s"):
         load_config(TrainConfig, None,
                     overrides(tiny_model_dir, data_dir, tmp_path, "trainer.dist_timeout_s=0"))
+
+
+def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
+    from memrl.errors import MemrlInputError
+    from memrl.ray_launcher import RankFailedError, rank_error
+
+    err = rank_error({3: KeyError("k"), 1: ValueError("bad value\nmore detail"), 2: OSError()})
+    assert isinstance(err, RankFailedError) and err.rank == 1
+    assert str(err) == ("rank 1 failed: ValueError: bad value (ranks 2, 3 failed too); "
+                        "its traceback is in the log above")
+    assert str(rank_error({0: RuntimeError()})) == (
+        "rank 0 failed: RuntimeError; its traceback is in the log above")
+    user = rank_error({1: MemrlInputError("training data not found", location="d.jsonl")})
+    assert isinstance(user, MemrlInputError)
+    assert str(user) == "rank 1: d.jsonl: training data not found"
+
+
+def test_ray_launcher_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    from memrl.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model:\n  path: {tmp_path}\ndata:\n  train_file: {tmp_path}/d.jsonl\n"
+                      f"trainer:\n  out_dir: {tmp_path}/run\n  launcher: ray\n")
+    assert main(["train", str(config), "--nproc-per-node", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --nproc-per-node: starts torchrun, but trainer.launcher is ray: set the number "
+        "of ranks with trainer.ray.num_workers\n")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if memrl[ray] were not installed
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trainer.launcher: ray" in err and "memrl[ray]" in err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # one rank of torchrun
+    assert main(["train", str(config)]) == 2
+    assert "error: trainer.launcher: is ray, but this process is already one rank" in (
+        capsys.readouterr().err)
+
+
+def test_a_local_ray_cluster_never_waits_for_gpus_it_lacks(monkeypatch):
+    from memrl.errors import MemrlInputError
+    from memrl.ray_launcher import check_local_gpus
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_local_gpus(0)
+    check_local_gpus(1)
+    with pytest.raises(MemrlInputError, match=r"trainer.ray: 2 GPUs asked for .* has 1"):
+        check_local_gpus(2)
