@@ -19,9 +19,9 @@ shared file system.
 Failures. Ray Train watches the ranks: when one raises or its process dies, it stops the
 others and the run fails. `train_on_ray` turns that into one error naming the lowest failed
 rank: `RankFailedError` (`rank 1 failed: ValueError: ...`), or, when the rank rejected user
-input (a missing data file), a MemrlInputError located at that rank. The rank's traceback
-is in the output above it (Ray forwards every rank's output). A rank that hangs is caught by
-the collective timeout. Failed ranks are not restarted: continue with `--resume`.
+input (a missing data file) or lacks an extra, a MemrlInputError located at that rank. The
+rank's traceback is in the output above it (Ray forwards every rank's output). A rank that
+hangs is caught by the collective timeout. Failed ranks are not restarted: continue with `--resume`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from memrl.errors import MemrlInputError, require
+from memrl.errors import MemrlInputError, MissingDependencyError, require
 
 __all__ = ["RankFailedError", "rank_error", "run_rank", "train_on_ray"]
 
@@ -56,11 +56,11 @@ class RankFailedError(RuntimeError):
 
 def rank_error(failures: Mapping[int, BaseException]) -> Exception:
     """The one error to raise for Ray Train's `{rank: exception}` of a failed run: the lowest
-    rank's, as a MemrlInputError at `rank N` when it was bad user input."""
+    rank's, as a MemrlInputError at `rank N` when it was bad user input or a missing extra."""
     rank = min(failures)
     error = failures[rank]
     others = sorted(r for r in failures if r != rank)
-    if isinstance(error, MemrlInputError):
+    if isinstance(error, (MemrlInputError, MissingDependencyError)):
         return MemrlInputError(str(error), location=f"rank {rank}")
     return RankFailedError(rank, error, others)
 

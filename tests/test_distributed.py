@@ -311,7 +311,9 @@ def test_bad_timeout_is_a_config_error(tiny_model_dir, data_dir, tmp_path):
 
 
 def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
-    from memrl.errors import MemrlInputError
+    import pickle
+
+    from memrl.errors import MemrlInputError, MissingDependencyError
     from memrl.ray_launcher import RankFailedError, rank_error
 
     err = rank_error({3: KeyError("k"), 1: ValueError("bad value\nmore detail"), 2: OSError()})
@@ -320,9 +322,15 @@ def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
                         "its traceback is in the log above")
     assert str(rank_error({0: RuntimeError()})) == (
         "rank 0 failed: RuntimeError; its traceback is in the log above")
-    user = rank_error({1: MemrlInputError("training data not found", location="d.jsonl")})
+    # Ray brings a rank's exception back pickled; user errors keep their one-line form.
+    user = rank_error(pickle.loads(pickle.dumps(
+        {1: MemrlInputError("training data not found", location="d.jsonl"), 2: ValueError()})))
     assert isinstance(user, MemrlInputError)
     assert str(user) == "rank 1: d.jsonl: training data not found"
+    missing = MissingDependencyError("vllm", "vllm", "rollout.engine vllm")
+    extra = rank_error(pickle.loads(pickle.dumps({0: missing})))
+    assert str(extra) == (
+        "rank 0: rollout.engine vllm needs the 'vllm' package: pip install 'memrl[vllm]'")
 
 
 def test_ray_launcher_errors_are_one_line(tmp_path, monkeypatch, capsys):
