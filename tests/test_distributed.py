@@ -189,11 +189,12 @@ def test_a_failing_ray_worker_ends_the_run_with_its_rank_named(ray_cluster, tiny
 
     config = load_config(TrainConfig, None, overrides(
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.launcher=ray",
-        "trainer.ray.num_workers=2", "trainer.dist_timeout_s=30"))
+        "trainer.ray.num_workers=2", "trainer.dist_timeout_s=600"))
     t0 = time.monotonic()
     with pytest.raises(RankFailedError, match=r"^rank 1 failed: ValueError: rank 1 gave up\b"):
         train_on_ray(config, dist_train.fail_on_rank_1)
-    assert time.monotonic() - t0 < 60  # rank 0, waiting in a collective, was stopped
+    # Rank 0, waiting for rank 1 in a collective, was stopped by Ray, not by the timeout.
+    assert time.monotonic() - t0 < 180
 
 
 def descendants(pid: int) -> list[int]:

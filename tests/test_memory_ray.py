@@ -5,6 +5,7 @@ on top of it, in rollout workers of their own."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -45,6 +46,7 @@ def test_same_answers_and_errors_as_the_local_store(empty):
     local = MemoryStore(HashingEmbedder(dim=64))
     assert isinstance(empty, MemoryBackend)
     assert (empty.embedder.name, empty.embedder.dim) == ("hashing-64", 64)
+    assert (empty.embedder.embed(["alice oslo"]) == local.embedder.embed(["alice oslo"])).all()
     for s in (local, empty):
         assert s.create_namespace("conv", ["alice oslo", "bob tea"], step=1) == ["m0", "m1"]
         trial = s.fork("conv", "r1")
@@ -79,6 +81,31 @@ def test_a_second_client_connects_by_name(empty):
     assert [r.text for r in other.list("shared")] == ["one fact"]
     with pytest.raises(ValueError, match="no memory store actor named 'nope'"):
         RayMemoryStore.connect("nope")
+
+
+class SlowEmbedder(HashingEmbedder):
+    """Takes 30 s to embed "slow": a stuck actor."""
+
+    def embed(self, texts):
+        if "slow" in texts:
+            time.sleep(30)
+        return super().embed(texts)
+
+
+@pytest.mark.slow
+def test_a_stuck_actor_is_a_timeout_not_a_hang(ray_cluster):
+    from memrl.memory.ray_store import RayMemoryStore
+
+    stuck = RayMemoryStore.start(SlowEmbedder(dim=8))
+    try:
+        stuck.create_namespace("ns")
+        stuck.timeout_s = 0.5
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not answer insert within 0.5 s"):
+            stuck.insert("ns", "slow")
+        assert time.monotonic() - t0 < 5
+    finally:
+        stuck.shutdown()
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
