@@ -20,9 +20,14 @@ class MissingDependencyError(ImportError):
     """An optional extra is needed for this feature but is not installed."""
 
     def __init__(self, package: str, extra: str, feature: str) -> None:
+        self.package, self.extra, self.feature = package, extra, feature
         super().__init__(
             f"{feature} needs the '{package}' package: pip install 'memrl[{extra}]'"
         )
+
+    def __reduce__(self) -> tuple:
+        # Picklable, so that a rank of a Ray run can report it to the driver.
+        return (type(self), (self.package, self.extra, self.feature))
 
 
 def require(module: str, *, extra: str, feature: str):

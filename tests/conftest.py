@@ -53,3 +53,21 @@ def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for the session (skipped without memrl[ray]); its workers
+    import memrl and the tests' helper modules. Shut down (raylet and all) at the end."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.train.torch", exc_type=ImportError)  # ray[train]: pandas too
+    path = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), str(PROJECT_ROOT / "tests"), os.environ.get("PYTHONPATH"))
+        if p
+    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

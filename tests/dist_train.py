@@ -2,6 +2,7 @@
 with a task whose rollouts do not depend on how the questions are shared among ranks.
 
     torchrun --nproc-per-node 2 tests/dist_train.py key=value ...
+    train_on_ray(config, dist_train.train_config)      # the same, on Ray Train's workers
 
 The engine samples a whole rollout call with one seeded generator, so which questions share
 a call changes the samples; rolling out each question alone, seeded by its id, makes one
@@ -14,6 +15,7 @@ import sys
 from typing import Any
 
 from memrl.config import load_config
+from memrl.dist import Dist
 from memrl.distributed import destroy_process_group
 from memrl.inference.base import derive_seed
 from memrl.recipes import grpo
@@ -37,10 +39,23 @@ class PerQuestionTask:
         return out
 
 
+def train_config(config: TrainConfig) -> Any:
+    """Train `config` with its task rolling out question by question (also one Ray rank)."""
+    return grpo.train(config, task=PerQuestionTask(build_task(config)))
+
+
+def fail_on_rank_1(config: TrainConfig) -> None:
+    """One Ray rank: rank 1 raises while rank 0 waits for it in a collective."""
+    dist = Dist.from_environment()
+    if dist.rank == 1:
+        raise ValueError("rank 1 gave up\nsecond line of the message")
+    dist.barrier()
+
+
 def train(overrides: list[str]) -> None:
     config = load_config(TrainConfig, None, overrides)
     try:
-        grpo.train(config, task=PerQuestionTask(build_task(config)))
+        train_config(config)
     finally:
         destroy_process_group()
 

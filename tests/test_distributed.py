@@ -110,11 +110,17 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
-    """One process for 2 steps; 2 ranks for 1 step, then resumed on 1 process to step 2."""
-    base = tmp_path_factory.mktemp("dist_runs")
-    single, two = base / "single", base / "two"
-    run_helper(1, overrides(tiny_model_dir, data_dir, single, "trainer.total_steps=2"))
+def single(tiny_model_dir, data_dir, tmp_path_factory) -> Path:
+    """One process for 2 steps."""
+    out = tmp_path_factory.mktemp("dist_single") / "single"
+    run_helper(1, overrides(tiny_model_dir, data_dir, out, "trainer.total_steps=2"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(single, tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
+    """2 ranks for 1 step, then resumed on 1 process to step 2 (and the one-process run)."""
+    two = tmp_path_factory.mktemp("dist_runs") / "two"
     run_helper(2, overrides(tiny_model_dir, data_dir, two, "trainer.total_steps=1"))
     first_two = read_metrics(two / "metrics.jsonl")
     run_helper(1, overrides(tiny_model_dir, data_dir, two, "trainer.total_steps=2",
@@ -142,6 +148,53 @@ def test_resume_two_ranks_on_one_process(runs):
     two_metrics = read_metrics(runs["two"] / "metrics.jsonl")
     assert [r["step"] for r in two_metrics] == [1, 2]
     assert_same_metrics(two_metrics[1], single_metrics[1])
+
+
+# ---- the same training on Ray Train's workers (memrl[ray]; one local cluster of 2 CPUs)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_two_ray_workers_take_the_single_process_steps(ray_cluster, single, tiny_model_dir,
+                                                        data_dir, tmp_path):
+    import dist_train
+
+    from memrl.config import load_config
+    from memrl.ray_launcher import train_on_ray
+    from memrl.recipes.config import TrainConfig
+
+    out = tmp_path / "ray"
+    config = load_config(TrainConfig, None, overrides(
+        tiny_model_dir, data_dir, out, "trainer.total_steps=2", "trainer.launcher=ray",
+        "trainer.ray.num_workers=2"))
+    state = train_on_ray(config, dist_train.train_config)
+    assert state.step == 2  # rank 0's return value
+    for step in (1, 2):
+        assert_same_weights(weights(out, step), weights(single, step))
+    ray_metrics = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in ray_metrics] == [1, 2]
+    for mine, theirs in zip(ray_metrics, read_metrics(single / "metrics.jsonl"), strict=True):
+        assert_same_metrics(mine, theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_failing_ray_worker_ends_the_run_with_its_rank_named(ray_cluster, tiny_model_dir,
+                                                                data_dir, tmp_path):
+    import dist_train
+
+    from memrl.config import load_config
+    from memrl.ray_launcher import RankFailedError, train_on_ray
+    from memrl.recipes.config import TrainConfig
+
+    config = load_config(TrainConfig, None, overrides(
+        tiny_model_dir, data_dir, tmp_path / "run", "trainer.launcher=ray",
+        "trainer.ray.num_workers=2", "trainer.dist_timeout_s=600"))
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"^rank 1 failed: ValueError: rank 1 gave up\b"):
+        train_on_ray(config, dist_train.fail_on_rank_1)
+    # Rank 0, waiting for rank 1 in a collective, was stopped by Ray, not by the timeout.
+    assert time.monotonic() - t0 < 180
 
 
 def descendants(pid: int) -> list[int]:
@@ -259,3 +312,58 @@ def test_bad_timeout_is_a_config_error(tiny_model_dir, data_dir, tmp_path):
     with pytest.raises(MemrlInputError, match="dist_timeout_s"):
         load_config(TrainConfig, None,
                     overrides(tiny_model_dir, data_dir, tmp_path, "trainer.dist_timeout_s=0"))
+
+
+def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
+    import pickle
+
+    from memrl.errors import MemrlInputError, MissingDependencyError
+    from memrl.ray_launcher import RankFailedError, rank_error
+
+    err = rank_error({3: KeyError("k"), 1: ValueError("bad value\nmore detail"), 2: OSError()})
+    assert isinstance(err, RankFailedError) and err.rank == 1
+    assert str(err) == ("rank 1 failed: ValueError: bad value (ranks 2, 3 failed too); "
+                        "its traceback is in the log above")
+    assert str(rank_error({0: RuntimeError()})) == (
+        "rank 0 failed: RuntimeError; its traceback is in the log above")
+    # Ray brings a rank's exception back pickled; user errors keep their one-line form.
+    user = rank_error(pickle.loads(pickle.dumps(
+        {1: MemrlInputError("training data not found", location="d.jsonl"), 2: ValueError()})))
+    assert isinstance(user, MemrlInputError)
+    assert str(user) == "rank 1: d.jsonl: training data not found"
+    missing = MissingDependencyError("vllm", "vllm", "rollout.engine vllm")
+    extra = rank_error(pickle.loads(pickle.dumps({0: missing})))
+    assert str(extra) == (
+        "rank 0: rollout.engine vllm needs the 'vllm' package: pip install 'memrl[vllm]'")
+
+
+def test_ray_launcher_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    from memrl.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model:\n  path: {tmp_path}\ndata:\n  train_file: {tmp_path}/d.jsonl\n"
+                      f"trainer:\n  out_dir: {tmp_path}/run\n  launcher: ray\n")
+    assert main(["train", str(config), "--nproc-per-node", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --nproc-per-node: starts torchrun, but trainer.launcher is ray: set the number "
+        "of ranks with trainer.ray.num_workers\n")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if memrl[ray] were not installed
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trainer.launcher: ray" in err and "memrl[ray]" in err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # one rank of torchrun
+    assert main(["train", str(config)]) == 2
+    assert "error: trainer.launcher: is ray, but this process is already one rank" in (
+        capsys.readouterr().err)
+
+
+def test_a_local_ray_cluster_never_waits_for_gpus_it_lacks(monkeypatch):
+    from memrl.errors import MemrlInputError
+    from memrl.ray_launcher import check_local_gpus
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_local_gpus(0)
+    check_local_gpus(1)
+    with pytest.raises(MemrlInputError, match=r"trainer.ray: 2 GPUs asked for .* has 1"):
+        check_local_gpus(2)

@@ -330,9 +330,13 @@ def test_fork_matrix_cache_is_not_shared_after_edit(store):
 class TwoTrials(RuleBasedStateMachine):
     """Random edits on two trials of one base: each matches its own model, base never moves."""
 
+    def new_store(self) -> MemoryBackend:
+        """An empty store for one example (the Ray variant serves it from an actor)."""
+        return MemoryStore(HashingEmbedder(dim=32))
+
     @initialize()
     def setup(self):
-        self.store = MemoryStore(HashingEmbedder(dim=32))
+        self.store = self.new_store()
         self.store.create_namespace("base", ["red apple", "green pear", "blue plum"])
         self.base = self.store.list("base")
         self.trials = {
@@ -413,6 +417,45 @@ TestTwoTrials.settings = settings(
 )
 
 
+def random_edits(store: MemoryBackend, tag: str, seed: int, *, steps: int = 300,
+                 start=None) -> tuple[str, dict[str, str]]:
+    """Fork "base" as trial `tag` and make `steps` random edits and searches on it, checking
+    every search against a model of the trial; returns (trial, its expected id -> text)."""
+    rng = random.Random(seed)
+    ns = store.fork("base", tag)
+    mine = {r.id: r.text for r in store.list(ns)}
+    if start is not None:
+        start()
+    for i in range(steps):
+        op = rng.random()
+        if op < 0.5 or not mine:
+            text = f"{tag} item {i}"
+            mine[store.insert(ns, text)] = text
+        elif op < 0.7:
+            rid = rng.choice(sorted(mine))
+            mine[rid] = f"{tag} edit {i}"
+            store.update(ns, rid, mine[rid])
+        elif op < 0.85:
+            rid = rng.choice(sorted(mine))
+            store.delete(ns, rid)
+            del mine[rid]
+        else:
+            hits = store.search(ns, f"{tag} item", top_k=10)
+            assert all(r.id in mine and r.text == mine[r.id] for r, _ in hits)
+    return ns, mine
+
+
+def check_trials(store: MemoryBackend, expected: dict[str, dict[str, str]], base) -> None:
+    """Each trial holds exactly its own edits (none of the other's), and the base is as it was."""
+    assert set(expected) == {"base--left", "base--right"}
+    for ns, mine in expected.items():
+        got = {r.id: r.text for r in store.list(ns)}
+        assert got == mine
+        other = "right" if ns.endswith("left") else "left"
+        assert not any(t.startswith(other) for t in got.values())
+    assert store.list("base") == base
+
+
 def test_two_threads_edit_two_trials_concurrently():
     store = MemoryStore(HashingEmbedder(dim=64))
     base_texts = [f"base fact {i}" for i in range(5)]
@@ -424,26 +467,7 @@ def test_two_threads_edit_two_trials_concurrently():
 
     def worker(tag: str, seed: int) -> None:
         try:
-            rng = random.Random(seed)
-            ns = store.fork("base", tag)
-            mine = {r.id: r.text for r in base}
-            barrier.wait()
-            for i in range(300):
-                op = rng.random()
-                if op < 0.5 or not mine:
-                    text = f"{tag} item {i}"
-                    mine[store.insert(ns, text)] = text
-                elif op < 0.7:
-                    rid = rng.choice(sorted(mine))
-                    mine[rid] = f"{tag} edit {i}"
-                    store.update(ns, rid, mine[rid])
-                elif op < 0.85:
-                    rid = rng.choice(sorted(mine))
-                    store.delete(ns, rid)
-                    del mine[rid]
-                else:
-                    hits = store.search(ns, f"{tag} item", top_k=10)
-                    assert all(r.id in mine and r.text == mine[r.id] for r, _ in hits)
+            ns, mine = random_edits(store, tag, seed, start=barrier.wait)
             expected[ns] = mine
         except BaseException as exc:  # surfaced in the main thread below
             errors.append(exc)
@@ -460,13 +484,7 @@ def test_two_threads_edit_two_trials_concurrently():
     finally:
         sys.setswitchinterval(old_interval)
     assert not errors, errors
-    assert set(expected) == {"base--left", "base--right"}
-    for ns, mine in expected.items():
-        got = {r.id: r.text for r in store.list(ns)}
-        assert got == mine
-        other = "right" if ns.endswith("left") else "left"
-        assert not any(t.startswith(other) for t in got.values())
-    assert store.list("base") == base
+    check_trials(store, expected, base)
 
 
 # ---- namespace validation ------------------------------------------------------------------

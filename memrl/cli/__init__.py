@@ -15,6 +15,7 @@ from typing import Any
 
 from memrl.cli.app import app
 from memrl.errors import MemrlInputError, MissingDependencyError
+from memrl.ray_launcher import RankFailedError
 
 
 def _quiet_library_progress_bars() -> None:
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     An OSError of the machine's state (no permission, disk full, read-only file system) is
     one line naming the file, exit code 2. Ctrl-C is one line `interrupted (SIGINT) ...` and
     exit code 130 (`memrl train` and `memrl eval` say more: where they stopped, how to go on;
-    SIGTERM there is 143). Anything else is a bug and keeps its traceback.
+    SIGTERM there is 143). A failed rank of a Ray run is one line naming the rank, exit
+    code 1 (its traceback is in the rank's output, above). Anything else is a bug and keeps
+    its traceback.
     """
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -111,6 +114,8 @@ def _run(args: list[str]) -> int:
             command.invoke(ctx)
     except (MemrlInputError, MissingDependencyError) as exc:
         return print_error(str(exc))
+    except RankFailedError as exc:  # a rank of a Ray run; its traceback was printed above
+        return print_error(str(exc), code=1)
     except typer.Exit as exc:  # --help, typer.Exit(code) in a command
         return int(exc.exit_code)
     except typer.Abort:

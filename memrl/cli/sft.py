@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -39,7 +40,21 @@ def sft(
     console = Console()
     source = cfg.data.trajectories or f"the oracle on {cfg.data.train_file}"
     console.print(f"warm start from {source} → {cfg.trainer.out_dir}")
-    state = recipe.train(cfg, console=console)
+    if cfg.trainer.launcher == "ray":
+        from memrl.ray_launcher import train_on_ray
+
+        state = train_on_ray(cfg, sft_rank)
+    else:
+        state = recipe.train(cfg, console=console)
     console.print(
         f"done: {state.step} steps; metrics {Path(cfg.trainer.out_dir) / 'metrics.jsonl'}"
     )
+
+
+def sft_rank(cfg: Any) -> Any:
+    """One rank of a `trainer.launcher: ray` run: the recipe, printing on the main rank."""
+    from rich.console import Console
+
+    from memrl.recipes import sft as recipe
+
+    return recipe.train(cfg, console=Console())

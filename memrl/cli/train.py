@@ -48,6 +48,8 @@ def train(
     if resume:
         extra.append("trainer.resume=auto")
     cfg = load_config(TrainConfig, config, extra)
+    on_ray = cfg.trainer.launcher == "ray"
+    check_launcher(on_ray, nproc_per_node)
     if nproc_per_node > 1 and not launched():
         raise typer.Exit(
             relaunch(nproc_per_node, ["train", str(config), *(overrides or []),
@@ -58,12 +60,18 @@ def train(
     console = Console()
     main_rank = os.environ.get("RANK", "0") == "0"
     if main_rank:
-        console.print(f"training → {out_dir}")
-    progress = TrainProgress(out_dir)
+        ranks = f" on {cfg.trainer.ray.num_workers} Ray workers" if on_ray else ""
+        console.print(f"training → {out_dir}{ranks}")
+    progress = TrainProgress(out_dir, on_ray=on_ray)
     how = "continue with: " + resume_command(config, list(overrides or []))
     try:
         with exit_on_signals(progress.describe, how):
-            state = grpo.train(cfg, console=console, on_start=progress.started)
+            if on_ray:
+                from memrl.ray_launcher import train_on_ray
+
+                state = train_on_ray(cfg, train_rank)
+            else:
+                state = grpo.train(cfg, console=console, on_start=progress.started)
     finally:
         destroy_process_group()
     if not main_rank:
@@ -72,6 +80,30 @@ def train(
         f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}, "
         f"plot {out_dir / 'training.png'}"
     )
+
+
+def train_rank(cfg: Any) -> Any:
+    """One rank of a `trainer.launcher: ray` run: the recipe, printing on the main rank."""
+    from rich.console import Console
+
+    from memrl.recipes import grpo
+
+    return grpo.train(cfg, console=Console())
+
+
+def check_launcher(on_ray: bool, nproc_per_node: int) -> None:
+    """MemrlInputError when two launchers are asked for at once."""
+    from memrl.distributed import launched
+    from memrl.errors import MemrlInputError
+
+    if on_ray and nproc_per_node > 1:
+        raise MemrlInputError(
+            "starts torchrun, but trainer.launcher is ray: set the number of ranks with "
+            "trainer.ray.num_workers", location="--nproc-per-node")
+    if on_ray and launched():
+        raise MemrlInputError(
+            "is ray, but this process is already one rank of a launcher (torchrun): use "
+            "trainer.launcher=local under torchrun", location="trainer.launcher")
 
 
 def resume_command(config: Path, overrides: list[str]) -> str:
@@ -83,8 +115,9 @@ def resume_command(config: Path, overrides: list[str]) -> str:
 class TrainProgress:
     """How far a run got, said when it is interrupted (see `memrl.interrupt`)."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, *, on_ray: bool = False) -> None:
         self.out_dir = out_dir
+        self.on_ray = on_ray
         self.run: Any = None
 
     def started(self, run: Any) -> None:
@@ -94,12 +127,14 @@ class TrainProgress:
         from memrl.recipes.grpo import total_steps
         from memrl.rl.checkpoint import latest_checkpoint
 
+        latest = latest_checkpoint(self.out_dir / "checkpoints")
+        saved = f"last complete checkpoint: {latest}" if latest else "no checkpoint saved yet"
+        if self.on_ray:  # the run lives in the Ray workers: say what is on disk
+            return f"during the training run on Ray in {self.out_dir}; {saved}"
         if self.run is None:
             return f"while setting up the training run in {self.out_dir} (no step was run)"
         done = self.run.state.step
         total = total_steps(self.run.config, len(self.run.stream.records))
-        latest = latest_checkpoint(self.out_dir / "checkpoints")
-        saved = f"last complete checkpoint: {latest}" if latest else "no checkpoint saved yet"
         where = (f"after the last step ({total} of {total})" if done >= total
                  else f"in step {done + 1} of {total}")
         return f"{where} of the training run in {self.out_dir}; {saved}"

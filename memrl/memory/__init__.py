@@ -1,8 +1,9 @@
 """memrl.memory: namespaced memory store, embedders, and the memory tools the agent calls.
 
 `MemoryStore` keeps one memory per namespace (a base per conversation, a cheap fork per
-rollout); `Embedder` turns texts into unit vectors for its cosine search; `TOOLS`,
-`parse_tool_calls` and `execute_tool_call` connect model output to the store.
+rollout), in process or, as `RayMemoryStore`, in one Ray actor shared by rollout workers;
+`Embedder` turns texts into unit vectors for its cosine search; `TOOLS`, `parse_tool_calls`
+and `execute_tool_call` connect model output to the store.
 """
 
 from memrl.memory.embedder import (
@@ -12,6 +13,7 @@ from memrl.memory.embedder import (
     default_embedder,
     l2_normalize,
 )
+from memrl.memory.ray_store import MemoryStoreManager, RayMemoryStore
 from memrl.memory.store import (
     MemoryBackend,
     MemoryRecord,
@@ -41,7 +43,9 @@ __all__ = [
     "MemoryRecord",
     "MemoryStore",
     "MemoryStoreError",
+    "MemoryStoreManager",
     "MiniLMEmbedder",
+    "RayMemoryStore",
     "ToolCall",
     "ToolParseResult",
     "ToolResult",

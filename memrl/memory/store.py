@@ -12,9 +12,10 @@ update *replaces* the record. A fork is then a shallow copy of the base's id →
 the namespace it is given.
 
 Backends: `MemoryBackend` is the protocol the agent loop and tool layer program against.
-`MemoryStore` is the embedded in-process backend (one lock, embedding done outside it). A Ray
-actor (`MemoryStoreManager`, serving many rollout workers) or a vector database can implement
-the same protocol later without touching the callers; they are not implemented here.
+`MemoryStore` is the embedded in-process backend (one lock, embedding done outside it).
+`memrl.memory.ray_store.RayMemoryStore` is the same store in a Ray actor
+(`MemoryStoreManager`) serving rollout workers in other processes; a vector database could
+implement the protocol too, without touching the callers.
 """
 
 from __future__ import annotations

@@ -144,6 +144,21 @@ class RolloutConfig(StrictModel):
         return self
 
 
+class RayConfig(StrictModel):
+    """Where and how wide a `trainer.launcher: ray` run is (Ray Train's ScalingConfig)."""
+
+    address: str | None = None
+    """Ray cluster to join (`auto`, `HOST:6379`, `ray://HOST:10001`). None: RAY_ADDRESS when
+    it is set, else a local cluster started for this run and stopped after it."""
+    num_workers: int = Field(1, ge=1)
+    """Training processes (ranks), one Ray actor each (verl trainer.nnodes ×
+    trainer.n_gpus_per_node)."""
+    cpus_per_worker: float = Field(1.0, gt=0)
+    """CPUs Ray reserves for each rank (its torch threads)."""
+    gpus_per_worker: int = Field(0, ge=0)
+    """GPUs Ray reserves for each rank: 1 to train on CUDA (nccl), 0 on CPU (gloo)."""
+
+
 class TrainerConfig(StrictModel):
     out_dir: str = "runs/train"
     """Run directory: metrics.jsonl, config.yaml, checkpoints/, val_samples/, training.png."""
@@ -168,9 +183,15 @@ class TrainerConfig(StrictModel):
     """Peak dense TFLOP/s of one accelerator in the training compute dtype, for the
     perf/mfu metric of the GRPO update; None: looked up for known GPUs computing in bf16/fp16
     (`memrl.rl.flops.PEAK_TFLOPS_16BIT`), else no perf/mfu."""
+    launcher: Literal["local", "ray"] = "local"
+    """local: this process, or each rank of the launcher that started it (torchrun,
+    `--nproc-per-node`). ray: `trainer.ray.num_workers` ranks on a Ray cluster through Ray
+    Train's TorchTrainer, running the same recipe (memrl[ray])."""
+    ray: RayConfig = RayConfig()
+    """The Ray cluster and the ranks' resources (used with launcher: ray)."""
     dist_timeout_s: float = Field(1800.0, gt=0)
-    """Training on several processes (torchrun, --nproc-per-node): a collective that waits
-    longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed
+    """Training on several processes (torchrun, --nproc-per-node, Ray): a collective that
+    waits longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed
     the longest gap between two collectives (a step's rollout, a validation, a checkpoint)."""
 
 
