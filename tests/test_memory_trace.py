@@ -20,6 +20,9 @@ from memrl.eval.memory_trace import (
     DIAGNOSTICS_PLOT,
     aggregate_traces,
     chunk_rows,
+    memory_per_session,
+    session_line,
+    sessions_read,
     summary_line,
 )
 from memrl.eval.ruler_hqa import evaluate_ruler_hqa
@@ -148,6 +151,33 @@ def test_aggregate_traces_hand_computed():
     empty = aggregate_traces([])
     assert empty["episodes"] == 0 and empty["by_chunk"]["episodes"] == []
     assert empty["summary"]["captured"] is None
+
+
+def memupdate_line(evidence, ops, before, after):
+    return {"evidence": evidence, "memory_before": before, "memory_after": after,
+            "scores": dict(zip(("inserts", "updates", "deletes", "searches"), ops,
+                               strict=True))}
+
+
+def test_memory_per_session_hand_computed():
+    rows = [
+        memupdate_line(["D2:1", "D3:4; D3:5"], (4, 2, 0, 1), {"count": 10, "chars": 100},
+                       {"count": 13, "chars": 160}),
+        memupdate_line(["D5:1"], (1, 0, 1, 0), {"count": 4, "chars": 40},
+                       {"count": 4, "chars": 50}),
+        memupdate_line([], (0, 0, 0, 0), {"count": 2}, {"count": 2}),  # no chars logged
+    ]
+    assert [sessions_read(r) for r in rows] == [2, 1, 1]
+    m = memory_per_session(rows)
+    assert m["per_session"] == pytest.approx({
+        "inserts": 1.0, "updates": 1 / 3, "deletes": 1 / 3, "searches": 1 / 6,
+        "growth_entries": 0.5, "growth_chars": 20.0})
+    assert {k: v for k, v in m.items() if k != "per_session"} == pytest.approx({
+        "sessions": 4 / 3, "memory_entries_initial": 16 / 3, "memory_entries_final": 19 / 3,
+        "memory_chars_initial": 70.0, "memory_chars_final": 105.0})
+    assert session_line("all", m) == (
+        "all: 1.33 sessions read per episode; per session 1.00 inserts, 0.33 updates, "
+        "0.33 deletes, 0.17 searches; memory 5.33 → 6.33 entries, 70.00 → 105.00 chars")
 
 
 # ---------------------------------------------------------------- the evaluation writes them

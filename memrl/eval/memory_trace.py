@@ -20,6 +20,10 @@ summary: the answer in the final memory, `captured` (the answer was in memory at
 its evidence chunk), `kept_to_end` (captured and still there after the last chunk), the
 answer in memory *before* its evidence was read (a guess or a distractor's mention), and
 the memory length. `write_diagnostics` writes `evidence_in_memory.json` and `.png`.
+
+For the MemoryUpdate agent on LoCoMo, `memory_per_session` gives the memory size (entries,
+characters) before and after an episode and its operations per dialogue session read (an
+episode reads the sessions holding its question's evidence), from the same kind of lines.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.data.locomo import parse_dia_ids
 from memrl.eval.report import plot_panels, write_json
 from memrl.rewards.evidence import answer_in_text, evidence_chunk, facts_in_text
 
@@ -187,3 +192,70 @@ def write_diagnostics(out_dir: str | Path, per_n: Mapping[str, Mapping[str, Any]
                     for k, c in by_chunk.items()}},
     ], title=title)
     return path
+
+
+OPERATIONS = ("inserts", "updates", "deletes", "searches")
+"""The tool operations counted per episode (`scores` of a MemoryUpdate trajectories line)."""
+
+
+def sessions_read(row: Mapping[str, Any]) -> int:
+    """The dialogue sessions a MemoryUpdate episode reads: those of its evidence ids
+    (`D<session>:<turn>`); at least 1."""
+    return max(1, len({s for e in row.get("evidence") or [] for s, _ in parse_dia_ids(str(e))}))
+
+
+def memory_per_session(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Means over MemoryUpdate trajectories lines: sessions read, memory size (entries and
+    characters) before and after, and per session read the operations and the growth."""
+
+    def size(row: Mapping[str, Any], when: str, key: str) -> float | None:
+        value = (row.get(when) or {}).get(key)
+        return None if value is None else float(value)
+
+    def growth(row: Mapping[str, Any], key: str) -> float | None:
+        before, after = size(row, "memory_before", key), size(row, "memory_after", key)
+        return None if before is None or after is None else after - before
+
+    sessions = [sessions_read(r) for r in rows]
+    values = {op: [(r.get("scores") or {}).get(op) for r in rows] for op in OPERATIONS}
+    values["growth_entries"] = [growth(r, "count") for r in rows]
+    values["growth_chars"] = [growth(r, "chars") for r in rows]
+    per_session = {key: _mean([None if v is None else float(v) / k
+                               for v, k in zip(vs, sessions, strict=True)])
+                   for key, vs in values.items()}
+    return {
+        "sessions": _mean(sessions),
+        "memory_entries_initial": _mean([size(r, "memory_before", "count") for r in rows]),
+        "memory_entries_final": _mean([size(r, "memory_after", "count") for r in rows]),
+        "memory_chars_initial": _mean([size(r, "memory_before", "chars") for r in rows]),
+        "memory_chars_final": _mean([size(r, "memory_after", "chars") for r in rows]),
+        "per_session": per_session,
+    }
+
+
+def session_line(name: str, memory: Mapping[str, Any]) -> str:
+    """One printed line of `memory_per_session`."""
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    ops = memory["per_session"]
+    return (f"{name}: {fmt(memory['sessions'])} sessions read per episode; per session "
+            + ", ".join(f"{fmt(ops[op])} {op}" for op in OPERATIONS)
+            + f"; memory {fmt(memory['memory_entries_initial'])} → "
+            f"{fmt(memory['memory_entries_final'])} entries, "
+            f"{fmt(memory['memory_chars_initial'])} → {fmt(memory['memory_chars_final'])} chars")
+
+
+SESSION_COLUMNS = ("category", "sessions/ep", "ins/session", "upd/session", "del/session",
+                   "search/session", "entries init", "entries final", "chars init",
+                   "chars final")
+
+
+def session_rows(per_category: Mapping[str, Mapping[str, Any]]) -> list[list[Any]]:
+    """Rows of the memory-per-session table, from each category's `memory`
+    (`memory_per_session`)."""
+    rows = []
+    for key, r in per_category.items():
+        m = r["memory"]
+        rows.append([key, m["sessions"], *(m["per_session"][op] for op in OPERATIONS),
+                     m["memory_entries_initial"], m["memory_entries_final"],
+                     m["memory_chars_initial"], m["memory_chars_final"]])
+    return rows
