@@ -79,6 +79,9 @@ def test_evidence_chunk_prefers_the_facts():
         is None
     assert evidence_chunk({"answer_chunk": 2, "facts": [], "fact_chunks": []}) == 2
     assert evidence_chunk(None) is None
+    for malformed in (["D2:1"], {"facts": ["a"], "fact_chunks": []}, {"answer_chunk": True},
+                      {"facts": ["a"], "fact_chunks": "3"}, {}):
+        assert evidence_chunk(malformed) is None
 
 
 def test_supporting_facts_come_from_the_record_or_its_gold_documents():

@@ -111,15 +111,17 @@ def locate_evidence(chunks: Sequence[str], answers: Sequence[str],
     return {"answer_chunk": answer_chunk, "facts": list(facts), "fact_chunks": fact_chunks}
 
 
-def evidence_chunk(evidence: dict[str, Any] | None) -> int | None:
+def evidence_chunk(evidence: Any) -> int | None:
     """The chunk after which all the gold evidence has been read: the last of the facts'
     chunks when the record knows its facts (None if one never appears), else the chunk where
-    the answer first appears; None also for a missing `evidence`."""
-    if not evidence:
+    the answer first appears; None also for a missing or malformed `evidence` (as
+    `locate_evidence` writes it)."""
+    if not isinstance(evidence, dict):
         return None
-    if evidence.get("facts"):
-        chunks = evidence.get("fact_chunks") or []
-        if not chunks or any(c is None for c in chunks):
-            return None
-        return max(chunks)
-    return evidence.get("answer_chunk")
+    facts = evidence.get("facts")
+    chunks = evidence.get("fact_chunks") if facts else [evidence.get("answer_chunk")]
+    if facts and (not isinstance(chunks, list) or len(chunks) != len(facts)):
+        return None
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in chunks):
+        return None
+    return max(chunks)
