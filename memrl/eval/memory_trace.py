@@ -35,7 +35,7 @@ from typing import Any
 
 from memrl.data.locomo import parse_dia_ids
 from memrl.eval.report import plot_panels, write_json
-from memrl.rewards.evidence import answer_in_text, evidence_chunk, facts_in_text
+from memrl.rewards.evidence import GoldContent, evidence_chunk
 
 DIAGNOSTICS_FILE = "evidence_in_memory.json"
 DIAGNOSTICS_PLOT = "evidence_in_memory.png"
@@ -50,17 +50,19 @@ ABOUT = (
 def chunk_rows(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The per-chunk diagnostics of one trajectories line (see the module docstring)."""
     memories = [str(m) for m in row.get("memories") or []]
-    answers = [str(a) for a in row.get("answers") or []]
     evidence = row.get("evidence")
-    facts = list((evidence or {}).get("facts") or [])
+    facts = evidence.get("facts") if isinstance(evidence, dict) else None
+    gold = GoldContent.of([str(a) for a in row.get("answers") or []],
+                          [str(f) for f in facts] if isinstance(facts, list) else [])
     entered = evidence_chunk(evidence)
     tokens = list(row.get("memory_tokens") or [])
     out = []
     for k, memory in enumerate(memories):
+        answer, held = gold.check(memory)
         out.append({
             "chunk": k,
-            "answer_in_memory": answer_in_text(memory, answers),
-            "facts_in_memory": facts_in_text(memory, facts),
+            "answer_in_memory": answer,
+            "facts_in_memory": held,
             "evidence_seen": None if evidence is None else entered is not None and k >= entered,
             "memory_tokens": tokens[k] if k < len(tokens) else None,
             "memory_chars": len(memory),

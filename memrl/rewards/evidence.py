@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from memrl.rewards.qa import normalize_answer
@@ -44,15 +45,6 @@ def _has_words(normalised_text: str, needles: Sequence[str]) -> bool:
     return any(f" {n} " in padded for n in needles)
 
 
-def answer_in_text(text: str, answers: Sequence[str]) -> bool | None:
-    """Whether a gold answer occurs in `text` as whole words (both normalised); None when
-    no answer can be looked for (yes / no, or empty after normalisation)."""
-    needles = _searchable(answers)
-    if not needles:
-        return None
-    return _has_words(normalize_answer(text), needles)
-
-
 def key_words(fact: str) -> frozenset[str]:
     """The normalised words of `fact` written with a capital letter or a digit (articles
     dropped), or all of its normalised words when it has none."""
@@ -64,17 +56,45 @@ def key_words(fact: str) -> frozenset[str]:
     return frozenset(keys or normalize_answer(fact).split())
 
 
+@dataclass(frozen=True)
+class GoldContent:
+    """What to look for in a text, prepared once per question: the searchable normalised
+    answers and the key words of each supporting fact (`check` normalises a text once)."""
+
+    answers: tuple[str, ...]
+    facts: tuple[frozenset[str], ...]
+
+    @classmethod
+    def of(cls, answers: Sequence[str], facts: Sequence[str] = ()) -> GoldContent:
+        return cls(tuple(_searchable(answers)), tuple(key_words(f) for f in facts))
+
+    def check(self, text: str) -> tuple[bool | None, float | None]:
+        """(a gold answer is in `text` — None when none can be looked for; the fraction of
+        the facts whose key words are all words of `text` — None when there are none)."""
+        if not self.answers and not self.facts:
+            return None, None
+        norm = normalize_answer(text)
+        answer = _has_words(norm, self.answers) if self.answers else None
+        if not self.facts:
+            return answer, None
+        words = set(norm.split())
+        return answer, sum(keys <= words for keys in self.facts) / len(self.facts)
+
+
+def answer_in_text(text: str, answers: Sequence[str]) -> bool | None:
+    """Whether a gold answer occurs in `text` as whole words (both normalised); None when
+    no answer can be looked for (yes / no, or empty after normalisation)."""
+    return GoldContent.of(answers).check(text)[0]
+
+
 def fact_in_text(text: str, fact: str) -> bool:
     """Whether every key word of `fact` (`key_words`) is a word of the normalised `text`."""
-    return key_words(fact) <= set(normalize_answer(text).split())
+    return GoldContent.of((), [fact]).check(text)[1] == 1.0
 
 
 def facts_in_text(text: str, facts: Sequence[str]) -> float | None:
     """The fraction of `facts` whose key content is in `text`; None when there are none."""
-    if not facts:
-        return None
-    words = set(normalize_answer(text).split())
-    return sum(key_words(f) <= words for f in facts) / len(facts)
+    return GoldContent.of((), facts).check(text)[1]
 
 
 def locate_evidence(chunks: Sequence[str], answers: Sequence[str],
