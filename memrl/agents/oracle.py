@@ -13,8 +13,9 @@ each prompt, finds its record by the question, and answers
 
 The facts a question needs are the record's `facts` (memrl's RULER-HQA files carry them), else
 the first sentences of its supporting documents (`Document.is_supporting`); the synthetic
-data (`memrl.data.synthetic`) puts the one fact of each gold paragraph there. A fact counts as seen once its whole sentence lies in the text
-read so far (a fact cut by a chunk boundary enters with the chunk that completes it).
+data (`memrl.data.synthetic`) puts the one fact of each gold paragraph there. A fact counts
+as seen once its whole sentence lies in the text read so far (a fact cut by a chunk boundary
+enters with the chunk that completes it).
 
 A replay (`replay_memagent`) rebuilds the turns of a `memrl eval` trajectories file line:
 those files hold texts (memories after each chunk, the final response), not token ids, so
