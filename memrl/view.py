@@ -6,7 +6,8 @@ It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
 
     MemAgent episode      the memory after each chunk, words added (green) and dropped (red,
                           struck) against the memory before; the gold answer highlighted, and
-                          the chunks where it enters and leaves memory flagged; the final
+                          the chunks where it enters and leaves memory flagged, and the
+                          chunk that completes the gold evidence (when logged); the final
                           response against the gold, with its score
     MemoryUpdate episode  every tool call with its arguments and result, the store before and
                           after (counts, added / removed / changed memories), the scores
@@ -27,6 +28,7 @@ from typing import Any
 
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.errors import MemrlInputError
+from memrl.rewards.evidence import answer_in_text, evidence_chunk
 
 PATTERNS = ("trajectories*.jsonl", "val_samples/step_*.jsonl")
 """Files (under RUN_DIR, at any depth) that the viewer reads."""
@@ -52,14 +54,10 @@ def word_diff(before: str, after: str) -> list[tuple[str, str]]:
     return out
 
 
-def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
-
-
 def holds_gold(memory: str, answers: Sequence[str]) -> bool:
-    """Whether a (normalised) gold answer occurs in the (normalised) memory."""
-    mem = f" {_norm(memory)} "
-    return any(_norm(a) and f" {_norm(a)} " in mem for a in answers)
+    """Whether a gold answer occurs in the memory as whole words, both normalised as the QA
+    scores normalise (`memrl.rewards.evidence.answer_in_text`; never for yes / no)."""
+    return bool(answer_in_text(memory, answers))
 
 
 def gold_events(memories: Sequence[str], answers: Sequence[str]) -> list[str]:
@@ -103,6 +101,7 @@ def _strs(value: Any) -> list[str]:
 def render_memagent(row: dict[str, Any], source: str) -> str:
     answers, memories = _strs(row.get("answers")), _strs(row.get("memories"))
     events = gold_events(memories, answers)
+    evidence_at = evidence_chunk(row.get("evidence"))
     steps, before = [], "No previous memory"
     for k, (memory, event) in enumerate(zip(memories, events, strict=True)):
         pieces = []
@@ -113,6 +112,8 @@ def render_memagent(row: dict[str, Any], source: str) -> str:
                           f'<del class="dropped">{body}</del>')
         flag = {"enters": '<span class="flag enters">gold enters</span>',
                 "leaves": '<span class="flag leaves">gold leaves</span>'}.get(event, "")
+        if k == evidence_at:
+            flag += '<span class="flag evidence">evidence read</span>'
         steps.append(f'<li class="chunk {event}"><span class="k">chunk {k + 1}</span>{flag}'
                      f'<div class="memory">{"".join(pieces) or "<i>(empty)</i>"}</div></li>')
         before = memory
@@ -241,6 +242,7 @@ mark.gold {{ background: #ffe066; font-weight: bold; }}
 .flag {{ font-size: 11px; padding: 0 .4em; border-radius: 3px; margin-left: .5em; }}
 .flag.enters {{ background: #2a2; color: white; }}
 .flag.leaves {{ background: #c33; color: white; }}
+.flag.evidence {{ background: #36c; color: white; }}
 .chunk .k {{ color: #777; font-size: 12px; }} .memory {{ white-space: pre-wrap; }}
 .call.failed {{ color: #a33; }} .hidden {{ display: none; }}
 </style></head><body>

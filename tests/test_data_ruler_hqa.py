@@ -20,6 +20,7 @@ from memrl.data.ruler_hqa import (
     load_ruler_hqa_dir,
     render_pool_context,
     ruler_hqa_path,
+    ruler_item_record,
     select_questions,
     write_ruler_hqa,
 )
@@ -74,10 +75,14 @@ def test_exact_output_when_only_gold_fits():
     items = build_ruler_hqa(records, 1)
     assert items == [
         {"index": 0, "input": "Q?", "answers": ["x", "y"], "context": "Document 1:\nT\nonly gold",
-         "num_docs": 1},
+         "num_docs": 1, "facts": ["only gold"]},
         {"index": 1, "input": "R?", "answers": ["z"], "context": "Document 1:\nV\nother",
-         "num_docs": 1},
+         "num_docs": 1, "facts": ["other"]},
     ]
+    # the facts (each gold paragraph's first sentence) come back with the record
+    assert ruler_item_record(items[0], 0, "x").facts == ["only gold"]
+    with pytest.raises(MemrlInputError, match=r"facts\[0\]"):
+        ruler_item_record({**items[0], "facts": [3]}, 0, "x")
     # N=2: question a can only add V (U is its own); b adds one of a's paragraphs
     items = build_ruler_hqa(records, 2)
     assert sorted(docs_of(items[0]["context"])) == [("T", "only gold"), ("V", "other")]

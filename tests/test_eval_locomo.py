@@ -120,12 +120,16 @@ def test_evaluate_locomo_with_a_scripted_agent(data_dir, tmp_path, tiny_tokenize
     assert per["all"]["recall_final"] == 1.0 and per["all"]["inserts"] == 1.0
     assert per["all"]["memory_growth_entries"] == 1.0 and per["all"]["n"] == 3
     assert per["5"]["f1_final"] is None and per["5"]["recall_final"] == 1.0
+    memory = per["all"]["memory"]  # one session read, one insert into two entries
+    assert memory["sessions"] == 1.0 and memory["per_session"]["inserts"] == 1.0
+    assert memory["memory_entries_initial"] == 2.0 and memory["memory_entries_final"] == 3.0
     saved = json.loads((out / "results.json").read_text())
     assert saved["num_episodes"] == 4 and saved["embedder"] == "hashing-256"
     rows = read_jsonl(out / "trajectories.jsonl")
     assert len(rows) == 4 and rows[0]["calls"][0]["name"] == "memory_insert"
     md = (out / "results.md").read_text()
     assert "| 1 multi-hop | 2 | 0.0 | 100.0 |" in md and "5 adversarial" in md
+    assert "## Memory per dialogue session read" in md and "| all | 1.00 | 1.00 |" in md
 
     limited = evaluate_locomo(
         ScriptedGenerator(tiny_tokenizer, respond), data_dir,

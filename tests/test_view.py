@@ -37,6 +37,20 @@ def test_gold_enters_and_leaves_memory():
     assert not holds_gold("Zarniak", ["Zarnia"])  # whole words only
 
 
+def test_the_chunk_that_completes_the_evidence_is_flagged():
+    row = {"id": "q", "question": "Q?", "answers": ["Zarnia"], "num_docs": 2,
+           "memories": ["none", "Kovan was born in Zarnia.", "Zarnia"], "final_response": "",
+           "answer": None, "scores": {"sub_em": 0.0},
+           "evidence": {"answer_chunk": 0, "facts": ["Kovan was born in Zarnia."],
+                        "fact_chunks": [1]}}
+    page = render_page([("f.jsonl", row)], "t")
+    chunks = page.split('<li class="chunk')[1:]
+    assert ["evidence read" in c for c in chunks] == [False, True, False]
+    # a line from another agent (evidence as dialog ids) renders without the flag
+    page = render_page([("f.jsonl", {**row, "evidence": ["D2:1"]})], "t")
+    assert 'class="flag evidence"' not in page
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=30), st.text(max_size=30), st.text(max_size=10))
 def test_model_output_never_becomes_markup(memory, response, answer):

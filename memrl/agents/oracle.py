@@ -11,10 +11,11 @@ each prompt, finds its record by the question, and answers
                     order ("No previous memory" until the first one appears)
     final answer:   \\boxed{first gold answer}
 
-The facts a question needs are the first sentences of its supporting documents
-(`Document.is_supporting`); the synthetic data (`memrl.data.synthetic`) puts the one fact of
-each gold paragraph there. A fact counts as seen once its whole sentence lies in the text
-read so far (a fact cut by a chunk boundary enters with the chunk that completes it).
+The facts a question needs are the record's `facts` (memrl's RULER-HQA files carry them), else
+the first sentences of its supporting documents (`Document.is_supporting`); the synthetic
+data (`memrl.data.synthetic`) puts the one fact of each gold paragraph there. A fact counts
+as seen once its whole sentence lies in the text read so far (a fact cut by a chunk boundary
+enters with the chunk that completes it).
 
 A replay (`replay_memagent`) rebuilds the turns of a `memrl eval` trajectories file line:
 those files hold texts (memories after each chunk, the final response), not token ids, so
@@ -31,22 +32,15 @@ from typing import Any
 from memrl.agents.memagent import MemAgent, MemAgentConfig
 from memrl.agents.prompts import MemAgentPrompts
 from memrl.agents.trajectory import Trajectory, Turn
-from memrl.data.records import QARecord
+from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams, request_params
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
-
 
 def needed_facts(record: QARecord) -> list[str]:
-    """The first sentence of each supporting document of `record`, in document order."""
-    facts = []
-    for doc in record.documents:
-        if doc.is_supporting:
-            first = _SENTENCE_END.split(doc.text.strip(), maxsplit=1)[0].strip()
-            if first:
-                facts.append(first)
-    return facts
+    """The facts the question needs (`memrl.data.records.supporting_facts`): the record's own
+    `facts`, else the first sentence of each supporting document, in document order."""
+    return supporting_facts(record)
 
 
 def oracle_memory(facts: Sequence[str], read: str, no_memory: str) -> str:
@@ -86,9 +80,9 @@ class OracleGenerator:
         for r in records:
             if not needed_facts(r):
                 raise MemrlInputError(
-                    f"record {r.id} has no supporting documents: the oracle cannot know "
-                    "which facts its question needs (use synthetic data, or a trajectories "
-                    "file)",
+                    f"record {r.id} has no supporting documents or facts: the oracle cannot "
+                    "know which facts its question needs (use synthetic data, or a "
+                    "trajectories file)",
                     location=r.id,
                 )
             self._records.setdefault(r.question.strip(), r)

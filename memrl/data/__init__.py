@@ -7,7 +7,7 @@ from memrl.data.hotpotqa import (
     save_records,
     save_records_jsonl,
 )
-from memrl.data.records import Document, QARecord, render_documents
+from memrl.data.records import Document, QARecord, render_documents, supporting_facts
 from memrl.data.ruler_hqa import (
     build_ruler_hqa,
     load_ruler_hqa,
@@ -31,6 +31,7 @@ __all__ = [
     "save_memagent_parquet",
     "save_records",
     "save_records_jsonl",
+    "supporting_facts",
     "synthetic_corpus",
     "write_ruler_hqa",
 ]

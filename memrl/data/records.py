@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DOCUMENT_TEMPLATE = "Document {index}:\n{title}\n{text}"
@@ -34,6 +36,9 @@ class QARecord(BaseModel):
     documents: list[Document] = Field(default_factory=list)
     context: str | None = None
     num_docs: int | None = Field(default=None, ge=0)
+    facts: list[str] = Field(default_factory=list)
+    """The sentences of the context the question needs (its supporting facts), when a file
+    says so (memrl's RULER-HQA files do); empty when unknown. See `supporting_facts`."""
 
     @field_validator("answers")
     @classmethod
@@ -47,6 +52,24 @@ class QARecord(BaseModel):
         if self.context is not None:
             return self.context
         return render_documents(self.documents)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def supporting_facts(record: QARecord) -> list[str]:
+    """The facts `record`'s question needs: `record.facts` when given, else the first
+    sentence of each supporting document, in document order (the synthetic data puts the
+    one fact of each gold paragraph there); [] when neither is known."""
+    if record.facts:
+        return [f for f in record.facts if f.strip()]
+    facts = []
+    for doc in record.documents:
+        if doc.is_supporting:
+            first = _SENTENCE_END.split(doc.text.strip(), maxsplit=1)[0].strip()
+            if first:
+                facts.append(first)
+    return facts
 
 
 def render_documents(documents: list[Document]) -> str:

@@ -38,7 +38,7 @@ from memrl.data.io import (
     type_name,
     write_json_atomic,
 )
-from memrl.data.records import Document, QARecord, render_documents
+from memrl.data.records import Document, QARecord, render_documents, supporting_facts
 from memrl.errors import MemrlInputError
 
 INCLUDE_MODES = ("gold", "all")
@@ -204,7 +204,10 @@ def _question_documents(plan: _Plan, index: int, num_docs: int, seed: int,
 
 def build_ruler_hqa(records: Sequence[QARecord], num_docs: int, *, seed: int = 42,
                     num_questions: int | None = None, include: str = "gold") -> list[dict]:
-    """RULER-HQA items for one N: `{"index", "input", "answers", "context", "num_docs"}`.
+    """RULER-HQA items for one N: `{"index", "input", "answers", "context", "num_docs"}`,
+    plus `"facts"` (the sentences the question needs, `supporting_facts`) when the question
+    knows them: MemAgent's scripts ignore the extra key; memrl's evaluation checks whether
+    the agent's memory keeps them (`memrl.eval.memory_trace`).
 
     Distractors never come from the question's own paragraphs nor share a title with them
     (a different version of a gold paragraph would leak or contradict it).
@@ -225,6 +228,7 @@ def build_ruler_hqa(records: Sequence[QARecord], num_docs: int, *, seed: int = 4
             "answers": list(plan.record.answers),
             "context": render_documents(_question_documents(plan, index, num_docs, seed, pool)),
             "num_docs": num_docs,
+            **({"facts": facts} if (facts := supporting_facts(plan.record)) else {}),
         }
         for index, plan in enumerate(plans)
     ]
@@ -346,7 +350,8 @@ def load_ruler_hqa(path: str | Path, *, pool: PoolSource | None = None,
     """Read an `eval_{N}.json` file (or the same records as JSONL) into QARecords.
 
     id = str(index) (or the row number), question = input, answers = list (or one string),
-    context kept as the string; unknown extra fields are ignored (published files carry more).
+    context kept as the string, facts = the optional `facts` list (memrl's builder writes it);
+    unknown extra fields are ignored (published files carry more).
 
     `context` may instead be a list of paragraph indices (MemAgent's eval_12800 / eval_25600
     files, written by `generate_index_only` in taskutils/memory_data/different_docs_eval.py);
@@ -422,12 +427,14 @@ def ruler_item_record(value: Any, row: int, location: str, *,
     answers = clean_answers(string_list(answers, "answers", location), "answers", location)
     context = get_field(obj, "context", (str, list), location)
     num_docs = get_field(obj, "num_docs", int, location, required=False)
+    facts = string_list(get_field(obj, "facts", list, location, required=False) or [],
+                        "facts", location)
     if isinstance(context, list):
         if num_docs is None:
             num_docs = len(context)
         context = _pool_context(context, _as_pool(pool), location)
     return make_record(location, id=qid, question=question, answers=answers, context=context,
-                       num_docs=num_docs)
+                       num_docs=num_docs, facts=facts)
 
 
 def load_ruler_hqa_dir(directory: str | Path, num_docs_list: Sequence[int], *,

@@ -15,7 +15,10 @@ the question is then answered over the initial and over the final memory. Per ca
   default 0.5, with the turn's text; `memrl.rewards.memory_delta.evidence_recall`).
 - `reward`: the training reward (memory delta x efficiency - format penalty).
 - memory statistics per episode: inserts / updates / deletes / searches, growth in words
-  and in entries, replies and the share of replies with a format error.
+  and in entries, replies and the share of replies with a format error;
+- `memory`: the dialogue sessions read per episode, the memory size (entries, characters)
+  before and after, and the operations and growth per session read
+  (`memrl.eval.memory_trace.memory_per_session`), also a table in results.md.
 
 The `all` row pools categories 1-4 (every trajectory counts once).
 
@@ -45,6 +48,12 @@ import numpy as np
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.data.locomo import ADVERSARIAL_CATEGORY, CATEGORY_NAMES, MemoryEpisode
 from memrl.errors import MemrlInputError
+from memrl.eval.memory_trace import (
+    SESSION_COLUMNS,
+    memory_per_session,
+    session_line,
+    session_rows,
+)
 from memrl.eval.report import (
     finish_header,
     markdown_table,
@@ -164,6 +173,7 @@ def aggregate(rows: Sequence[dict[str, Any]], scored: bool = True) -> dict[str, 
         "turns": m("turns"),
         "format_error_rate": m("format_error_rate"),
         "efficiency": m("efficiency"),
+        "memory": memory_per_session(rows),
     }
 
 
@@ -342,9 +352,14 @@ def evaluate_locomo(
     )
     literature = literature_rows(per_category)
     note += ("\n## As the literature scores it (mem0)\n\n"
-             + markdown_table(LITERATURE_COLUMNS, literature))
+             + markdown_table(LITERATURE_COLUMNS, literature)
+             + "\n## Memory per dialogue session read\n\n"
+             + markdown_table(SESSION_COLUMNS, session_rows(per_category), digits=2))
     title = f"LoCoMo · MemoryUpdate · {results['model']}"
     write_report(out, title, TABLE_COLUMNS, table_rows(per_category), console, note)
     console.print(rich_table(f"LoCoMo as the literature scores it · split {split}",
                              LITERATURE_COLUMNS, literature))
+    for key, r in per_category.items():
+        name = f"category {key}" if key.isdigit() else key
+        console.print(session_line(name, r["memory"]), soft_wrap=True)
     return results

@@ -135,6 +135,47 @@ def plot_scores(
     return path
 
 
+def plot_panels(
+    path: str | Path,
+    panels: Sequence[Mapping[str, Any]],
+    *,
+    title: str = "",
+) -> Path:
+    """Side-by-side line plots (PNG, headless Agg backend). Each panel is a mapping with
+    `series` ({name: (xs, ys)}; a None y is a gap), `xlabel`, `ylabel` and optionally
+    `title` and `ylim`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
+    try:
+        for ax, panel in zip(axes[0], panels, strict=True):
+            for name, (xs, ys) in panel["series"].items():
+                y = [math.nan if v is None else v for v in ys]
+                ax.plot(list(xs), y, marker="o" if len(y) <= 40 else None, markersize=3,
+                        label=name)
+            ax.set_xlabel(panel["xlabel"])
+            ax.set_ylabel(panel["ylabel"])
+            if panel.get("ylim") is not None:
+                ax.set_ylim(*panel["ylim"])
+            if panel.get("title"):
+                ax.set_title(panel["title"], fontsize=10)
+            ax.grid(True, alpha=0.3)
+            if panel["series"]:
+                ax.legend(fontsize=8)
+        if title:
+            fig.suptitle(title, fontsize=11)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def run_header(
     benchmark: str, generator: Any, model_name: str | None, config: Any, **fields: Any
 ) -> dict[str, Any]:

@@ -9,7 +9,11 @@ an error; index-list files need `pool`), runs the agent (no learning) through
 - `results.json`: per-N means + config + model + protocol + timings, rewritten after every N
   and holding every N ever evaluated into this directory;
 - `results.md`: the table of every N, as Markdown; `plot.png`: scores (%) against mean
-  context length (tokens, log scale).
+  context length (tokens, log scale);
+- `evidence_in_memory.json` / `.png`: the memory diagnostics of every N (whether the memory
+  holds the gold answer and the supporting facts after each chunk, before and after the
+  evidence was read, and its length; `memrl.eval.memory_trace`), computed from the
+  trajectories files; their summary is also each N's `memory` in results.json.
 
 Resumable and additive: running again into the same `out_dir` (same model, config and
 protocol, else a one-line error) skips the episodes already in the trajectories files,
@@ -35,6 +39,12 @@ from memrl.agents.memagent import MemAgentConfig, rich_progress_callback
 from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import LazyPool, load_ruler_hqa, ruler_hqa_path
 from memrl.errors import MemrlInputError
+from memrl.eval.memory_trace import (
+    aggregate_traces,
+    read_diagnostics,
+    summary_line,
+    write_diagnostics,
+)
 from memrl.eval.report import (
     finish_header,
     plot_scores,
@@ -197,7 +207,7 @@ def evaluate_ruler_hqa(
             raise MemrlInputError(f"must be >= 1, got {value}", location=option)
     if num_samples < 1:
         raise MemrlInputError(f"must be >= 1, got {num_samples}", location="--samples")
-    task = MemAgentQATask(config, protocol=protocol)
+    task = MemAgentQATask(config, protocol=protocol, trace_evidence=True)
     num_docs_list = list(dict.fromkeys(int(n) for n in num_docs_list))
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
@@ -225,6 +235,7 @@ def evaluate_ruler_hqa(
     if resume and not previous:
         raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
     per_n: dict[str, Any] = dict(previous.get("results") or {})
+    memory = read_diagnostics(out) if previous else {}
     timings = dict((previous.get("timings") or {}).get("per_num_docs_s") or {})
     if previous:
         results["started_at"] = previous.get("started_at", results["started_at"])
@@ -266,9 +277,10 @@ def evaluate_ruler_hqa(
 
             rows = [finished[key] for key in wanted]
             timings[str(n)] = timings.get(str(n), 0.0) * (todo < len(wanted)) + elapsed
+            memory[str(n)] = aggregate_traces(rows)
             per_n[str(n)] = {"num_docs": n, "num_records": len(records),
                              "num_samples": num_samples, **aggregate(rows, protocol),
-                             "seconds": timings[str(n)]}
+                             "memory": memory[str(n)]["summary"], "seconds": timings[str(n)]}
             results["timings"]["total_s"] = time.perf_counter() - started
             write_json(out / "results.json", results)
 
@@ -282,6 +294,9 @@ def evaluate_ruler_hqa(
     write_report(out, title, table_columns(protocol), table_rows(per_n, protocol), console,
                  protocol_note(protocol))
     _plot(out / "plot.png", per_n, title, protocol)
+    write_diagnostics(out, memory, title)
+    for key in sorted(memory, key=int):
+        console.print(summary_line(key, memory[key]), soft_wrap=True)
     return results
 
 

@@ -14,9 +14,10 @@ import numpy as np
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig
 from memrl.agents.trajectory import Trajectory
-from memrl.data.records import QARecord
+from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator, RolloutMode
+from memrl.rewards.evidence import locate_evidence
 from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
@@ -88,6 +89,7 @@ def trajectory_row(t: Trajectory, record: QARecord) -> dict[str, Any]:
         "num_chunks": t.info["num_chunks"],
         "context_tokens": t.info["context_tokens"],
         "capped": t.info["capped"],
+        **({"evidence": t.info["evidence"]} if "evidence" in t.info else {}),
     }
 
 
@@ -98,7 +100,11 @@ class MemAgentQATask:
     rewards: ClassVar[tuple[str, ...]] = REWARDS
 
     def __init__(self, config: MemAgentConfig, reward: str = "sub_em",
-                 protocol: str = PROTOCOLS[0]) -> None:
+                 protocol: str = PROTOCOLS[0], *, trace_evidence: bool = False) -> None:
+        """`trace_evidence`: also record in each trajectory (`info["evidence"]`, and its
+        log row) the chunk where the gold answer and each supporting fact enter the context
+        (`memrl.rewards.evidence.locate_evidence`), for the evaluation's memory diagnostics;
+        it cuts each context into chunks a second time."""
         if reward not in REWARDS:
             raise MemrlInputError(
                 f"unknown reward {reward!r} for the memagent task; choose one of "
@@ -115,6 +121,7 @@ class MemAgentQATask:
         self.config = config
         self.reward = reward
         self.protocol = protocol
+        self.trace_evidence = trace_evidence
         self._context_ids: dict[str, frozenset[int]] = {}
 
     @classmethod
@@ -168,8 +175,12 @@ class MemAgentQATask:
             mode=mode,
         )
         by_id = {r.id: r for r in records}
+        evidence = {r.id: locate_evidence(agent.chunk(r).texts, r.answers, supporting_facts(r))
+                    for r in records} if self.trace_evidence else {}
         for t in trajectories:
             record = by_id[t.record_id]
+            if t.record_id in evidence:
+                t.info["evidence"] = evidence[t.record_id]
             scores = (score_protocol_trajectory if published else score_trajectory)(t, record)
             if self.reward == "context_overlap":
                 t.reward = self._overlap(t, record, generator.tokenizer)
