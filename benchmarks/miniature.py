@@ -36,6 +36,10 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--eval-questions", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-docs", default=None,
+                    help="comma-separated document counts (default 4,16,64,256,1024: 1x-256x)")
+    ap.add_argument("--skip-before", action="store_true",
+                    help="do not evaluate the untrained model (it scores 0 and is the slowest)")
     args = ap.parse_args()
 
     import torch
@@ -46,12 +50,14 @@ def main() -> None:
     train_docs = 4
     plan = QuickstartPlan(
         train_docs=train_docs,
-        eval_docs=tuple(train_docs * k for k in ((1, 4) if tiny else (1, 4, 16, 64, 256))),
+        eval_docs=tuple(int(n) for n in args.eval_docs.split(",")) if args.eval_docs else
+        tuple(train_docs * k for k in ((1, 4) if tiny else (1, 4, 16, 64, 256))),
         eval_questions=args.eval_questions or (8 if tiny else 48),
         train_questions=200 if tiny else 20000,
         model_shape=dict(MODEL_SHAPE if tiny else GPU_SHAPE),
         device="cpu" if tiny else "cuda",
         eval_batch_size=64,
+        evaluate_before=not args.skip_before,
     )
     sft_steps = args.sft_steps or (5 if tiny else 3000)
     rl_steps = args.rl_steps or (1 if tiny else 40)

@@ -121,6 +121,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-checkpoint", action="store_true",
                    help="keep the checkpoint the trainer saves after the last step")
     # rollout engine
+    p.add_argument("--strategy", choices=["replicate", "fsdp"], default="replicate",
+                   help="model.strategy; under torchrun (--nproc-per-node N) each rank holds "
+                        "1/N of the questions of a step (FSDP2: and 1/N of the weights)")
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="rollout.engine: the in-process HF engine or colocated vLLM")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3,
@@ -201,6 +204,7 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
     return TrainConfig.model_validate({
         "seed": args.seed,
         "model": {"path": str(model_dir), "dtype": "auto", "device": args.device,
+                  "strategy": args.strategy,
                   "gradient_checkpointing": args.gradient_checkpointing,
                   "attn_implementation": args.attn},
         "data": {"train_file": str(train_file), "train_batch_size": args.train_batch_size,
@@ -572,16 +576,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shape["num_hidden_layers"] = args.layers
     if args.update_only:
         return run_update_only(args, shape, argv)
+    from memrl.distributed import init_process_group
+
+    # Under torchrun: one rank per GPU (cuda:LOCAL_RANK); rank 0 builds model and data.
+    dist = init_process_group(1800, device=device)
     out = Path(args.out_dir)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     t0 = time.perf_counter()
-    model_info = build_model_dir(
-        out / "model", shape, tokenizer_vocab=args.tokenizer_vocab,
-        pad_tokenizer=not args.no_pad_tokenizer, corpus=synthetic_corpus(args.seed, 200),
-        seed=args.seed, device=device)
-    records = write_data(out / "train.jsonl", args)
+    if dist.is_main:
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        model_info = build_model_dir(
+            out / "model", shape, tokenizer_vocab=args.tokenizer_vocab,
+            pad_tokenizer=not args.no_pad_tokenizer, corpus=synthetic_corpus(args.seed, 200),
+            seed=args.seed, device=device)
+        records = write_data(out / "train.jsonl", args)
+        (out / "model_info.json").write_text(json.dumps(model_info))
+    dist.barrier()
+    model_info = json.loads((out / "model_info.json").read_text())
+    records = [None] * args.num_questions
     t_build = time.perf_counter() - t0
     print(f"model {model_info['params'] / 1e6:.1f}M params, {len(records)} questions, "
           f"built in {t_build:.1f} s", flush=True)
@@ -608,6 +621,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "settings": {
             "gradient_checkpointing": args.gradient_checkpointing,
             "engine": args.engine, "recipe_shapes": args.recipe_shapes,
+            "strategy": args.strategy,
             "rollout_vllm": config.rollout.vllm.model_dump() if args.engine == "vllm" else None,
             "chunk_size": args.chunk_size, "max_memory_tokens": args.max_memory_tokens,
             "max_final_tokens": args.max_final_tokens, "rollout_n": args.rollout_n,
@@ -631,6 +645,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": rows,
         "mean_excluding_warmup": mean_rows(measured),
     }
+    summary["world_size"] = dist.world_size
+    ranks = dist.all_gather({"rank": dist.rank, "peak_mem_allocated_gib": max(
+        (r.get("peak_mem_allocated_gib", 0.0) for r in rows), default=0.0)})
+    summary["peak_mem_allocated_gib_per_rank"] = [r["peak_mem_allocated_gib"] for r in ranks]
+    if not dist.is_main:
+        return summary
     text = json.dumps(summary, indent=2)
     (out / "summary.json").write_text(text + "\n")
     if args.json_out:
