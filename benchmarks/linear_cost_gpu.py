@@ -254,7 +254,12 @@ def baseline(model_dir: Path, records: dict[int, list[Any]], args: argparse.Name
 
 # ---------------------------------------------------------------------------------- MemAgent
 def run_length(agent: Any, records: list[Any], timeout: float) -> dict[str, Any]:
-    """One MemAgent evaluation over `records`: per-step times from its progress events."""
+    """One MemAgent evaluation over `records`: per-step times from its progress events.
+
+    Lockstep (an engine without continuous batching) reports one "chunks" event per chunk
+    step of all episodes; async episodes (vLLM, as `memrl eval` runs them) one per memory
+    update of any episode, so `chunk_step_s` is then the interval between consecutive
+    memory-update completions, all episodes running concurrently."""
     import torch
 
     stamps: list[tuple[str, float]] = []

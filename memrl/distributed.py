@@ -63,15 +63,25 @@ def init_process_group(
     if not launched():
         options.update(store=tdist.HashStore(), rank=0, world_size=1)
     tdist.init_process_group(**options)
+    global _joined
+    _joined = True
     return Dist.from_environment()
 
 
+_joined = False
+"""Whether `init_process_group` created this process's group (and so may destroy it)."""
+
+
 def destroy_process_group() -> None:
-    """Leave the process group, if this process joined one."""
+    """Leave the process group, if `init_process_group` joined one. A group somebody else
+    made in this process (an in-process vLLM engine makes one of its own) is left alone:
+    destroying it under them breaks their next collective or their shutdown."""
+    global _joined
     import torch.distributed as tdist
 
-    if tdist.is_available() and tdist.is_initialized():
+    if _joined and tdist.is_available() and tdist.is_initialized():
         tdist.destroy_process_group()
+    _joined = False
 
 
 def torchrun_command(nproc_per_node: int, module_args: Sequence[str]) -> list[str]:

@@ -65,6 +65,9 @@ def ray_cluster():
         p for p in (str(PROJECT_ROOT), str(PROJECT_ROOT / "tests"), os.environ.get("PYTHONPATH"))
         if p
     )
+    # A named actor's lookup waits 60 s for the GCS by default; on a 2-core CI machine busy
+    # with vLLM servers on the other worker that was not always enough.
+    os.environ.setdefault("RAY_gcs_server_request_timeout_seconds", "300")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
     try:

@@ -117,7 +117,8 @@ def test_linear_cost_script_runs_memagent_on_vllm_and_the_baseline(tmp_path):
     assert max(rows[1]["chunks"]) > max(rows[0]["chunks"])
     for r in rows:  # every memory update wrote exactly --memory-tokens tokens
         assert r["update_response_tokens"] == [16]
-        assert r["chunk_step_s"]["n"] == max(r["chunks"])
+        # async episodes on vLLM: one interval per memory update of any episode
+        assert r["chunk_step_s"]["n"] == sum(r["chunks"])
     assert [b["status"] for b in out["baseline"]] == ["ok", "ok"]
     assert out["analysis"]["total_time_vs_tokens"]["points"] == 2
     assert (tmp_path / "linear_cost.png").stat().st_size > 0

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def test_body_and_answer_follow_the_hf_conventions(tiny_tokenizer):
     assert body["logprobs"] == 0 and body["return_tokens_as_token_ids"] is True
     assert body["stop"] == ["x"] and body["include_stop_str_in_output"] is True
     assert "ignore_eos" not in body
-    assert gen.request_body([1], SamplingParams(ignore_eos=True), index=0)["ignore_eos"] is True
+    assert gen.request_body([1], SamplingParams(ignore_eos=True))["ignore_eos"] is True
     eos = tiny_tokenizer.eos_token_id
     hello = tiny_tokenizer.encode(" the city", add_special_tokens=False)
     answer = {"choices": [{"finish_reason": "stop", "logprobs": {
@@ -184,9 +185,19 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
                                            max_in_flight_per_server=4, timeout_s=60),
                               tiny_tokenizer)
         prompts = [encode_chat(tiny_tokenizer, f"Question number {i}?") for i in range(48)]
-        killer = threading.Timer(0.5, doomed.kill)  # SIGKILL while requests are in flight
+        url = f"http://127.0.0.1:{port}"
+
+        def kill_while_busy() -> None:  # SIGKILL while it holds requests
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not any(
+                    s.url == url and s.in_flight > 0 for s in gen.servers):
+                time.sleep(0.01)
+            doomed.kill()
+
+        killer = threading.Thread(target=kill_while_busy)
         killer.start()
-        gens = gen.generate(prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=2))
+        gens = gen.generate(prompts, SamplingParams(max_new_tokens=64, temperature=1.0, seed=2,
+                                                    ignore_eos=True))
         killer.join()
     finally:
         doomed.kill()
