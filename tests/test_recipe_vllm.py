@@ -136,3 +136,24 @@ def test_vllm_run_resumes_after_sigkill_like_an_uninterrupted_run(tiny_model_dir
         assert a.keys() == b.keys() and "rollout/logprob_diff_max" in a
         for k in a:
             assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9), (a["step"], k)
+
+
+@pytest.mark.slow
+def test_each_of_two_ranks_rolls_out_on_its_own_vllm_engine(tiny_model_dir, data_dir, tmp_path):
+    """`memrl train --nproc-per-node 2` with `rollout.engine: vllm`: every rank owns an
+    in-process engine beside the trainer's process group; the run finishes and exits cleanly
+    (each engine shut down before the group is left)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text(train_config(tiny_model_dir, data_dir, tmp_path / "run",
+                                   "rollout.engine=vllm", "trainer.total_steps=1",
+                                   *ENGINE).model_dump_json())
+    proc = subprocess.run([sys.executable, "-m", "memrl", "train", str(config),
+                           "--nproc-per-node", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/samples" in r]
+    assert [r["step"] for r in rows] == [1]
+    assert rows[0]["rollout/logprob_diff_max"] < 1e-3

@@ -278,6 +278,18 @@ class VLLMGenerator:
             self.llm.wake_up()
             self.asleep = False
 
+    def close(self) -> None:
+        """Shut the engine down now. vLLM otherwise does it at interpreter exit, when a
+        trainer that ran under torchrun has already left its process group and vLLM's own
+        groups can no longer be destroyed (a traceback at every exit). Idempotent."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        import gc
+
+        del llm
+        gc.collect()  # runs vLLM's shutdown finalizer while the process group is alive
+
     def _check_awake(self) -> None:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake() first")

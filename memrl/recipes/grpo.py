@@ -111,6 +111,9 @@ def train(
                 save(run)
     if run.dist.is_main:
         plot_training_curves(run.out_dir / "metrics.jsonl", run.out_dir / "training.png")
+    close = getattr(run.engine, "close", None)  # a separate engine (vLLM) shuts down now
+    if close is not None:
+        close()
     return run.state
 
 
