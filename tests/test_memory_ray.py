@@ -5,6 +5,7 @@ on top of it, in rollout workers of their own."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import time
 
 import pytest
@@ -207,3 +208,55 @@ def test_the_agent_isolation_test_passes_on_the_actor(empty, tiny_tokenizer):
     from test_agent_memupdate import test_two_trials_of_one_base_never_see_each_other as iso
 
     iso(tiny_tokenizer, empty)  # the MemoryUpdate agent's isolation test, store in the actor
+
+
+@pytest.mark.slow
+def test_two_ray_ranks_train_memoryupdate_on_one_store_actor(ray_cluster, tiny_model_dir,
+                                                              tmp_path):
+    """`memupdate.store: ray` under `trainer.launcher: ray`: both ranks' base and trial
+    namespaces live in one MemoryStoreManager actor, each rank under its own prefix."""
+    import dist_train
+
+    from memrl.config import load_config
+    from memrl.data.locomo import save_episodes
+    from memrl.metrics import read_metrics
+    from memrl.ray_launcher import train_on_ray
+    from memrl.recipes.config import TrainConfig
+
+    data = tmp_path / "data"
+    save_episodes([
+        make_episode(f"conv-t-qa{i}-0000000{i}", [f"My code is {i}{i}17.", "Noted.", "Bye."],
+                     ["Ann likes tea.", "Bob runs."], answers=[f"{i}{i}17"])
+        for i in range(4)], data)
+    out = tmp_path / "run"
+    config = Path(__file__).resolve().parents[1] / "configs" / "memupdate_locomo.yaml"
+    cfg = load_config(TrainConfig, config, [
+        f"model.path={tiny_model_dir}", f"data.train_file={data}", "data.val_file=null",
+        f"trainer.out_dir={out}", "trainer.total_steps=1", "trainer.log_sinks=[jsonl]",
+        "trainer.save_freq=0", "data.train_batch_size=2", "rl.rollout_n=2",
+        "rl.ppo_mini_batch_size=2", "memupdate.embedder=hashing", "memupdate.store=ray",
+        "memupdate.store_actor=memrl-test-shared-store", "memupdate.max_response_tokens=12",
+        "memupdate.session_chunk_turns=2", "memupdate.memory_view_k=2",
+        "trainer.launcher=ray", "trainer.ray.num_workers=2"])
+    namespaces = train_on_ray(cfg, dist_train.train_and_list_store)
+    assert {n.split(":")[0] for n in namespaces} == {"rank0", "rank1"}, namespaces
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "train/reward_mean" in r]
+    assert len(rows) == 1 and rows[0]["train/samples"] >= 8
+
+
+def test_prefixed_views_of_one_store_never_meet():
+    from memrl.memory.ray_store import PrefixedStore
+
+    shared = MemoryStore(HashingEmbedder(dim=64))
+    a, b = PrefixedStore(shared, "rank0:"), PrefixedStore(shared, "rank1:")
+    assert a.create_namespace("conv", ["alice oslo"]) == ["m0"]
+    assert b.create_namespace("conv", ["bob tea", "carol chess"]) == ["m0", "m1"]
+    trial = a.fork("conv", "r1")
+    assert trial == "conv--r1" and a.insert(trial, "dave rome") == "m1"
+    assert sorted(a.namespaces()) == ["conv", "conv--r1"] and b.namespaces() == ["conv"]
+    assert sorted(shared.namespaces()) == ["rank0:conv", "rank0:conv--r1", "rank1:conv"]
+    assert [r.text for r in b.list("conv")] == ["bob tea", "carol chess"]
+    assert a.search("conv--r1", "dave", 1)[0][0].text == "dave rome"
+    assert not b.exists("conv--r1")
+    a.release(trial)
+    assert a.namespaces() == ["conv"] and a.embedder is shared.embedder

@@ -94,6 +94,11 @@ class MemUpdateConfig(BaseModel):
     with `derive_seed(seed, id, occurrence, sample index, t)`, whichever schedule runs it."""
     embedder: Literal["minilm", "hashing"] = "minilm"
     """Memory embeddings: the packaged MiniLM (memrl[embed]) or feature hashing (tests)."""
+    store: Literal["local", "ray"] = "local"
+    """Where the memory namespaces live: in this process, or in one `MemoryStoreManager` Ray
+    actor shared by every rank of the run (memrl[ray]; each rank under its own prefix)."""
+    store_actor: str = Field("memrl-memory-store", min_length=1)
+    """The Ray actor's name (store: ray): ranks of one run find the same actor by it."""
     # ---- the reward (memrl.rewards.memory_delta)
     answerer: Literal["retrieval", "llm"] = "retrieval"
     """retrieval: best token F1 / containment of the gold answer among the top-k memories;

@@ -32,7 +32,7 @@ from memrl.errors import require
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryRecord, MemoryStore
 
-__all__ = ["MemoryStoreManager", "RayMemoryStore", "RemoteEmbedder"]
+__all__ = ["MemoryStoreManager", "PrefixedStore", "RayMemoryStore", "RemoteEmbedder", "shared_store"]
 
 FEATURE = "the Ray memory store"
 
@@ -182,3 +182,77 @@ class RayMemoryStore:
 
     def list(self, ns: str) -> list[MemoryRecord]:
         return self.call("list", ns)
+
+
+class PrefixedStore:
+    """A `MemoryBackend` view of `backend` in which every namespace is `prefix + name`: several
+    trainers (the ranks of one run) share one store actor without their base and trial
+    namespaces ever meeting, while each sees the names it asked for. `embedder` is the
+    backend's."""
+
+    def __init__(self, backend: Any, prefix: str) -> None:
+        self.backend = backend
+        self.prefix = prefix
+        self.embedder = getattr(backend, "embedder", None)
+
+    def _own(self, ns: str) -> str:
+        return ns[len(self.prefix):] if ns.startswith(self.prefix) else ns
+
+    def create_namespace(self, ns: str, texts: Sequence[str] = (), **kw: Any) -> list[str]:
+        return self.backend.create_namespace(self.prefix + ns, texts, **kw)
+
+    def fork(self, base_ns: str, request_id: str) -> str:
+        return self._own(self.backend.fork(self.prefix + base_ns, request_id))
+
+    def release(self, ns: str, *, missing_ok: bool = False) -> None:
+        self.backend.release(self.prefix + ns, missing_ok=missing_ok)
+
+    def exists(self, ns: str) -> bool:
+        return self.backend.exists(self.prefix + ns)
+
+    def namespaces(self) -> list[str]:
+        return [self._own(n) for n in self.backend.namespaces() if n.startswith(self.prefix)]
+
+    def insert(self, ns: str, text: str, **kw: Any) -> str:
+        return self.backend.insert(self.prefix + ns, text, **kw)
+
+    def update(self, ns: str, id: str, text: str, **kw: Any) -> MemoryRecord:
+        return self.backend.update(self.prefix + ns, id, text, **kw)
+
+    def delete(self, ns: str, id: str) -> MemoryRecord:
+        return self.backend.delete(self.prefix + ns, id)
+
+    def get(self, ns: str, id: str) -> MemoryRecord:
+        return self.backend.get(self.prefix + ns, id)
+
+    def search(self, ns: str, query: str, top_k: int = 5) -> list[tuple[MemoryRecord, float]]:
+        return self.backend.search(self.prefix + ns, query, top_k)
+
+    def search_many(self, ns: str, queries: Sequence[str], top_k: int = 5
+                    ) -> list[list[tuple[MemoryRecord, float]]]:
+        return self.backend.search_many(self.prefix + ns, queries, top_k)
+
+    def stats(self, ns: str) -> dict[str, int]:
+        return self.backend.stats(self.prefix + ns)
+
+    def list(self, ns: str) -> list[MemoryRecord]:
+        return self.backend.list(self.prefix + ns)
+
+
+def shared_store(embedder: Embedder, name: str, prefix: str, *,
+                 timeout_s: float = 300.0) -> PrefixedStore:
+    """This trainer's view (`prefix`) of the store actor `name`, started by whichever trainer
+    of the Ray job comes first (the others connect to it). Joins the Ray cluster of
+    `RAY_ADDRESS` (or starts a local one) when this process is not connected yet: under
+    `trainer.launcher: ray` the workers already are."""
+    ray = require("ray", extra="ray", feature=FEATURE)
+    if not ray.is_initialized():
+        import os
+
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=False,
+                 include_dashboard=False)
+    try:
+        store = RayMemoryStore.start(embedder, name=name, timeout_s=timeout_s)
+    except ValueError:  # another trainer started it first
+        store = RayMemoryStore.connect(name, timeout_s=timeout_s)
+    return PrefixedStore(store, prefix)
