@@ -55,10 +55,13 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster of 2 CPUs for the session (skipped without memrl[ray]); its workers
-    import memrl and the tests' helper modules. Shut down (raylet and all) at the end."""
+    """A local Ray cluster of 2 CPUs for a test module (skipped without memrl[ray]); its
+    workers import memrl and the tests' helper modules. Shut down (raylet and all) at the end
+    of the module: a fresh cluster per module, so one module's Ray Train runs leave nothing
+    behind for the next (in the whole suite on 2 cores, a named-actor lookup on a cluster that
+    had run Ray Train jobs once never returned)."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.train.torch", exc_type=ImportError)  # ray[train]: pandas too
     path = os.pathsep.join(
