@@ -138,3 +138,16 @@ def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
                  + row["update_s"] + row["other_s"])
         assert parts == pytest.approx(row["perf/step_time_s"])
         assert row["sync_weights_s"] > 0 and row["rollout/logprob_diff_max"] < 1e-3
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_rollout_profile_script_times_memrl_against_vllm_directly(tmp_path):
+    out = run_script("rollout_profile_gpu", tmp_path, "--out",
+                     str(tmp_path / "rollout_profile_gpu.json"))
+    runs = ("vllm_direct", "vllm_direct_logprobs", "vllm_direct_logprobs_seeded",
+            "memrl_vllm_generator")
+    assert set(out["seconds"]) == set(runs) and all(out["seconds"][r] > 0 for r in runs)
+    for r in runs:  # every run made batch x new tokens (the script asserts it too)
+        assert out["new_tokens_per_s"][r] * out["seconds"][r] == pytest.approx(
+            out["batch"] * out["new_tokens"])
