@@ -117,6 +117,9 @@ class ScriptedAsyncEngine:
     def wake(self) -> None:
         """Nothing to restore."""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 def assert_same_trajectories(a: Sequence[Any], b: Sequence[Any], *,
                              ignore_info: Sequence[str] = (), logprob_atol: float = 0.0) -> None:

@@ -121,6 +121,11 @@ class Engine(Generator, Protocol):
         """Undo `sleep` before the next rollout."""
         ...
 
+    def close(self) -> None:
+        """Release the engine at the end of training, while the trainer's process group is
+        still there (an in-process vLLM engine shuts its own groups down)."""
+        ...
+
 
 def derive_seed(*parts: int | str) -> int:
     """A seed in [0, 2**63) determined by `parts`, e.g. (run seed, step, round, call).

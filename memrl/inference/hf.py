@@ -91,6 +91,9 @@ class HFGenerator:
     def wake(self) -> None:
         """Nothing to restore (see `sleep`)."""
 
+    def close(self) -> None:
+        """Nothing to release: the engine is the policy (or its copy), freed with it."""
+
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         """One request, answered at once (the in-process engine has no request queue)."""
         return self.generate([prompt], params)[0]

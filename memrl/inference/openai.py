@@ -296,6 +296,9 @@ class OpenAIGenerator:
     def wake(self) -> None:
         """Nothing to restore (see `sleep`)."""
 
+    def close(self) -> None:
+        """Nothing to release: the servers run on."""
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Requests, failures and health of each server (by URL, listed order)."""
         out: dict[str, dict[str, Any]] = {}

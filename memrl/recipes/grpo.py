@@ -111,9 +111,7 @@ def train(
                 save(run)
     if run.dist.is_main:
         plot_training_curves(run.out_dir / "metrics.jsonl", run.out_dir / "training.png")
-    close = getattr(run.engine, "close", None)  # a separate engine (vLLM) shuts down now
-    if close is not None:
-        close()
+    run.engine.close()
     return run.state
 
 
