@@ -2,10 +2,11 @@
 full-context forward pass.
 
 memrl's own `memrl.agents.memagent.MemAgent` reads synthetic documents of growing length
-(7K, 14K, 28K, 56K tokens by default: doubling up to `--max-tokens`; or `--lengths`) chunk by chunk with
-memrl's colocated vLLM engine (`memrl.inference.VLLMGenerator`), on a causal LM with
-Qwen2.5-0.5B's shape and random weights (nothing is downloaded): 5000-token chunks, a few
-questions per length read together (lockstep: one `generate` call per chunk step).
+(7K, 14K, 28K, 56K tokens by default: doubling up to `--max-tokens`; or `--lengths`) chunk
+by chunk with memrl's colocated vLLM engine (`memrl.inference.VLLMGenerator`), on a causal
+LM with Qwen2.5-0.5B's shape and random weights (nothing is downloaded): 5000-token chunks,
+a few questions per length read together (async episodes, as `memrl eval` runs them on
+vLLM: each question's next chunk goes out as soon as its previous memory is back).
 
     python benchmarks/linear_cost_gpu.py --out linear.json              # GPU, ~4 min on an H100
     python benchmarks/linear_cost_gpu.py --lengths 7000,56000,448000,3584000 \\
@@ -138,7 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(overrides --min-tokens/--max-tokens)")
     p.add_argument("--min-tokens", type=int, default=None, help="first length (default 7000)")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="last length, doubling from --min-tokens (default 56000; 3584000 = 7000·2⁹)")
+                   help="last length, doubling from --min-tokens "
+                        "(default 56000; 3584000 = 7000·2⁹)")
     p.add_argument("--questions", type=int, default=None, help="questions per length (default 4)")
     p.add_argument("--chunk-size", type=int, default=None, help="default 5000")
     p.add_argument("--memory-tokens", type=int, default=None,
@@ -212,11 +214,8 @@ def baseline(model_dir: Path, records: dict[int, list[Any]], args: argparse.Name
         row: dict[str, Any] = {"target_tokens": length, "tokens": len(ids)}
         if stop_reason is None and len(ids) > args.baseline_max_tokens:
             stop_reason = f"longer than --baseline-max-tokens ({args.baseline_max_tokens})"
-        if stop_reason is None and previous and args.case_timeout:
-            predicted = previous[1] * (len(ids) / previous[0]) ** 2
-            if predicted > args.case_timeout:
-                stop_reason = (f"predicted {predicted:.0f} s (quadratic) > --case-timeout "
-                               f"{args.case_timeout:g}")
+        if stop_reason is None:
+            stop_reason = over_time_limit(previous, len(ids), 2, args.case_timeout)
         if stop_reason is not None:
             row["status"] = f"skipped: {stop_reason}"
             rows.append(row)
@@ -250,6 +249,20 @@ def baseline(model_dir: Path, records: dict[int, list[Any]], args: argparse.Name
     if cuda:
         torch.cuda.empty_cache()
     return rows
+
+
+def over_time_limit(previous: tuple[int, float] | None, size: int, power: int,
+                    limit: float | None) -> str | None:
+    """Why to skip a case of `size`: the last case's (size, seconds) scaled by
+    (size / its size) ** power (1: MemAgent, linear; 2: a full-context forward, quadratic)
+    predicts more than `limit` seconds. None: run it."""
+    if not previous or not limit:
+        return None
+    predicted = previous[1] * (size / previous[0]) ** power
+    if predicted <= limit:
+        return None
+    return (f"predicted {predicted:.0f} s ({('linear', 'quadratic')[power - 1]}) > "
+            f"--case-timeout {limit:g}")
 
 
 # ---------------------------------------------------------------------------------- MemAgent
@@ -330,11 +343,8 @@ def memagent_lengths(model_dir: Path, records: dict[int, list[Any]], args: argpa
     stop_reason = None
     for length, recs in records.items():
         row: dict[str, Any] = {"target_tokens": length, "questions": len(recs)}
-        if stop_reason is None and previous and args.case_timeout:
-            predicted = previous[1] * length / previous[0]
-            if predicted > args.case_timeout:
-                stop_reason = (f"predicted {predicted:.0f} s (linear) > --case-timeout "
-                               f"{args.case_timeout:g}")
+        if stop_reason is None:
+            stop_reason = over_time_limit(previous, length, 1, args.case_timeout)
         if stop_reason is not None:
             row["status"] = f"skipped: {stop_reason}"
             rows.append(row)

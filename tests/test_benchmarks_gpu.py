@@ -88,6 +88,12 @@ def test_linear_cost_maths_by_hand():
     assert len(lengths) == 10
     with pytest.raises(SystemExit):
         lc.doubling_lengths(10, 5)
+    # 10 s at 1,000 tokens → 4,000 tokens: 40 s linear, 160 s quadratic
+    assert lc.over_time_limit((1000, 10.0), 4000, 1, 50) is None
+    assert lc.over_time_limit((1000, 10.0), 4000, 2, 50) == (
+        "predicted 160 s (quadratic) > --case-timeout 50")
+    assert lc.over_time_limit(None, 4000, 2, 50) is None
+    assert lc.over_time_limit((1000, 10.0), 4000, 2, None) is None
 
 
 # ------------------------------------------------------------------------- end to end, --tiny

@@ -32,7 +32,9 @@ from memrl.errors import require
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryRecord, MemoryStore
 
-__all__ = ["MemoryStoreManager", "PrefixedStore", "RayMemoryStore", "RemoteEmbedder", "shared_store"]
+__all__ = [
+    "MemoryStoreManager", "PrefixedStore", "RayMemoryStore", "RemoteEmbedder", "shared_store",
+]
 
 FEATURE = "the Ray memory store"
 
