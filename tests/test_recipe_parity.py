@@ -43,6 +43,57 @@ def test_warmup_schedule_is_verls():
     assert opt.param_groups[0]["lr"] == 0.3  # no warmup: the full lr from the first step
 
 
+def test_cosine_schedule_is_verls():
+    """verl get_cosine_schedule_with_warmup, W = 2, T = 6, min_lr_ratio m = 0.1, lr 1:
+    warmup m + (1 - m) s / W = 0.1, 0.55; then (1 + m)/2 + (1 - m)/2 cos(pi (s - W)/(T - W))
+    = 1, 0.55 + 0.45 cos(pi/4) = 0.868198, 0.55, 0.231802, 0.1; held at m after T."""
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, lr=1.0, betas=(0.9, 0.99), weight_decay=0.0)
+    sched = warmup_schedule(opt, 2, kind="cosine", total_steps=6, min_lr_ratio=0.1)
+    seen = []
+    for _ in range(9):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.1, 0.55, 1.0, 0.868198, 0.55, 0.231802, 0.1, 0.1, 0.1],
+                                 abs=1e-6)
+    with pytest.raises(ValueError, match="total_steps"):
+        warmup_schedule(opt, 2, kind="cosine")
+    with pytest.raises(ValueError, match="unknown lr schedule"):
+        warmup_schedule(opt, 2, kind="linear")
+
+
+def test_cosine_schedule_spans_the_run_in_train_and_sft(tiny_model_dir, tmp_path):
+    """optim.lr_scheduler=cosine decays to lr * min_lr_ratio at trainer.total_steps, in both
+    recipes (the logged train/lr is the lr each step used)."""
+    from memrl.recipes import sft
+    from memrl.recipes.sft_config import SFTConfig
+
+    recs = make_synthetic_records(8, num_docs=2, seed=0, hops=1)
+    save_records_jsonl(recs, tmp_path / "train.jsonl")
+    cfg = config(
+        tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
+        "trainer.total_steps=3", "trainer.log_sinks=[jsonl]", "data.train_batch_size=1",
+        "rl.ppo_mini_batch_size=1", "rl.rollout_n=2", "rl.dynamic_sampling=false",
+        "rl.use_kl_loss=false", "optim.lr=0.04", "optim.lr_scheduler=cosine",
+        "optim.min_lr_ratio=0.25", "memagent.chunk_size=64", "memagent.max_chunks=1",
+        "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4",
+    )
+    grpo.train(cfg)
+    lrs = [r["train/lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+    # no warmup, T = 3: (1 + m)/2 + (1 - m)/2 cos(pi s / 3) with m = 0.25 → 1, 0.8125, 0.4375
+    assert lrs == pytest.approx([0.04, 0.0325, 0.0175])
+    scfg = load_config(SFTConfig, None, [
+        f"model.path={tiny_model_dir}", f"data.train_file={tmp_path / 'train.jsonl'}",
+        f"trainer.out_dir={tmp_path / 'sft'}", "trainer.total_steps=3", "sft.batch_size=2",
+        "trainer.log_sinks=[jsonl]", "trainer.val_before_train=false", "optim.lr=0.04",
+        "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.25", "memagent.chunk_size=64",
+    ])
+    sft.train(scfg)
+    lrs = [r["train/lr"] for r in read_metrics(tmp_path / "sft" / "metrics.jsonl")]
+    assert lrs == pytest.approx([0.04, 0.0325, 0.0175])
+
+
 def test_train_lr_logs_the_lr_each_step_used(tiny_model_dir, tmp_path):
     save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = config(

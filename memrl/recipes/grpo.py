@@ -344,7 +344,8 @@ def setup(
 
     policy, tokenizer = models.load_policy(config.model)
     temperature = task.sampling_temperature
-    actor = models.build_actor(config, policy, tokenizer, temperature, dist)
+    actor = models.build_actor(config, policy, tokenizer, temperature, dist,
+                               total_steps=total_steps(config, len(train_records)))
     reference = models.build_reference(config, policy, tokenizer, temperature, dist)
     engine = models.build_engine(config, policy, tokenizer)
 

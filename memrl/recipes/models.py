@@ -17,6 +17,7 @@ from memrl.inference.hf import HFGenerator
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
+from memrl.rl.config import OptimConfig
 from memrl.rl.sharding import shard
 from memrl.rl.flops import device_peak_flops
 
@@ -106,9 +107,18 @@ def sharding_kwargs(config: TrainConfig, dist: Dist) -> dict[str, Any]:
     return dict(sharded_over=dist, device=resolve_device(config.model.device))
 
 
+def lr_schedule(optimizer: Any, optim: OptimConfig, total_steps: int) -> Any:
+    """`optim`'s learning-rate schedule over a run of `total_steps` training steps."""
+    return warmup_schedule(optimizer, optim.warmup_steps, kind=optim.lr_scheduler,
+                           total_steps=total_steps, min_lr_ratio=optim.min_lr_ratio)
+
+
 def build_actor(
-    config: TrainConfig, policy: Any, tokenizer: Any, temperature: float, dist: Dist = Dist()
+    config: TrainConfig, policy: Any, tokenizer: Any, temperature: float, dist: Dist = Dist(),
+    *, total_steps: int = 1,
 ) -> Actor:
+    """The trainer of `policy`; `total_steps` (training steps of the run) sizes the cosine
+    learning-rate schedule."""
     optimizer = build_optimizer(
         policy,
         lr=config.optim.lr,
@@ -119,7 +129,7 @@ def build_actor(
         policy,
         config.rl,
         optimizer=optimizer,
-        scheduler=warmup_schedule(optimizer, config.optim.warmup_steps),
+        scheduler=lr_schedule(optimizer, config.optim, total_steps),
         grad_clip=config.optim.grad_clip,
         peak_flops=peak_flops(config, policy),
         pad_id=pad_token_id(tokenizer),

@@ -35,7 +35,7 @@ from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets
 from memrl.recipes import models
 from memrl.recipes.grpo import resume_or_start, seed_everything
 from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
+from memrl.rl.actor import build_optimizer, response_logprobs
 from memrl.rl.batch import RolloutBatch
 from memrl.rl.checkpoint import save_checkpoint
 from memrl.rl.rollout import QuestionStream, TrainState
@@ -62,12 +62,17 @@ class SFTRun:
     dist: Dist = Dist()
 
 
+def sft_total_steps(config: SFTConfig, num_trajectories: int) -> int:
+    """The run's training steps: `trainer.total_steps`, else its epochs over the trajectories."""
+    per_epoch = max(1, num_trajectories // config.sft.batch_size)
+    return config.trainer.total_steps or per_epoch * config.trainer.total_epochs
+
+
 def train(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -> TrainState:
     """Fine-tune to `trainer.total_steps` (or epochs) on the teacher's trajectories."""
     run = setup(config, dist=dist, console=console)
     tcfg, out = config.trainer, Path(config.trainer.out_dir)
-    per_epoch = max(1, len(run.stream.records) // config.sft.batch_size)
-    total = tcfg.total_steps or per_epoch * tcfg.total_epochs
+    total = sft_total_steps(config, len(run.stream.records))
     main = run.dist.is_main
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -192,7 +197,7 @@ def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -
     optim = config.optim
     optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
                                 weight_decay=optim.weight_decay)
-    scheduler = warmup_schedule(optimizer, optim.warmup_steps)
+    scheduler = models.lr_schedule(optimizer, optim, sft_total_steps(config, len(trajs)))
     out = Path(config.trainer.out_dir)
     state = resume_or_start(out, config.trainer.resume, model=model, optimizer=optimizer,
                             scheduler=scheduler, dist=dist, console=console)

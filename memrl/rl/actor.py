@@ -62,14 +62,38 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, betas, weight_decay: f
 
 # verl `get_constant_schedule_with_warmup`: the lr multiplier of optimizer step s (0-based)
 # is s / W while s < W, then 1; so with W = 3 steps the first steps use lr x 0, 1/3, 2/3, 1.
-def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int):
-    """Linear warmup over `warmup_steps` optimizer-schedule steps, then constant."""
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, *,
+                    kind: str = "constant", total_steps: int | None = None,
+                    min_lr_ratio: float = 0.0):
+    """The learning-rate schedule, stepped once per training step, as verl's.
+
+    "constant": linear warmup over `warmup_steps` (step s uses lr · s / W), then lr.
+    "cosine" (verl get_cosine_schedule_with_warmup, half a cycle): warmup from
+    lr · min_lr_ratio to lr, then lr · max(m, (1 + m)/2 + (1 - m)/2 · cos(π · p)) with m the
+    min_lr_ratio and p = (s - W) / (total_steps - W), reaching lr · m at total_steps and
+    staying there (verl's would rise again past total_steps).
+    """
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    w = warmup_steps
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: float(s) / float(max(1, w)) if s < w else 1.0
-    )
+    w, m = warmup_steps, min_lr_ratio
+    if kind == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: float(s) / float(max(1, w)) if s < w else 1.0
+        )
+    if kind != "cosine":
+        raise ValueError(f"unknown lr schedule {kind!r}: constant or cosine")
+    if total_steps is None or total_steps < 1:
+        raise ValueError(f"the cosine schedule needs total_steps >= 1, got {total_steps}")
+    if not 0.0 <= m <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {m}")
+
+    def cosine(s: int) -> float:
+        if s < w:
+            return m + (1.0 - m) * float(s) / float(max(1, w))
+        progress = min(1.0, float(s - w) / float(max(1, total_steps - w)))
+        return max(m, (1.0 + m) / 2 + (1.0 - m) / 2 * math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine)
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:

@@ -155,6 +155,13 @@ class OptimConfig(StrictModel):
     lr · s / W (so the very first uses 0), then lr."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm (verl actor.grad_clip)."""
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    """After the warmup: keep lr ("constant"), or decay it along a half cosine to
+    lr · min_lr_ratio at the run's last step ("cosine"), as verl's lr_scheduler_type
+    (formerly warmup_style)."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """The cosine schedule's floor and warmup start, as a fraction of lr (verl
+    min_lr_ratio); ignored by "constant"."""
 
     @field_validator("lr", "weight_decay", "grad_clip")
     @classmethod
