@@ -30,6 +30,17 @@ QWEN25_05B = dict(
 )
 """Qwen2.5-0.5B's architecture (tied embeddings, rope_theta 1e6), without its weights."""
 
+QWEN25_1_5B = dict(QWEN25_05B, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                   num_attention_heads=12, num_key_value_heads=2)
+"""Qwen2.5-1.5B's architecture (tied embeddings), without its weights."""
+
+QWEN25_3B = dict(QWEN25_05B, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                 num_attention_heads=16, num_key_value_heads=2)
+"""Qwen2.5-3B's architecture (tied embeddings), without its weights."""
+
+SHAPES = {"0.5b": QWEN25_05B, "1.5b": QWEN25_1_5B, "3b": QWEN25_3B}
+"""`--shape` choices of the benchmark scripts."""
+
 TINY = dict(
     hidden_size=128,
     intermediate_size=256,
@@ -180,3 +191,30 @@ def write_summary(summary: dict[str, Any], out: str | None) -> str:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return line
+
+
+def profile_call(fn: Any, *, cuda: bool, rows: int = 15) -> dict[str, Any]:
+    """Run `fn()` once under `torch.profiler`: the top operators by self CPU and by self CUDA
+    time (tables), the call's wall time and the GPU's busy time (sum of kernel self times)."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    averages = prof.key_averages()
+    out: dict[str, Any] = {
+        "wall_s": wall,
+        "top_self_cpu": averages.table(sort_by="self_cpu_time_total", row_limit=rows),
+    }
+    if cuda:
+        out["top_self_cuda"] = averages.table(sort_by="self_cuda_time_total", row_limit=rows)
+        busy_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in averages)
+        out["gpu_busy_s"] = busy_us / 1e6
+    return out

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 GPU_SHAPE = {"hidden_size": 512, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
-             "intermediate_size": 1536, "vocab_size": 2048}
+             "intermediate_size": 1536, "vocab_size": 2048, "initializer_range": 0.02}
 """About 27M parameters (with the 2,048-word tokenizer memrl trains on the task's text)."""
 
 

@@ -33,6 +33,7 @@ from gpu_common import (  # noqa: E402
     build_model_dir,
     environment,
     print_environment,
+    profile_call,
 )
 from rollout_gpu import random_prompts  # noqa: E402
 
@@ -103,14 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     tokens = batch * new
     rates = {k: tokens / v for k, v in runs.items()}
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        memrl_generate()
-    table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    table_cuda = (prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15)
-                  if cuda else "")
+    profiled = profile_call(memrl_generate, cuda=cuda)
+    table_cpu, table_cuda = profiled["top_self_cpu"], profiled.get("top_self_cuda", "")
     out = {"benchmark": "memrl rollout profile: VLLMGenerator vs vllm.LLM.generate",
            "environment": env, "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new,
            "seconds": runs, "new_tokens_per_s": rates,

@@ -58,12 +58,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
-    QWEN25_05B,
+    SHAPES,
     TINY,
     build_model_dir,
     environment,
     gpu_memory_used_gib,
     print_environment,
+    profile_call,
 )
 
 
@@ -79,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     # model
+    p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b",
+                   help="Qwen2.5 architecture of the random-weight model (default 0.5b)")
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
     p.add_argument("--tokenizer-vocab", type=int, default=None,
                    help="BPE merges target of the trained tokenizer (default 8192; tiny 512)")
@@ -100,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="update-only: MIN,MAX prompt tokens (default 1024,6144; tiny 16,160)")
     p.add_argument("--response-len", default=None,
                    help="update-only: MIN,MAX response tokens (default 64,1024; tiny 4,40)")
+    p.add_argument("--profile", action="store_true",
+                   help="update-only: one more update per budget under torch.profiler (top "
+                        "operators and GPU busy time in the JSON)")
     p.add_argument("--budgets", default=None,
                    help="update-only: micro-batch token budgets, comma-separated "
                         "(default 8192,16384,32768; tiny 256,512)")
@@ -518,8 +524,14 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
         if cuda:
             row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        if args.profile:
+            row["profile"] = profile_call(
+                lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)),
+                cuda=cuda)
+            print(row["profile"].get("top_self_cuda") or row["profile"]["top_self_cpu"],
+                  flush=True)
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
     summary = {
         "benchmark": "memrl PPO update on MemAgent-shaped batches",
         "environment": environment(),
@@ -571,7 +583,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.device = device
-    shape = dict(TINY if args.tiny else QWEN25_05B)
+    shape = dict(TINY if args.tiny else SHAPES[args.shape])
     if args.layers:
         shape["num_hidden_layers"] = args.layers
     if args.update_only:
