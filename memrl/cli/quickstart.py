@@ -18,7 +18,10 @@ def quickstart(
     overrides: list[str] = typer.Argument(
         None, help="Dotted overrides of the GRPO config, e.g. trainer.total_steps=5"
     ),
-    fresh: bool = typer.Option(False, "--fresh", help="Delete a previous quickstart run first."),
+    fresh: bool = typer.Option(
+        False, "--fresh",
+        help="Start over: delete a previous quickstart run and what it built (model, data) "
+             "inside its directory."),
 ) -> None:
     """Tiny model → evaluation → warm start on oracle trajectories → evaluation → GRPO with
     the answer reward → evaluation; prints and plots accuracy against document count."""
