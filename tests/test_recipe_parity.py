@@ -63,22 +63,26 @@ def test_cosine_schedule_is_verls():
         warmup_schedule(opt, 2, kind="linear")
 
 
+def lr_logging_run(tiny_model_dir, tmp_path, *extra):
+    """A few tiny GRPO steps whose metrics log train/lr (8 two-document questions)."""
+    save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
+    return config(
+        tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
+        "trainer.log_sinks=[jsonl]", "data.train_batch_size=1",
+        "rl.ppo_mini_batch_size=1", "rl.rollout_n=2", "rl.dynamic_sampling=false",
+        "rl.use_kl_loss=false", "memagent.chunk_size=64", "memagent.max_chunks=1",
+        "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4", *extra,
+    )
+
+
 def test_cosine_schedule_spans_the_run_in_train_and_sft(tiny_model_dir, tmp_path):
     """optim.lr_scheduler=cosine decays to lr * min_lr_ratio at trainer.total_steps, in both
     recipes (the logged train/lr is the lr each step used)."""
     from memrl.recipes import sft
     from memrl.recipes.sft_config import SFTConfig
 
-    recs = make_synthetic_records(8, num_docs=2, seed=0, hops=1)
-    save_records_jsonl(recs, tmp_path / "train.jsonl")
-    cfg = config(
-        tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
-        "trainer.total_steps=3", "trainer.log_sinks=[jsonl]", "data.train_batch_size=1",
-        "rl.ppo_mini_batch_size=1", "rl.rollout_n=2", "rl.dynamic_sampling=false",
-        "rl.use_kl_loss=false", "optim.lr=0.04", "optim.lr_scheduler=cosine",
-        "optim.min_lr_ratio=0.25", "memagent.chunk_size=64", "memagent.max_chunks=1",
-        "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4",
-    )
+    cfg = lr_logging_run(tiny_model_dir, tmp_path, "trainer.total_steps=3", "optim.lr=0.04",
+                         "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.25")
     grpo.train(cfg)
     lrs = [r["train/lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
     # no warmup, T = 3: (1 + m)/2 + (1 - m)/2 cos(pi s / 3) with m = 0.25 → 1, 0.8125, 0.4375
@@ -95,15 +99,8 @@ def test_cosine_schedule_spans_the_run_in_train_and_sft(tiny_model_dir, tmp_path
 
 
 def test_train_lr_logs_the_lr_each_step_used(tiny_model_dir, tmp_path):
-    save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
-    cfg = config(
-        tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
-        "trainer.total_steps=4", "trainer.log_sinks=[jsonl]", "data.train_batch_size=1",
-        "rl.ppo_mini_batch_size=1", "rl.rollout_n=2", "rl.dynamic_sampling=false",
-        "rl.use_kl_loss=false", "optim.lr=0.03", "optim.warmup_steps=3",
-        "memagent.chunk_size=64", "memagent.max_chunks=1", "memagent.max_memory_tokens=4",
-        "memagent.max_final_tokens=4",
-    )
+    cfg = lr_logging_run(tiny_model_dir, tmp_path, "trainer.total_steps=4", "optim.lr=0.03",
+                         "optim.warmup_steps=3")
     grpo.train(cfg)
     lrs = [r["train/lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
     assert lrs == pytest.approx([0.0, 0.01, 0.02, 0.03])
