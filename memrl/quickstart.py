@@ -14,6 +14,7 @@ the HF engine, both recipes, checkpoints, export and `memrl eval ruler-hqa`'s ev
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,11 @@ MODEL_SHAPE: dict[str, Any] = {
 """The tiny model memrl builds (about 0.4M parameters). Initialised as Hugging Face does
 (0.02): the test models' 0.2 (`build_tiny_model`'s default, which makes an untrained model's
 output depend on its prompt) learns this task far slower from scratch (measured: 16.7 vs
-31.2 sub-EM after the same 1,500 warm-start steps, docs/results.md)."""
+31.2 sub-EM after the same 1,500 constant-lr warm-start steps on 32-token chunks,
+docs/results.md)."""
+BUILT_MANIFEST = ".quickstart_built.json"
+"""In the run's directory: what `prepare_quickstart` built (model, questions, evaluation
+sets), which `run_quickstart(fresh=True)` deletes so that it is built again."""
 STAGES = ("before", "warm_start", "rl")
 
 
@@ -67,11 +72,13 @@ def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0,
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.ruler_hqa import write_ruler_hqa
     from memrl.data.synthetic import make_synthetic_records
+    from memrl.eval.report import write_json
     from memrl.models.tiny import build_tiny_model
 
     train = make_synthetic_records(plan.train_questions, plan.train_docs, seed, hops=1,
                                    entities="train")
     model_dir = Path(cfg.model.path)
+    built: list[Path] = []
     if not (model_dir / "config.json").exists():
         # The tokenizer learns the prompts' words and the names' syllables.
         prompts = cfg.memagent.resolved_prompts
@@ -83,11 +90,14 @@ def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0,
             for r in train[:300]
         ]
         build_tiny_model(model_dir, seed=seed, corpus=corpus, **plan.model_shape)
+        built.append(model_dir)
     if not Path(cfg.data.train_file).exists():
         save_records_jsonl(train, cfg.data.train_file)
+        built.append(Path(cfg.data.train_file))
     if cfg.data.val_file and not Path(cfg.data.val_file).exists():
         val = make_synthetic_records(16, plan.train_docs, seed + 1, hops=1, entities="eval")
         save_records_jsonl(val, cfg.data.val_file)
+        built.append(Path(cfg.data.val_file))
     eval_dir = Path(cfg.trainer.out_dir).parent / "eval_data"
     if not all((eval_dir / f"eval_{n}.json").exists() for n in plan.eval_docs):
         # One gold paragraph per question; distractors are other questions' paragraphs.
@@ -95,7 +105,29 @@ def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0,
                                       seed + 2, hops=1, entities="eval")
         write_ruler_hqa(pool, eval_dir, list(plan.eval_docs), seed=seed,
                         num_questions=plan.eval_questions)
+        built.append(eval_dir)
+    if built:
+        manifest = eval_dir.parent / BUILT_MANIFEST
+        known = json.loads(manifest.read_text()) if manifest.exists() else []
+        write_json(manifest, sorted({*known, *(str(p) for p in built)}))
     return eval_dir
+
+
+def remove_built(root: Path) -> list[Path]:
+    """Delete what `prepare_quickstart` built for the run in `root` (its manifest lists it),
+    so that the next run builds it again from this code; a model or file the quickstart did
+    not build is never touched. Returns what was deleted."""
+    manifest = root / BUILT_MANIFEST
+    if not manifest.exists():
+        return []
+    built = [Path(p) for p in json.loads(manifest.read_text())]
+    for path in built:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    manifest.unlink()
+    return built
 
 
 def evaluate(model_dir: Path, eval_dir: Path, out_dir: Path, cfg: TrainConfig,
@@ -152,17 +184,10 @@ def run_quickstart(
     warm_run, warm_model, rl_model = root / "sft", root / "model_warm", root / "model_rl"
     base_model = Path(cfg.model.path)
     runs = [out, warm_run, warm_model, rl_model, *(root / f"eval_{s}" for s in STAGES)]
-    # What the quickstart builds (model, questions, evaluation sets), when it lives in the
-    # run's directory: --fresh rebuilds it too; a model or file elsewhere is never removed.
-    built = [p for p in (base_model, Path(cfg.data.train_file), root / "eval_data",
-                         *([Path(cfg.data.val_file)] if cfg.data.val_file else []))
-             if p.resolve().is_relative_to(root.resolve())]
     if fresh:
-        for d in [*runs, *built]:
-            if d.is_dir():
-                shutil.rmtree(d, ignore_errors=True)
-            else:
-                d.unlink(missing_ok=True)
+        remove_built(root)
+        for d in runs:
+            shutil.rmtree(d, ignore_errors=True)
     elif any(latest_checkpoint(d / "checkpoints") is not None for d in (out, warm_run)):
         raise MemrlInputError(f"{root} already holds a quickstart run: pass --fresh to start "
                               "over", location=str(root))

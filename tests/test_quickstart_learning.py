@@ -65,3 +65,30 @@ def test_quickstart_data_keeps_evaluation_entities_out_of_training(tmp_path):
             asked = names(r.question) - {"In", "By", "Which", "What"}
             assert asked and not asked & train_names, (n, r.question)
             assert r.context.count("Document ") == n
+
+
+def test_fresh_removes_what_the_quickstart_built_and_nothing_else(tmp_path, tiny_model_dir):
+    """`memrl quickstart --fresh` rebuilds the model and data it made (an earlier version's
+    model must not survive), but never a model it did not build."""
+    import shutil
+
+    from memrl.quickstart import QuickstartPlan, prepare_quickstart, remove_built
+
+    plan = QuickstartPlan(eval_docs=(4,), eval_questions=4, train_questions=20)
+    cfg = quickstart_config(tmp_path)
+    eval_dir = prepare_quickstart(cfg, plan=plan)
+    built = remove_built(tmp_path)
+    assert set(built) == {tmp_path / "model", tmp_path / "train.jsonl", tmp_path / "val.jsonl",
+                          eval_dir}
+    assert not any(p.exists() for p in built)
+    assert remove_built(tmp_path) == []  # nothing left to remove
+
+    mine = tmp_path / "my_model"
+    shutil.copytree(tiny_model_dir, mine)
+    cfg = load_config(TrainConfig, "configs/quickstart.yaml", [
+        f"model.path={mine}", f"data.train_file={tmp_path / 'train.jsonl'}",
+        f"trainer.out_dir={tmp_path / 'rl'}", "data.val_file=null",
+    ])
+    prepare_quickstart(cfg, plan=plan)
+    assert mine not in remove_built(tmp_path)
+    assert (mine / "config.json").exists() and not (tmp_path / "train.jsonl").exists()
