@@ -189,7 +189,7 @@ def int_range(text: str) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------- setup
-def write_data(path: Path, args: argparse.Namespace) -> list[Any]:
+def write_data(path: Path, args: argparse.Namespace) -> None:
     """Questions with between docs-min and docs-max paragraphs each (ids stay unique)."""
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.synthetic import make_synthetic_records
@@ -201,7 +201,6 @@ def write_data(path: Path, args: argparse.Namespace) -> list[Any]:
         # One question per call, each call with its own seed: ids are syn-{seed}-0.
         records += make_synthetic_records(1, num_docs=n_docs, seed=args.seed * 100_003 + i)
     save_records_jsonl(records, path)
-    return records
 
 
 def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run_dir: Path):
@@ -602,13 +601,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out / "model", shape, tokenizer_vocab=args.tokenizer_vocab,
             pad_tokenizer=not args.no_pad_tokenizer, corpus=synthetic_corpus(args.seed, 200),
             seed=args.seed, device=device)
-        records = write_data(out / "train.jsonl", args)
+        write_data(out / "train.jsonl", args)
         (out / "model_info.json").write_text(json.dumps(model_info))
     dist.barrier()
     model_info = json.loads((out / "model_info.json").read_text())
-    records = [None] * args.num_questions
     t_build = time.perf_counter() - t0
-    print(f"model {model_info['params'] / 1e6:.1f}M params, {len(records)} questions, "
+    print(f"model {model_info['params'] / 1e6:.1f}M params, {args.num_questions} questions, "
           f"built in {t_build:.1f} s", flush=True)
 
     config = make_config(args, out / "model", out / "train.jsonl", out / "run")
