@@ -115,7 +115,7 @@ def lr_schedule(optimizer: Any, optim: OptimConfig, total_steps: int) -> Any:
 
 def build_actor(
     config: TrainConfig, policy: Any, tokenizer: Any, temperature: float, dist: Dist = Dist(),
-    *, total_steps: int = 1,
+    *, total_steps: int,
 ) -> Actor:
     """The trainer of `policy`; `total_steps` (training steps of the run) sizes the cosine
     learning-rate schedule."""

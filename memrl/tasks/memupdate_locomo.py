@@ -145,13 +145,15 @@ class MemoryUpdateTask:
             raise ValueError(f"max_base_namespaces must be >= 1, got {max_base_namespaces}")
         self.config = config or MemUpdateConfig()
         self.embedder = embedder if embedder is not None else make_embedder(self.config.embedder)
-        self.store: MemoryBackend = MemoryStore(self.embedder)
+        self.store: MemoryBackend
         if self.config.store == "ray":  # one actor for every rank, each under its own prefix
             from memrl.dist import Dist
             from memrl.memory.ray_store import shared_store
 
             rank = Dist.from_environment().rank
             self.store = shared_store(self.embedder, self.config.store_actor, f"rank{rank}:")
+        else:
+            self.store = MemoryStore(self.embedder)
         self.max_base_namespaces = max_base_namespaces
         self._indexes: dict[str, EmbeddingIndex] = {}
         self._bases: OrderedDict[str, None] = OrderedDict()
