@@ -12,10 +12,10 @@ import datetime as dt
 import importlib.metadata
 import json
 import platform
+import re
 import shlex
 import signal
 import sys
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

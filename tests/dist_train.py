@@ -60,13 +60,13 @@ def train(overrides: list[str]) -> None:
         destroy_process_group()
 
 
-if __name__ == "__main__":
-    train(sys.argv[1:])
-
-
 def train_and_list_store(config: TrainConfig) -> list[str]:
     """One Ray rank training `config` (agent memupdate, memupdate.store: ray); returns the
     namespaces the shared store actor holds once this rank is done."""
     task = build_task(config)
     grpo.train(config, task=task)
     return sorted(task.store.backend.namespaces())
+
+
+if __name__ == "__main__":
+    train(sys.argv[1:])

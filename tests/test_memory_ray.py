@@ -5,8 +5,8 @@ on top of it, in rollout workers of their own."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
