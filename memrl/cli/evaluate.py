@@ -15,6 +15,8 @@ from memrl.cli.common import (
     DeviceOption,
     DtypeOption,
     EngineOption,
+    HealthCheckOption,
+    RequestTimeoutOption,
     check_model_dir,
     check_out_dir,
     config_options,
@@ -22,6 +24,7 @@ from memrl.cli.common import (
     load_generator,
 )
 from memrl.errors import MemrlInputError
+from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
 from memrl.eval.ruler_hqa import DEFAULT_RECORDS_PER_RUN
 from memrl.tasks.memagent_qa import PROTOCOLS
 
@@ -66,6 +69,8 @@ def ruler_hqa(
     batch_size: BatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
+    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
+    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
@@ -101,7 +106,8 @@ def ruler_hqa(
     with eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
-            engine=engine, base_urls=base_url,
+            engine=engine, base_urls=base_url, request_timeout=request_timeout,
+            health_check=health_check,
         )
         evaluate_ruler_hqa(
             generator,
