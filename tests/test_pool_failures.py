@@ -117,6 +117,7 @@ class Eval:
     def __init__(self, args: list[str], out: Path) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.out = out
+        self.started = time.monotonic()
         self.lines: list[tuple[float, str]] = []
         self.proc = subprocess.Popen([sys.executable, "-m", "memrl", *args], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -128,6 +129,7 @@ class Eval:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
+        self.lines.append((time.monotonic(), "(stderr closed)"))
 
     def wait_for_line(self, pattern: str, timeout: float = 120) -> tuple[float, str]:
         deadline = time.monotonic() + timeout
@@ -152,7 +154,9 @@ class Eval:
         return rc
 
     def text(self) -> str:
-        return "\n".join(x for _, x in self.lines)
+        """Its stderr, each line with its time since the start (and when it ended)."""
+        lines = [f"{t - self.started:6.1f} s  {x}" for t, x in self.lines]
+        return "\n".join([*lines, f"(episodes written: {len(episodes(self.out))})"])
 
 
 def lost_bound(line: str) -> float:
@@ -171,6 +175,7 @@ def test_a_frozen_server_is_lost_within_the_bound_and_comes_back(
         run.wait_for_episodes(RECORDS_PER_RUN)  # reply times observed: the bound is set
         b.signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
+        run.lines.append((frozen_at, "(SIGSTOP to b)"))
         lost_at, line = run.wait_for_line(f"^warning: server {re.escape(b.url)} lost: ")
     finally:
         b.signal(signal.SIGCONT)

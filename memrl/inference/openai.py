@@ -15,11 +15,14 @@ with the log-prob of each), so agents see exactly what the in-process engines gi
   replies, at least `health_check_s`, at most `timeout_s`; `timeout_s` before any reply) and
   its `/health` does not answer within `health_check_s` (a frozen process). Its requests
   are taken back at once (their sockets closed) and sent to live servers without using up
-  a retry. A lost server gets no request; it is probed every `health_check_s` and comes
-  back when `/health` answers (in training after reloading the current weights). Each loss
+  a retry. A lost server gets no request; it is probed every `health_check_s`, whether
+  requests run or not, and comes back when `/health` answers (in training after reloading
+  the current weights; a frozen server still runs what it was sent before, so a reload of
+  an older step it held can land after that one, until the next step's sync). Each loss
   and each return is one line on stderr; while requests wait, a progress line every
   `progress_s` says what the pool is doing, so a stall is visible. So a frozen server costs
-  at most the stall bound + 2 × `health_check_s` (+ 1 s of the watch's tick).
+  at most the stall bound + 2 × `health_check_s` (+ 1 s of the monitor's tick). A monitor
+  thread does all this, from the pool's first use until `close`.
 - No live server left: `PoolLostError` (the CLI prints one line, with the command that
   continues, and exits 1). `check_servers` at start: none answering is a one-line user
   error naming the URLs tried (exit 2).
@@ -74,7 +77,7 @@ STALL_FACTOR = 4.0
 RECENT_REPLIES = 64
 """How many of the latest reply times `stall_bound` looks at."""
 WATCH_TICK_S = 1.0
-"""How often the watch looks at the servers (at most; `health_check_s` when smaller)."""
+"""How often the monitor thread looks at the servers (`health_check_s` when smaller)."""
 LOGPROBS_MODE = "processed_logprobs"
 """The servers' `--logprobs-mode` that gives log-probs under the sampling temperature."""
 
@@ -257,8 +260,13 @@ class OpenAIGenerator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._lookup: asyncio.Lock | None = None
-        self._watch: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._lock = threading.Lock()
+        """Guards each server's `lost`, `probing` and `calls` (the loop, the monitor thread
+        and the probes change them)."""
+        self._sync = threading.Lock()
+        """Held while weights are reloaded (a step's sync, a returning server's reload)."""
+        self._monitor: threading.Thread | None = None
+        self._closed = threading.Event()
         self._active = 0
         self._replies = 0
         self._durations: deque[float] = deque(maxlen=RECENT_REPLIES)
@@ -315,14 +323,14 @@ class OpenAIGenerator:
             ) from None
         except _Retryable:
             return  # lost meanwhile: the health check deals with it
-        model_config = (info.get("vllm_config") or {}).get("model_config") if isinstance(
-            info, dict) and isinstance(info.get("vllm_config"), dict) else None
-        mode = (model_config or {}).get("logprobs_mode")
+        vllm_config = info.get("vllm_config") if isinstance(info, dict) else None
+        model_config = vllm_config.get("model_config") if isinstance(vllm_config, dict) else None
+        mode = model_config.get("logprobs_mode") if isinstance(model_config, dict) else None
         if mode is not None and mode != LOGPROBS_MODE:
             raise MemrlInputError(
-                f"{url} returns log-probs in vLLM's {mode} mode (temperature 1), which "
-                "training compares with the trainer's at the sampling temperature: start it "
-                f"with --logprobs-mode {LOGPROBS_MODE}",
+                f"{url} runs with --logprobs-mode {mode} (vLLM's default gives log-probs at "
+                "temperature 1); training compares them with the trainer's under the sampling "
+                f"temperature: start it with --logprobs-mode {LOGPROBS_MODE}",
                 location=location,
             )
 
@@ -387,7 +395,8 @@ class OpenAIGenerator:
                 server = await self._acquire(tried)
                 tried.append(server)
                 call = _Call()
-                server.calls.add(call)
+                with self._lock:
+                    server.calls.add(call)
                 started = time.monotonic()
                 try:
                     data = await self._call(server, "/v1/completions", body, call)
@@ -396,6 +405,7 @@ class OpenAIGenerator:
                         self._lose(server, str(exc))
                     if not exc.moved:
                         server.failures += 1
+                    if not (exc.moved or exc.unreachable):  # lost servers' use no retry
                         errors.append(f"{server.url}: {exc}")
                     if len(errors) > self.config.max_retries or len(tried) > (
                             self.config.max_retries + 4 * len(self.servers)):
@@ -403,27 +413,27 @@ class OpenAIGenerator:
                                           + "; ".join(errors[-3:])) from None
                     continue
                 finally:
-                    server.calls.discard(call)
+                    with self._lock:
+                        server.calls.discard(call)
                     self._release(server)
                 now = time.monotonic()
                 server.last_reply = now
-                self._durations.append(now - started)
-                self._replies += 1
+                with self._lock:  # the monitor thread reads them
+                    self._durations.append(now - started)
+                    self._replies += 1
                 return self.to_generation(data, params)
         finally:
             self._active -= 1
 
     def _bind_loop(self) -> None:
-        """The pool's event and its watch belong to one event loop: make them for the
-        running one (each `generate` runs its own)."""
+        """The pool's event and lock belong to one event loop: make them for the running
+        one (each `generate` runs its own); the monitor thread runs from the first use on."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop = loop
             self._changed = asyncio.Event()
             self._lookup = asyncio.Lock()
-            self._watch = None
-        if self._watch is None or self._watch.done():
-            self._watch = loop.create_task(self._watch_servers())
+        self._start_monitor()
 
     async def _acquire(self, tried: list[Server]) -> Server:
         """A live server with a free slot (the least busy, one this request has not tried
@@ -448,11 +458,18 @@ class OpenAIGenerator:
 
     def _release(self, server: Server) -> None:
         server.in_flight -= 1
-        self._changed_now()
-
-    def _changed_now(self) -> None:
         if self._changed is not None:
             self._changed.set()
+
+    def _wake(self) -> None:
+        """Wake requests waiting for a server (from any thread): the servers changed."""
+        loop, changed = self._loop, self._changed
+        if loop is None or changed is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(changed.set)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits
+            pass
 
     async def _call(self, server: Server, path: str, body: dict | None, call: _Call) -> dict:
         loop = asyncio.get_running_loop()
@@ -466,9 +483,11 @@ class OpenAIGenerator:
         4 × the slowest of the last 64 replies, at least `health_check_s`, at most
         `timeout_s`; `timeout_s` before the first reply."""
         cfg = self.config
-        if not self._durations:
+        with self._lock:
+            slowest = max(self._durations, default=None)
+        if slowest is None:
             return cfg.timeout_s
-        return min(cfg.timeout_s, max(cfg.health_check_s, STALL_FACTOR * max(self._durations)))
+        return min(cfg.timeout_s, max(cfg.health_check_s, STALL_FACTOR * slowest))
 
     def lost_summary(self) -> str:
         """One line: every server of the pool is lost, and why."""
@@ -478,25 +497,29 @@ class OpenAIGenerator:
     def _lose(self, server: Server, reason: str) -> None:
         """Stop sending `server` requests; take back the ones it holds (they go to live
         servers); say so in one line."""
-        if server.lost is not None:
-            return
-        server.lost, server.lost_at = reason, time.monotonic()
-        server.last_probe = server.lost_at
-        held = len(server.calls)
-        for call in list(server.calls):
-            call.abort()
-        live = sum(s.lost is None for s in self.servers)
-        moved = f"its {held} request(s) go to" if held else "going on with"
+        with self._lock:
+            if server.lost is not None:
+                return
+            server.lost, server.lost_at = reason, time.monotonic()
+            server.last_probe = server.lost_at
+            calls = list(server.calls)
+            live = sum(s.lost is None for s in self.servers)
+        moved = f"its {len(calls)} request(s) go to" if calls else "going on with"
         where = f"{moved} {live} live server(s)" if live else "no live server left"
         self.notify(f"warning: server {server.url} lost: {reason}; {where}")
-        self._changed_now()
+        for call in calls:  # said first: a request taken back may end the run at once
+            call.abort()
+        self._wake()
 
     def _back(self, server: Server, note: str = "") -> None:
-        now = time.monotonic()
-        away = now - server.lost_at
-        server.lost, server.last_reply = None, now
+        with self._lock:
+            if server.lost is None:
+                return
+            now = time.monotonic()
+            away = now - server.lost_at
+            server.lost, server.last_reply = None, now
         self.notify(f"server {server.url} is back after {away:.1f} s{note}")
-        self._changed_now()
+        self._wake()
 
     def _health(self, server: Server) -> str | None:
         """None when `server`/health answers within `health_check_s`, else why not."""
@@ -518,43 +541,49 @@ class OpenAIGenerator:
                 return f"could not reload the weights: {exc}"
         return problem
 
-    async def _watch_servers(self) -> None:
-        """While requests are active: lose a busy server that has stalled and whose /health
-        does not answer; probe lost servers and bring back those that answer; say every
-        `progress_s` how the pool is doing."""
+    def _start_monitor(self) -> None:
+        if self._monitor is None and not self._closed.is_set():
+            self._monitor = threading.Thread(target=self._monitor_servers, name="memrl-pool-health",
+                                             daemon=True)
+            self._monitor.start()
+
+    def _monitor_servers(self) -> None:
+        """The monitor thread, from the pool's first use until `close`: every tick, probe a
+        live server that holds requests and has stalled (lost if its /health does not
+        answer) and every lost server due for a probe (back if it answers); while requests
+        are active, a progress line every `progress_s`. Probes run in their own threads."""
         cfg = self.config
         tick = min(WATCH_TICK_S, cfg.health_check_s)
-        last_line = time.monotonic()
-        replies_then = self._replies
-        while True:
-            await asyncio.sleep(tick)
-            if self._active == 0:
-                return
+        last_line, replies_then = time.monotonic(), self._replies
+        while not self._closed.wait(tick):
             now = time.monotonic()
             bound = self.stall_bound()
             for s in self.servers:
-                if s.probing:
-                    continue
-                if s.lost is None and s.in_flight:
+                with self._lock:
+                    if s.probing:
+                        continue
                     silent = now - max(s.last_reply, s.busy_since)
-                    if silent > bound:
-                        self._spawn(self._probe_stalled(s, silent, bound))
-                elif s.lost is not None and now - s.last_probe >= cfg.health_check_s:
-                    self._spawn(self._probe_lost(s))
-            if cfg.progress_s and now - last_line >= cfg.progress_s:
+                    stalled = s.lost is None and s.in_flight > 0 and silent > bound
+                    due = s.lost is not None and now - s.last_probe >= cfg.health_check_s
+                    s.probing = stalled or due
+                    if due:
+                        s.last_probe = now
+                try:
+                    if stalled:
+                        self._probes.submit(self._probe_stalled, s, silent, bound)
+                    elif due:
+                        self._probes.submit(self._probe_lost, s)
+                except RuntimeError:  # the interpreter is shutting down
+                    return
+            if not self._active:
+                last_line, replies_then = now, self._replies
+            elif cfg.progress_s and now - last_line >= cfg.progress_s:
                 self.notify(self.progress_line(self._replies - replies_then, now - last_line))
                 last_line, replies_then = now, self._replies
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _probe_stalled(self, server: Server, silent: float, bound: float) -> None:
-        server.probing = True
+    def _probe_stalled(self, server: Server, silent: float, bound: float) -> None:
         try:
-            loop = asyncio.get_running_loop()
-            problem = await loop.run_in_executor(self._probes, self._health, server)
+            problem = self._health(server)
             if problem is None:
                 server.last_reply = time.monotonic()  # alive, only slow: wait on
             else:
@@ -563,15 +592,15 @@ class OpenAIGenerator:
         finally:
             server.probing = False
 
-    async def _probe_lost(self, server: Server) -> None:
-        server.probing = True
-        server.last_probe = time.monotonic()
+    def _probe_lost(self, server: Server) -> None:
+        if not self._sync.acquire(blocking=False):  # a step's sync deals with it
+            server.probing = False
+            return
         try:
-            loop = asyncio.get_running_loop()
-            problem = await loop.run_in_executor(self._probes, self._revive, server)
-            if problem is None and server.lost is not None:
+            if server.lost is not None and self._revive(server) is None:
                 self._back(server)
         finally:
+            self._sync.release()
             server.probing = False
 
     def progress_line(self, replies: int, seconds: float) -> str:
@@ -626,6 +655,11 @@ class OpenAIGenerator:
                 "servers can read) to send them new weights every step",
                 location="rollout.openai.weights_dir",
             )
+        with self._sync:
+            self._sync_weights(policy, step)
+
+    def _sync_weights(self, policy: Any, step: int) -> None:
+        self._start_monitor()
         path = Path(self.config.weights_dir) / f"step_{step:06d}"
         save_policy_weights(policy, path)
         self._weights = path
@@ -667,11 +701,13 @@ class OpenAIGenerator:
         """Nothing to restore (see `sleep`)."""
 
     def close(self) -> None:
-        """End every open request (none is left hanging on a frozen server); the servers
-        run on."""
-        for server in self.servers:
-            for call in list(server.calls):
-                call.abort()
+        """Stop the health monitor and end every open request (none is left hanging on a
+        frozen server); the servers run on."""
+        self._closed.set()
+        with self._lock:
+            calls = [c for server in self.servers for c in server.calls]
+        for call in calls:
+            call.abort()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._probes.shutdown(wait=False, cancel_futures=True)
 
