@@ -32,8 +32,8 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo", "train",
-                 "export", "quickstart", "sft", "view"):
+    for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo",
+                 "evaluate_long_context", "train", "export", "quickstart", "sft", "view"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -56,6 +56,7 @@ def load_generator(
     seed: int | None,
     engine: str = "hf",
     base_urls: list[str] | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> Any:
     """The generator of `engine` for `model`: HFGenerator on `device` (validated, torch
     seeded when asked), a vLLM engine, or a pool of OpenAI-compatible servers."""
@@ -80,9 +81,14 @@ def load_generator(
         from memrl.inference.config import VLLMConfig
         from memrl.inference.vllm import VLLMGenerator
 
+        share = {} if gpu_memory_utilization is None else {
+            "gpu_memory_utilization": gpu_memory_utilization}
         try:
-            config = VLLMConfig(dtype=dtype or "auto", seed=seed or 0)
-        except ValueError:
+            config = VLLMConfig(dtype=dtype or "auto", seed=seed or 0, **share)
+        except ValueError as exc:
+            if "gpu_memory_utilization" in str(exc):
+                raise MemrlInputError("must be in (0, 1]", location=(
+                    f"--gpu-memory-utilization {gpu_memory_utilization}")) from None
             raise MemrlInputError(
                 "vLLM takes auto, float32, bfloat16 or float16", location=f"--dtype {dtype}"
             ) from None
@@ -190,4 +196,9 @@ BaseUrlOption = Annotated[
                  "repeat for several."),
 ]
 DeviceOption = Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")]
+GpuMemoryOption = Annotated[
+    float | None,
+    typer.Option(help="--engine vllm on a GPU: share of its memory the engine may take "
+                 "(verl rollout.gpu_memory_utilization; default 0.5)."),
+]
 DtypeOption = Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")]

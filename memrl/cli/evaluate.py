@@ -15,6 +15,7 @@ from memrl.cli.common import (
     DeviceOption,
     DtypeOption,
     EngineOption,
+    GpuMemoryOption,
     check_model_dir,
     check_out_dir,
     config_options,
@@ -68,6 +69,7 @@ def ruler_hqa(
     base_url: BaseUrlOption = None,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
+    gpu_memory_utilization: GpuMemoryOption = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
 ) -> None:
     """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
@@ -101,7 +103,7 @@ def ruler_hqa(
     with eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
-            engine=engine, base_urls=base_url,
+            engine=engine, base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
         )
         evaluate_ruler_hqa(
             generator,
