@@ -142,6 +142,23 @@ def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_two_ranks_log_the_single_process_trajectories(runs):
+    """Each rank's trajectory records are gathered on the main rank, in the order one
+    process holds them (trainer.log_trajectories: on for this small run)."""
+    from memrl.recipes.trajectory_log import read_step_files
+
+    single, two = read_step_files(runs["single"])[1], read_step_files(runs["two"])[1]
+    assert len(two) == 3 * 2
+    key = lambda r: (r["id"], r["sample_index"], r["num_conversations"], r["answer"])  # noqa: E731
+    assert [key(r) for r in two] == [key(r) for r in single]
+    for a, b in zip(two, single, strict=True):
+        for k in ("reward", "kl_penalty", "advantage", "logprob_mean", "entropy_mean"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
+        assert [c["response_tokens"] for c in a["conversations"]] == [
+            c["response_tokens"] for c in b["conversations"]]
+
+
+@pytest.mark.slow
 def test_resume_two_ranks_on_one_process(runs):
     assert_same_weights(weights(runs["two"], 2), weights(runs["single"], 2))
     single_metrics = read_metrics(runs["single"] / "metrics.jsonl")
