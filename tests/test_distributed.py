@@ -26,6 +26,7 @@ from memrl.data.synthetic import make_synthetic_records
 from memrl.dist import Dist
 from memrl.distributed import torchrun_command
 from memrl.metrics import read_metrics
+from memrl.runrecord import read_record
 from memrl.rl.losses import loss_norm
 from memrl.rl.rollout import QuestionStream, TrainState, collect_groups
 
@@ -280,6 +281,12 @@ def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir
     assert re.search(r"rank\s*:\s*1\b", stderr) and "SIGKILL" in stderr, stderr[-3000:]
     time.sleep(1)
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and rank_of(p) is not None]
+    # rank 0 wrote the run record: how the run was launched (its end depends on where
+    # torchrun's SIGTERM found rank 0: in Python, or blocked in a collective until SIGKILL)
+    record = read_record(out)
+    assert (record["world_size"], record["launcher"], record["strategy"]) == (
+        2, "torchrun", strategy)
+    assert record["status"] in ("running", "interrupted", "error")
 
 
 # ---- the pieces, at world size 1 (the multi-rank behaviour is covered above)
