@@ -18,7 +18,8 @@ The previous handlers are restored when the block exits, however it exits.
 a message that says how far the work got (`memrl train` names the step and the checkpoint).
 
 Signal handlers can only be installed from the main thread; elsewhere the block does nothing.
-`memrl train` and `memrl eval ...` run inside such a block; `memrl.cli.main` maps a bare
+`memrl train`, `memrl sft` and `memrl eval ...` run inside such a block (and inside a run
+record, `memrl.runrecord`, which notes the signal); `memrl.cli.main` maps a bare
 KeyboardInterrupt of any other command to the same message and exit code.
 """
 

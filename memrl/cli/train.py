@@ -65,7 +65,8 @@ def train(
     progress = TrainProgress(out_dir, on_ray=on_ray)
     how = "continue with: " + resume_command(config, list(overrides or []))
     try:
-        with exit_on_signals(progress.describe, how):
+        with record_training("train", cfg, cfg.rollout.engine), \
+                exit_on_signals(progress.describe, how):
             if on_ray:
                 from memrl.ray_launcher import train_on_ray
 
@@ -79,6 +80,20 @@ def train(
     console.print(
         f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}, "
         f"plot {out_dir / 'training.png'}"
+    )
+
+
+def record_training(kind: str, cfg: Any, engine: str | None) -> Any:
+    """The run record (`memrl.runrecord`) of a training run in `trainer.out_dir`: world size
+    and launcher (Ray's ranks, or torchrun's), strategy, engine, seed, config hash."""
+    from memrl.runrecord import recorded
+
+    on_ray = cfg.trainer.launcher == "ray"
+    return recorded(
+        cfg.trainer.out_dir, kind, config=cfg, seed=cfg.seed,
+        world_size=cfg.trainer.ray.num_workers if on_ray else None,
+        launcher=cfg.trainer.launcher, strategy=cfg.model.strategy, engine=engine,
+        device=cfg.model.device,
     )
 
 
@@ -106,9 +121,10 @@ def check_launcher(on_ray: bool, nproc_per_node: int) -> None:
             "trainer.launcher=local under torchrun", location="trainer.launcher")
 
 
-def resume_command(config: Path, overrides: list[str]) -> str:
-    """The command line that continues this run: `memrl train CONFIG [OVERRIDES] --resume`."""
-    args = ["memrl", "train", str(config), *overrides, "--resume"]
+def resume_command(config: Path, overrides: list[str], command: str = "train") -> str:
+    """The command line that continues this run: `memrl train CONFIG [OVERRIDES] --resume`
+    (`command` sft: `memrl sft ...`)."""
+    args = ["memrl", command, str(config), *overrides, "--resume"]
     return " ".join(shlex.quote(a) for a in args)
 
 
