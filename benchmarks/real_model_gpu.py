@@ -60,6 +60,8 @@ class Suite:
     questions: int
     rows: tuple[str, ...] = ROWS
     protocols: tuple[str, ...] = ("memagent-boxed",)
+    published_rows: tuple[str, ...] = ("base_memagent", "rl")
+    """Rows also evaluated under the published protocol (when `protocols` has it)."""
 
     @property
     def eval_docs(self) -> list[int]:
@@ -72,7 +74,7 @@ class Plan:
 
     model: str = "smollm2-135m-instruct"
     bio: Suite = Suite("biographies", 24, (1, 2, 4, 8, 16, 32, 64), 128)
-    hqa: Suite | None = Suite("ruler_hqa", 20, (1, 2, 4, 8, 16), 100,
+    hqa: Suite | None = Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
                               protocols=("memagent-boxed", "memagent"))
     train_questions: int = 4000
     val_questions: int = 64
@@ -173,6 +175,8 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
         if suite is None or row not in suite.rows:
             continue
         for protocol in suite.protocols if row != "base_long_context" else ("boxed",):
+            if protocol == "memagent" and row not in suite.published_rows:
+                continue
             target = eval_dir(res, suite, row, protocol)
             if not done(target):
                 out.append((f"{suite.name}_{target.name}",
@@ -302,7 +306,7 @@ def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, 
     """The Markdown table of one suite and protocol, and its scores."""
     per_row: dict[str, dict[int, Any]] = {}
     for row in suite.rows:
-        if row == "base_long_context" and protocol == "memagent":
+        if protocol == "memagent" and row not in suite.published_rows:
             continue
         path = eval_dir(res, suite, row, "boxed" if row == "base_long_context" else protocol)
         if (path / "results.json").is_file():
