@@ -313,8 +313,8 @@ def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, 
             results = json.loads((path / "results.json").read_text())["results"]
             per_row[row] = {int(n): r for n, r in results.items()}
     docs = suite.eval_docs
-    ref = next(iter(per_row.values()), {}) if "rl" not in per_row else per_row["rl"]
-    tokens = {n: (ref.get(n) or {}).get("context_tokens") for n in docs}
+    tokens = {n: next((r[n]["context_tokens"] for r in per_row.values()
+                       if r.get(n) and r[n].get("context_tokens")), None) for n in docs}
     head = ["row"] + [f"{m}x (N={n}, {(tokens[n] or 0) / 1000:.1f}K tokens)"
                       for m, n in zip(suite.multiples, docs, strict=True)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
