@@ -250,6 +250,7 @@ Written by `memrl init-model` (memrl {__version__}, transformers {transformers._
 - **Model**: `{type(model).__name__}`, {params:,} parameters, {cfg.num_hidden_layers} layers,
   vocabulary {cfg.vocab_size:,}, {cfg.max_position_embeddings:,} positions; input and output
   embeddings tied (`lm_head.weight` is not stored: it is the embedding matrix).
-- **Tokenizer**: from the GGUF file, with the model's own ChatML chat template; end of turn
+- **Tokenizer**: from the GGUF file, with the model's own ChatML chat template (it adds
+  the model's default system message to a conversation that has none); end of turn
   `{tokenizer.eos_token}`.
 """
