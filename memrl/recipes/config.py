@@ -191,8 +191,14 @@ class TrainerConfig(StrictModel):
     """The Ray cluster and the ranks' resources (used with launcher: ray)."""
     dist_timeout_s: float = Field(1800.0, gt=0)
     """Training on several processes (torchrun, --nproc-per-node, Ray): a collective that
-    waits longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed
-    the longest gap between two collectives (a step's rollout, a validation, a checkpoint)."""
+    waits longer than this fails the run instead of hanging it. Must exceed the longest gap
+    between two collectives (a rank's rollout round, a validation, the main rank writing a
+    checkpoint): 1800 s covers a 7B model's full checkpoint with AdamW state (~120 GB) on
+    storage writing 100 MB/s. Frozen or dead ranks are found sooner, by the heartbeat."""
+    heartbeat_timeout_s: float = Field(60.0, ge=0)
+    """Under torchrun: a rank whose heartbeat (a side thread beating every tenth of this) stops
+    for this long is lost, found within 1.2 × this (a dead rank on the same machine at once),
+    and the run ends with one line naming it. 0: no heartbeat (the collective timeout only)."""
 
 
 class TrainConfig(StrictModel):
