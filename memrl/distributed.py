@@ -94,13 +94,20 @@ def start_heartbeat(dist: Dist, timeout_s: float) -> bool:
 
     from memrl import heartbeat
 
-    store = tdist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=timedelta(seconds=float(timeout_s)), wait_for_workers=False,
-    )
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    heartbeat.start(store, dist.rank, dist.world_size, timeout_s,
-                    prefix=f"{heartbeat.KEY_PREFIX}/{restart}")
+    try:
+        store = tdist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=timedelta(seconds=float(timeout_s)), wait_for_workers=False,
+        )
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        heartbeat.start(store, dist.rank, dist.world_size, timeout_s,
+                        prefix=f"{heartbeat.KEY_PREFIX}/{restart}")
+    except (KeyError, ValueError, RuntimeError) as exc:  # no store to beat into: train on
+        if dist.is_main:
+            print(f"warning: no heartbeat between the ranks (torchrun's store at "
+                  f"MASTER_ADDR:MASTER_PORT: {' '.join(str(exc).split())}); a frozen rank is "
+                  "found only by trainer.dist_timeout_s", file=sys.stderr, flush=True)
+        return False
     return True
 
 

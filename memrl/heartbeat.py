@@ -14,7 +14,7 @@ seconds
   `timeout_s` on this rank's clock (frozen: SIGSTOP, a machine or link that stopped
   answering), when it runs on this host and its process is gone (SIGKILL, the kernel's
   out-of-memory killer), or when its beat says it failed (it raised, and said so on its way
-  out).
+  out; on this host, once its process has exited).
 
 Detection bound: a frozen peer is found between 0.9 × and 1.2 × `timeout_s` after it stopped
 (its last beat may be up to one interval older than when it was first seen, and the check
@@ -44,14 +44,15 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "EXIT_PEER_LOST", "Beat", "Heartbeat", "Lost", "Verdict", "activity", "current", "note",
-    "process_state", "set_epilogue", "start", "stop",
+    "EXIT_PEER_LOST", "Beat", "Heartbeat", "Lost", "Verdict", "activity", "collective",
+    "current", "doing", "note", "process_state", "set_epilogue", "start", "stop",
 ]
 
 KEY_PREFIX = "memrl/heartbeat"
@@ -82,9 +83,26 @@ def activity() -> tuple[str, int | None]:
     return _activity
 
 
-def doing(phase: str, step: int | None) -> str:
-    """`in step 3 (rollout)`, or `in setup` for a phase outside the steps."""
-    return f"in step {step} ({phase})" if step is not None else f"in {phase}"
+_collectives = 0
+
+
+@contextmanager
+def collective() -> Iterator[None]:
+    """Around a collective (`memrl.dist.Dist` wraps its own): the beats sent meanwhile say
+    that this rank waits for the others, which tells a stuck rank from the ones waiting."""
+    global _collectives
+    _collectives += 1
+    try:
+        yield
+    finally:
+        _collectives -= 1
+
+
+def doing(phase: str, step: int | None, waiting: bool = False) -> str:
+    """`in step 3 (rollout)`, or `in setup` for a phase outside the steps; `waiting`: `in
+    step 3 (rollout; waiting for the other ranks)`."""
+    wait = "; waiting for the other ranks" if waiting else ""
+    return f"in step {step} ({phase}{wait})" if step is not None else f"in {phase}{wait}"
 
 
 # ------------------------------------------------------------------ beats and their verdict
@@ -104,6 +122,8 @@ class Beat:
     """running, done, interrupted, or `failed: <error>`."""
     started: str | None = None
     """The process's start time (/proc), so that a reused pid is not taken for it."""
+    waiting: bool = False
+    """In a collective, waiting for the other ranks."""
 
     def encode(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -114,6 +134,9 @@ class Beat:
 
     def who(self) -> str:
         return f"rank {self.rank} (host {self.host}, pid {self.pid})"
+
+    def doing(self) -> str:
+        return doing(self.phase, self.step, self.waiting)
 
 
 @dataclass(frozen=True)
@@ -130,7 +153,7 @@ class Lost:
         if self.beat is None:
             return (f"rank {self.rank} sent no heartbeat for {self.age_s:.0f} s since this rank "
                     "started watching (it never started, froze, or its machine is unreachable)")
-        who, where = self.beat.who(), doing(self.beat.phase, self.beat.step)
+        who, where = self.beat.who(), self.beat.doing()
         if self.kind == "dead":
             return (f"{who} died {where}: its process is gone (killed, e.g. by SIGKILL or the "
                     "out-of-memory killer)")
@@ -224,6 +247,7 @@ class Heartbeat:
         """The last beat read of every peer."""
         self._seq = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, when it last moved)
+        self._failed: dict[int, float] = {}  # rank -> when its beat first said it failed
         self._since = clock()  # when watching began: the age of a peer never heard from
         self._last_check: float | None = None
         self._lock = threading.Lock()  # one store operation at a time (thread and main)
@@ -247,7 +271,7 @@ class Heartbeat:
         with self._lock:
             self._seq += 1
             beat = Beat(self.rank, self.host, self.pid, self._seq, phase, step, self.state,
-                        self.started)
+                        self.started, _collectives > 0)
             self.store.set(self._key(self.rank), beat.encode())
 
     def check(self) -> list[Lost]:
@@ -270,7 +294,13 @@ class Heartbeat:
                 if beat.state in FINAL_STATES:
                     continue
                 if beat.state.startswith("failed"):
-                    lost.append(Lost(rank, "failed", beat))
+                    # On this host, let it exit first (up to the timeout), so that the
+                    # launcher's report names it as the first failure, not the reporter.
+                    since = self._failed.setdefault(rank, now)
+                    alive = (beat.host == self.host
+                             and process_state(beat.pid, beat.started) == "running")
+                    if not alive or now - since > self.timeout_s:
+                        lost.append(Lost(rank, "failed", beat))
                     continue
                 if beat.host == self.host and process_state(beat.pid, beat.started) == "gone":
                     lost.append(Lost(rank, "dead", beat))
@@ -324,14 +354,14 @@ class Heartbeat:
         any verdict: this rank reports it unless another rank stored one first."""
         import re
 
-        phase, step = activity()
+        phase, step = activity()  # this rank's collective has ended: it was waiting
         where = {self.rank: f"rank {self.rank} (host {self.host}, pid {self.pid}) "
-                            f"{doing(phase, step)}"}
-        where.update({r: f"{b.who()} {doing(b.phase, b.step)}" for r, b in self.beats.items()})
+                            f"{doing(phase, step, waiting=True)}"}
+        where.update({r: f"{b.who()} {b.doing()}" for r, b in self.beats.items()})
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         error = re.sub(r"^\[[^\]]*\]\s*", "", lines[0])[:200]  # gloo's source location
         text = (f"a collective failed ({error}) though every rank is alive: "
-                f"{', '.join(where[r] for r in sorted(where))}; a rank that is elsewhere is "
+                f"{', '.join(where[r] for r in sorted(where))}; a rank that is not waiting is "
                 f"stuck, or slower than trainer.dist_timeout_s ({dist_timeout_s:g} s) allows")
         mine = Verdict(text, [], self.rank, [])
         try:

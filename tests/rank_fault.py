@@ -3,6 +3,8 @@
     torchrun --standalone --nproc-per-node 2 tests/rank_fault.py train CONFIG ...
     MEMRL_TEST_FAULT=stop:1:2    rank 1 stops itself (SIGSTOP) as it starts the rollout of step 2
     MEMRL_TEST_FAULT=kill:0:3    rank 0 kills itself (SIGKILL) there
+    MEMRL_TEST_FAULT=sleep:1:2   rank 1 sleeps there for 30 s (alive, beating, but late)
+    MEMRL_TEST_FAULT=raise:1:2   rank 1 raises there
 
 The task rolls out question by question (`dist_train.PerQuestionTask`), so one process and two
 ranks train alike and a resumed run can be compared with an uninterrupted one. Before the
@@ -35,7 +37,12 @@ class FaultyTask(dist_train.PerQuestionTask):
                 time.sleep(1.0)
                 Path(os.environ["MEMRL_TEST_FAULT_FILE"]).write_text(
                     f"{os.getpid()} {time.time()}\n")
-                os.kill(os.getpid(), signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
+                if kind == "sleep":
+                    time.sleep(30)
+                elif kind == "raise":
+                    raise RuntimeError("injected failure")
+                else:
+                    os.kill(os.getpid(), signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
         return super().rollout(engine, records, seed=seed, **kw)
 
 

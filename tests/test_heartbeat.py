@@ -184,6 +184,10 @@ def test_a_stuck_collective_names_where_every_rank_is():
     heartbeat.note("rollout", 4)
     b.beat()
     heartbeat.note("update", 4)
+    with heartbeat.collective():
+        a.beat()
+    assert b.check() == [] and b.beats[0].doing() == (
+        "in step 4 (update; waiting for the other ranks)")
     a.check()
     error = RuntimeError("[/src/gloo/unbound_buffer.cc:78] Timed out waiting 1800000ms for recv")
     verdict = a.stuck(error, 1800)
@@ -191,9 +195,9 @@ def test_a_stuck_collective_names_where_every_rank_is():
     assert verdict.reporter == 0 and verdict.lost == []
     assert verdict.text == (
         "a collective failed (Timed out waiting 1800000ms for recv) though every rank is alive: "
-        "rank 0 (host h0, pid 1000) in step 4 (update), rank 1 (host h1, pid 1001) in step 4 "
-        "(rollout); a rank that is elsewhere is stuck, or slower than trainer.dist_timeout_s "
-        "(1800 s) allows")
+        "rank 0 (host h0, pid 1000) in step 4 (update; waiting for the other ranks), rank 1 "
+        "(host h1, pid 1001) in step 4 (rollout); a rank that is not waiting is stuck, or slower "
+        "than trainer.dist_timeout_s (1800 s) allows")
     assert b.stored_verdict() == verdict
 
 
@@ -243,3 +247,15 @@ def test_collective_errors_are_told_apart_from_bugs():
     assert collective_failed(tdist.DistBackendError("NCCL watchdog timeout"))
     assert not collective_failed(RuntimeError("shape mismatch"))
     assert not collective_failed(ValueError("Timed out waiting for the user"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_failed_peer_of_this_host_is_lost_once_it_exited_or_after_the_timeout():
+    clock = Clock()
+    store = tdist.HashStore()
+    a = Heartbeat(store, 0, 2, TIMEOUT, clock=clock, host=HOST, pid=1000)
+    b = Heartbeat(store, 1, 2, TIMEOUT, clock=clock, host=HOST, pid=os.getpid())  # running
+    b.set_state("failed: ValueError: x")
+    assert a.check() == []  # still printing its traceback: let it exit first
+    advance(clock, [a, b], TIMEOUT + 2 * a.interval_s, beating=[0, 1])
+    assert [x.kind for x in a.check()] == ["failed"]

@@ -142,6 +142,7 @@ def test_a_frozen_rank_is_found_within_the_bound_and_named(work, frozen):
         r"step 2 \(rollout\): no heartbeat for \d+ s \(frozen, or its machine is unreachable\); "
         rf"the run is stopped; last complete checkpoint: run/checkpoints/step_00000001; {RESUME}"))
     took = frozen["said_at"] - frozen["fault_at"]
+    print(f"frozen rank 1 named {took:.1f} s after it stopped (timeout {HEARTBEAT_S:g} s)")
     assert 0.9 * HEARTBEAT_S - 1 <= took <= BOUND_S + SLACK_S, took
     # The survivor killed the stopped rank instead of letting torchrun wait 30 s for it.
     state = Path(f"/proc/{frozen['pid']}/stat")
@@ -156,7 +157,9 @@ def test_a_killed_main_rank_is_named_by_the_survivor_at_once(work, killed):
         r"\(rollout\): its process is gone \(killed, e\.g\. by SIGKILL or the out-of-memory "
         r"killer\); the run is stopped; last complete checkpoint: "
         rf"run/checkpoints/step_00000002; {RESUME}"))
-    assert killed["said_at"] - killed["fault_at"] <= BOUND_S + SLACK_S
+    took = killed["said_at"] - killed["fault_at"]
+    print(f"killed rank 0 named {took:.1f} s after it died")
+    assert took <= BOUND_S + SLACK_S, took
 
 
 def test_the_resumed_run_matches_an_uninterrupted_one(work, killed, reference):

@@ -192,9 +192,10 @@ class TrainerConfig(StrictModel):
     dist_timeout_s: float = Field(1800.0, gt=0)
     """Training on several processes (torchrun, --nproc-per-node, Ray): a collective that
     waits longer than this fails the run instead of hanging it. Must exceed the longest gap
-    between two collectives (a rank's rollout round, a validation, the main rank writing a
-    checkpoint): 1800 s covers a 7B model's full checkpoint with AdamW state (~120 GB) on
-    storage writing 100 MB/s. Frozen or dead ranks are found sooner, by the heartbeat."""
+    between two collectives of a healthy run: 1800 s covers the slowest we expect, the main
+    rank writing a 7B model's checkpoint with AdamW state (~120 GB) at 100 MB/s, and a 7B
+    log-prob pass on 8 replicated ranks (~12 min). Frozen or dead ranks are found sooner,
+    by the heartbeat (docs/configuration.md)."""
     heartbeat_timeout_s: float = Field(60.0, ge=0)
     """Under torchrun: a rank whose heartbeat (a side thread beating every tenth of this) stops
     for this long is lost, found within 1.2 × this (a dead rank on the same machine at once),
