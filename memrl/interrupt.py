@@ -22,7 +22,8 @@ uses it to report a lost peer instead (torchrun's SIGTERM after a rank died is n
 interruption), and to let only the main rank say "interrupted".
 
 Signal handlers can only be installed from the main thread; elsewhere the block does nothing.
-`memrl train` and `memrl eval ...` run inside such a block; `memrl.cli.main` maps a bare
+`memrl train`, `memrl sft` and `memrl eval ...` run inside such a block (and inside a run
+record, `memrl.runrecord`, which notes the signal); `memrl.cli.main` maps a bare
 KeyboardInterrupt of any other command to the same message and exit code.
 """
 

@@ -212,15 +212,17 @@ def test_beats_and_verdicts_survive_the_store():
 
 def test_the_resume_command_keeps_the_launcher_and_the_number_of_ranks():
     cfg, extra = Path("c.yaml"), ["rl.rollout_n=4", "trainer.out_dir=my run"]
-    assert resume_command(cfg, extra, {}) == (
+    assert resume_command(cfg, extra, env={}) == (
         "memrl train c.yaml rl.rollout_n=4 'trainer.out_dir=my run' --resume")
-    assert resume_command(cfg, [], {NPROC_ENV: "2", "WORLD_SIZE": "2"}) == (
+    assert resume_command(cfg, [], env={NPROC_ENV: "2", "WORLD_SIZE": "2"}) == (
         "memrl train c.yaml --nproc-per-node 2 --resume")
     torchrun = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "1"}
-    assert resume_command(cfg, [], torchrun) == (
+    assert resume_command(cfg, [], env=torchrun) == (
         "torchrun --standalone --nproc-per-node=4 -m memrl train c.yaml --resume")
+    assert resume_command(cfg, [], "sft", env=torchrun) == (
+        "torchrun --standalone --nproc-per-node=4 -m memrl sft c.yaml --resume")
     nodes = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2"}
-    assert resume_command(cfg, [], nodes) == (
+    assert resume_command(cfg, [], env=nodes) == (
         "torchrun --nnodes=2 --nproc-per-node=8 -m memrl train c.yaml --resume (on every "
         "node, with this run's rendezvous options)")
 

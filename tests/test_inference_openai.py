@@ -107,7 +107,8 @@ def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
          "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
-         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1"],
+         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
+         "--no-enable-chunked-prefill"],  # seeded requests on CPU (docs/configuration.md)
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
     )
 

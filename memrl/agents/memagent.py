@@ -88,7 +88,8 @@ class MemAgentConfig(BaseModel):
     seeded with `derive_seed(seed, record id, occurrence, sample index, t)`, whichever
     schedule runs it, so runs are reproducible and no two requests share a seed."""
     prompts: str | MemAgentPrompts = "memagent"
-    """A preset name (see PROMPT_PRESETS) or custom templates."""
+    """A preset name (memagent, memagent-published, memagent-answer-is: see
+    memrl.agents.prompts.PROMPT_PRESETS) or custom templates."""
 
     @field_validator("prompts")
     @classmethod

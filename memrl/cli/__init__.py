@@ -84,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     print the help on stdout first). Lines are scrubbed of secret environment values.
     An OSError of the machine's state (no permission, disk full, read-only file system) is
     one line naming the file, exit code 2. Ctrl-C is one line `interrupted (SIGINT) ...` and
-    exit code 130 (`memrl train` and `memrl eval` say more: where they stopped, how to go on;
-    SIGTERM there is 143). A failed rank of a Ray run is one line naming the rank, exit
-    code 1 (its traceback is in the rank's output, above). Anything else is a bug and keeps
-    its traceback.
+    exit code 130 (`memrl train`, `memrl sft` and `memrl eval` say more: where they stopped,
+    how to go on; SIGTERM there is 143). A failed rank of a Ray run is one line naming the
+    rank, exit code 1 (its traceback is in the rank's output, above). Anything else is a
+    bug and keeps its traceback.
     """
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:

@@ -173,6 +173,15 @@ def eval_interruptible(out: Path) -> Any:
     )
 
 
+def record_eval(out: Path, kind: str, *, engine: str, device: str | None, seed: int | None,
+                settings: dict[str, Any]) -> Any:
+    """The run record (`memrl.runrecord`) of an evaluation into `out`; `settings` (the
+    command's options and agent config) is what the config hash covers."""
+    from memrl.runrecord import recorded
+
+    return recorded(out, kind, config=settings, seed=seed, engine=engine, device=device)
+
+
 def print_warning(message: str) -> None:
     """`warning: <message>` as one scrubbed line on stderr (the run goes on)."""
     import sys

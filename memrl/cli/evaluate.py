@@ -21,6 +21,7 @@ from memrl.cli.common import (
     config_options,
     eval_interruptible,
     load_generator,
+    record_eval,
 )
 from memrl.errors import MemrlInputError
 from memrl.eval.ruler_hqa import DEFAULT_RECORDS_PER_RUN
@@ -100,7 +101,12 @@ def ruler_hqa(
         "config": config.model_dump(mode="json")})
     if resume and not previous:
         raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
-    with eval_interruptible(out):
+    settings = {"model": str(model), "data": str(data), "num_docs": num_docs, "limit": limit,
+                "samples": samples, "protocol": protocol, "pool": None if pool is None
+                else str(pool), "engine": engine, "dtype": dtype,
+                "config": config.model_dump(mode="json")}
+    with record_eval(out, "eval ruler-hqa", engine=engine, device=device, seed=config.seed,
+                     settings=settings), eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
             engine=engine, base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,

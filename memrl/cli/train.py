@@ -67,7 +67,8 @@ def train(
     how = "continue with: " + resume_command(config, list(overrides or []))
     heartbeat.set_epilogue(lambda: f"{progress.saved()}; {how}")
     try:
-        with exit_on_signals(progress.describe, how, on_signal=rank_on_signal):
+        with record_training("train", cfg, cfg.rollout.engine), \
+                exit_on_signals(progress.describe, how, on_signal=rank_on_signal):
             if on_ray:
                 from memrl.ray_launcher import train_on_ray
 
@@ -86,6 +87,20 @@ def train(
     console.print(
         f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}, "
         f"plot {out_dir / 'training.png'}"
+    )
+
+
+def record_training(kind: str, cfg: Any, engine: str | None) -> Any:
+    """The run record (`memrl.runrecord`) of a training run in `trainer.out_dir`: world size
+    and launcher (Ray's ranks, or torchrun's), strategy, engine, seed, config hash."""
+    from memrl.runrecord import recorded
+
+    on_ray = cfg.trainer.launcher == "ray"
+    return recorded(
+        cfg.trainer.out_dir, kind, config=cfg, seed=cfg.seed,
+        world_size=cfg.trainer.ray.num_workers if on_ray else None,
+        launcher=cfg.trainer.launcher, strategy=cfg.model.strategy, engine=engine,
+        device=cfg.model.device,
     )
 
 
@@ -113,15 +128,16 @@ def check_launcher(on_ray: bool, nproc_per_node: int) -> None:
             "trainer.launcher=local under torchrun", location="trainer.launcher")
 
 
-def resume_command(config: Path, overrides: list[str],
+def resume_command(config: Path, overrides: list[str], command: str = "train",
                    env: Mapping[str, str] | None = None) -> str:
     """The command line that continues this run on the same launcher and number of ranks:
-    `memrl train CONFIG [OVERRIDES] --resume`, with `--nproc-per-node N` when memrl started
-    torchrun, or torchrun's own command when torchrun started memrl (`env`: os.environ)."""
+    `memrl train CONFIG [OVERRIDES] --resume` (`command` sft: `memrl sft ...`), with
+    `--nproc-per-node N` when memrl started torchrun, or torchrun's own command when torchrun
+    started memrl (`env`: os.environ)."""
     from memrl.distributed import NPROC_ENV
 
     env = os.environ if env is None else env
-    args = ["train", str(config), *overrides]
+    args = [command, str(config), *overrides]
     world = int(env.get("WORLD_SIZE") or 1)
     nodes = int(env.get("GROUP_WORLD_SIZE") or 1)
     if env.get(NPROC_ENV):

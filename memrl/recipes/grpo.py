@@ -34,6 +34,7 @@ from memrl.inference.base import derive_seed
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
 from memrl.recipes import models
 from memrl.recipes.config import TrainConfig
+from memrl.recipes.trajectory_log import TrajectoryLog, remove_steps_after
 from memrl.rl.actor import Actor, Reference
 from memrl.rl.advantages import compute_advantages
 from memrl.rl.batch import RolloutBatch
@@ -58,6 +59,8 @@ class Run:
     val_records: list[Any] = field(default_factory=list)
     dist: Dist = Dist()
     console: Any = None
+    trajectory_log: TrajectoryLog | None = None
+    """Per-trajectory records of each step (`trainer.log_trajectories`); None: off."""
 
     @property
     def out_dir(self) -> Path:
@@ -211,11 +214,12 @@ def train_step(run: Run) -> dict[str, float]:
     note("log-probs", step)
     ref = run.reference.logprobs(batch) if run.reference is not None else None
     engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
-    mismatch = {}
+    mismatch, entropy = {}, None
     if rl.use_rollout_logprobs:
         batch = batch.with_logprobs(engine_lp, ref)
     else:
-        batch = batch.with_logprobs(run.actor.logprobs(batch), ref)
+        old, entropy = run.actor.logprobs_and_entropy(batch)
+        batch = batch.with_logprobs(old, ref)
         diff = logprob_mismatch(engine_lp, batch.old_logprobs)
         mismatch = {"rollout/logprob_diff_mean": diff["mean"],
                     "rollout/logprob_diff_max": diff["max"]}
@@ -252,6 +256,9 @@ def train_step(run: Run) -> dict[str, float]:
     lengths: dict[str, list[int]] = {}
     for kind, n in view.sample_lengths:
         lengths.setdefault(kind, []).append(n)
+    if run.trajectory_log is not None:  # one row per trajectory, gathered on the main rank
+        run.trajectory_log.write(run.state.step + 1, groups.trajectories, batch, task_rewards,
+                                 groups.group_order, entropy)
     return {
         "train/reward_mean": float(view.task_rewards.mean()),
         "train/reward_std": float(view.task_rewards.std(unbiased=False)),
@@ -366,8 +373,12 @@ def setup(
                             optimizer=actor.optimizer, scheduler=actor.scheduler, dist=dist,
                             console=console)
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
+    log = TrajectoryLog.from_config(
+        config.trainer.log_trajectories, out_dir, records=train_records, dist=dist,
+        rows_per_step=config.data.train_batch_size * config.rl.rollout_n,
+        warn=warn_on_stderr(dist))
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
-               val_records, dist, console)
+               val_records, dist, console, log)
 
 
 def warn_on_stderr(dist: Dist) -> Callable[[str], None]:
@@ -402,6 +413,7 @@ def resume_or_start(
                                 dist=dist)
         if dist.is_main:
             truncate_metrics(out_dir / "metrics.jsonl", saved["step"])
+            remove_steps_after(out_dir, saved["step"])
             if console is not None:
                 console.print(f"resumed from {latest} at step {saved['step']}")
         return TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
@@ -411,6 +423,8 @@ def resume_or_start(
             "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
             location="trainer.out_dir",
         )
-    if (out_dir / "metrics.jsonl").exists() and dist.is_main:
-        truncate_metrics(out_dir / "metrics.jsonl", -1)  # a fresh run in a used directory
+    if dist.is_main:  # a fresh run in a used directory
+        if (out_dir / "metrics.jsonl").exists():
+            truncate_metrics(out_dir / "metrics.jsonl", -1)
+        remove_steps_after(out_dir, -1)
     return TrainState()
