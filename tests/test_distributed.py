@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -279,6 +280,12 @@ def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir
     assert proc.returncode != 0
     assert elapsed < 60
     assert re.search(r"rank\s*:\s*1\b", stderr) and "SIGKILL" in stderr, stderr[-3000:]
+    # memrl's one line (the survivor's): the dead rank, and the resume on 2 ranks again.
+    ours = [x for x in stderr.splitlines() if x.startswith(("error: ", "interrupted"))]
+    assert len(ours) == 1 and re.match(
+        r"error: rank 1 \(host .+, pid \d+\) died in step \d+ \(\w[\w -]*\): ", ours[0]), stderr
+    assert ours[0].endswith("no checkpoint saved yet; continue with: memrl train "
+                            f"{config} {shlex.join(args)} --nproc-per-node 2 --resume"), ours[0]
     time.sleep(1)
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and rank_of(p) is not None]
     # rank 0 wrote the run record: how the run was launched (its end depends on where

@@ -43,6 +43,7 @@ from memrl.agents.prompts import MemAgentPrompts, resolve_prompts
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord
 from memrl.inference.base import (
+    SEED_MAX,
     Generation,
     Generator,
     RolloutMode,
@@ -82,7 +83,7 @@ class MemAgentConfig(BaseModel):
     """Sampling temperature (0 = greedy decoding)."""
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling threshold."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     """Base sampling seed; turn t of the episode (record id, occurrence, sample index) is
     seeded with `derive_seed(seed, record id, occurrence, sample index, t)`, whichever
     schedule runs it, so runs are reproducible and no two requests share a seed."""

@@ -29,7 +29,13 @@ from memrl.config import StrictModel
 from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
 from memrl.errors import MemrlInputError
 from memrl.eval.report import finish_header, write_json, write_jsonl, write_report
-from memrl.inference.base import SamplingParams, derive_seed, generate_checked, response_text
+from memrl.inference.base import (
+    SEED_MAX,
+    SamplingParams,
+    derive_seed,
+    generate_checked,
+    response_text,
+)
 from memrl.inference.chat import encode_chat
 from memrl.rewards.qa import extract_boxed, qa_scores
 
@@ -52,7 +58,7 @@ class LongContextConfig(StrictModel):
     """Tokens allowed for the answer."""
     temperature: float = Field(0.0, ge=0)
     """0: greedy."""
-    seed: int | None = Field(0, ge=0)
+    seed: int | None = Field(0, ge=0, le=SEED_MAX)
     """Base seed of the per-record sampling seeds (unused when greedy)."""
 
 

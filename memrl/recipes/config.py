@@ -217,8 +217,15 @@ class TrainerConfig(StrictModel):
     """The Ray cluster and the ranks' resources (used with launcher: ray)."""
     dist_timeout_s: float = Field(1800.0, gt=0)
     """Training on several processes (torchrun, --nproc-per-node, Ray): a collective that
-    waits longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed
-    the longest gap between two collectives (a step's rollout, a validation, a checkpoint)."""
+    waits longer than this fails the run instead of hanging it. Must exceed the longest gap
+    between two collectives of a healthy run: 1800 s covers the slowest we expect, the main
+    rank writing a 7B model's checkpoint with AdamW state (~120 GB) at 100 MB/s, and a 7B
+    log-prob pass on 8 replicated ranks (~12 min). Frozen or dead ranks are found sooner,
+    by the heartbeat (docs/configuration.md)."""
+    heartbeat_timeout_s: float = Field(60.0, ge=0)
+    """Under torchrun: a rank whose heartbeat (a side thread beating every tenth of this) stops
+    for this long is lost, found within 1.2 × this (a dead rank on the same machine at once),
+    and the run ends with one line naming it. 0: no heartbeat (the collective timeout only)."""
 
     @field_validator("log_trajectories", mode="before")
     @classmethod

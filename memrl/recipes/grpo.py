@@ -29,6 +29,7 @@ from memrl.config import config_to_yaml
 from memrl.dist import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
+from memrl.heartbeat import note
 from memrl.inference.base import derive_seed
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
 from memrl.recipes import models
@@ -82,11 +83,13 @@ def train(
 
     `on_start(run)` is called once the run is set up (the CLI keeps it to say at which step
     an interrupted run stopped)."""
+    note("setup")
     if dist is None:
         from memrl.distributed import init_process_group
 
         dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device,
-                                  always=config.model.strategy == "fsdp")
+                                  always=config.model.strategy == "fsdp",
+                                  heartbeat_s=config.trainer.heartbeat_timeout_s)
     run = setup(config, task=task, dist=dist, console=console)
     if on_start is not None:
         on_start(run)
@@ -101,6 +104,7 @@ def train(
         wandb_project=tcfg.wandb_project,
     ) as logger:
         if run.state.step == 0 and tcfg.val_before_train and run.val_records:
+            note("validation")
             logger.log(0, validate(run))
         while run.state.step < total:
             metrics = train_step(run)
@@ -108,9 +112,11 @@ def train(
             step = run.state.step
             if run.val_records and ((tcfg.test_freq and step % tcfg.test_freq == 0)
                                     or step == total):
+                note("validation", step)
                 metrics.update(validate(run))
             logger.log(step, metrics)
             if (tcfg.save_freq and step % tcfg.save_freq == 0) or step == total:
+                note("checkpoint", step)
                 save(run)
     if run.dist.is_main:
         plot_training_curves(run.out_dir / "metrics.jsonl", run.out_dir / "training.png")
@@ -172,13 +178,16 @@ def train_step(run: Run) -> dict[str, float]:
     """One step of the algorithm; returns its metrics."""
     cfg, rl = run.config, run.config.rl
     t0 = time.perf_counter()
+    step = run.state.step + 1  # what the heartbeat says this rank is doing (`note`)
 
     # 1. The engine samples from the current weights.
+    note("weight sync", step)
     run.engine.wake()
     run.engine.sync_weights(run.actor.model, run.state.step)
     t_sync = time.perf_counter() - t0
 
     # 2. Rollout groups (+ DAPO dynamic sampling with refill from the next questions).
+    note("rollout", step)
     groups = collect_groups(
         lambda records, seed: run.task.rollout(
             run.engine, records, num_samples=rl.rollout_n, seed=seed, mode=cfg.rollout.mode
@@ -202,6 +211,7 @@ def train_step(run: Run) -> dict[str, float]:
     # 4. Old and reference log-probs (no grad); the old ones recomputed by the trainer, or
     #    taken from the engine (rl.use_rollout_logprobs). Mismatch: |engine − trainer|.
     t1 = time.perf_counter()
+    note("log-probs", step)
     ref = run.reference.logprobs(batch) if run.reference is not None else None
     engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
     mismatch, entropy = {}, None
@@ -233,10 +243,12 @@ def train_step(run: Run) -> dict[str, float]:
     # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights.
     lr = run.actor.lr
     t2 = time.perf_counter()
+    note("update", step)
     update = run.actor.update(batch, run.dist)
     t_update = time.perf_counter() - t2
 
     # 7. Metrics (over every rank's share of the step).
+    note("metrics", step)
     view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
         run.dist, groups.group_order
     )
