@@ -16,6 +16,13 @@ class MemrlInputError(ValueError):
         super().__init__(f"{location}: {message}" if location else message)
 
 
+class InfrastructureError(RuntimeError):
+    """A part of the machinery a run depends on failed (every inference server lost, a
+    rollout engine that does not sample the policy): not the user's input and not a bug in
+    memrl. The CLI prints it as one line, with the command that continues the run where the
+    command knows one, and exits with code 1 (docs/failures.md)."""
+
+
 class MissingDependencyError(ImportError):
     """An optional extra is needed for this feature but is not installed."""
 

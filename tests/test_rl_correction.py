@@ -9,7 +9,12 @@ import torch
 
 from memrl.errors import MemrlInputError
 from memrl.rl.config import RLConfig
-from memrl.rl.correction import logprob_mismatch, rollout_is_weights
+from memrl.rl.correction import (
+    RolloutMismatchError,
+    check_logprob_mismatch,
+    logprob_mismatch,
+    rollout_is_weights,
+)
 from memrl.rl.losses import policy_loss
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, 0.0, 0.0]])
@@ -56,3 +61,16 @@ def test_bad_settings_are_user_errors():
         rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold=0.0)
     with pytest.raises(ValueError, match="use one or the other"):
         RLConfig(rollout_is="token", use_rollout_logprobs=True)
+
+
+def test_mismatch_guard_stops_above_the_limit_only():
+    check_logprob_mismatch(0.5, 1.0, engine="vllm", step=3)
+    check_logprob_mismatch(1.0, 1.0, engine="vllm", step=3)  # at the limit: goes on
+    check_logprob_mismatch(float("inf"), None, engine="vllm", step=3)  # no limit
+    with pytest.raises(RolloutMismatchError) as info:
+        check_logprob_mismatch(3.5, 1.0, engine="openai", step=7)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("rollout engine openai: ")
+    assert "by up to 3.5 at step 7, above rollout.max_logprob_diff=1" in text
+    with pytest.raises(RolloutMismatchError, match="by up to nan at step 1"):
+        check_logprob_mismatch(float("nan"), 1.0, engine="hf", step=1)

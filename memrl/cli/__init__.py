@@ -1,8 +1,9 @@
 """`memrl` command line: thin wrappers that parse, load, and call one library function.
 
 Errors a user can cause (MemrlInputError, usage errors) are printed as one line on stderr with
-exit code 2; Ctrl-C is one line and exit code 130; anything else is a bug and keeps its
-traceback.
+exit code 2; a failure of the machinery a run depends on (InfrastructureError: every server
+lost, a rollout engine that does not sample the policy) is one line with exit code 1; Ctrl-C
+is one line and exit code 130; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import sys
 from typing import Any
 
 from memrl.cli.app import app
-from memrl.errors import MemrlInputError, MissingDependencyError
+from memrl.errors import InfrastructureError, MemrlInputError, MissingDependencyError
 from memrl.ray_launcher import RankFailedError
 
 
@@ -74,6 +76,16 @@ even where no check caught them first."""
 PROG_NAME = "memrl"
 """The name error lines and usage hints use, also under `python -m memrl`."""
 
+_invocation: list[str] = []
+
+
+def command_line(*extra: str) -> str:
+    """The command line being run (`memrl eval ruler-hqa ...`), shell-quoted, with `extra`
+    arguments appended unless already there: what a failure line tells the user to run
+    again."""
+    args = list(_invocation) + [a for a in extra if a not in _invocation]
+    return " ".join(shlex.quote(a) for a in [PROG_NAME, *args])
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `memrl` script; returns the process exit code.
@@ -86,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     one line naming the file, exit code 2. Ctrl-C is one line `interrupted (SIGINT) ...` and
     exit code 130 (`memrl train`, `memrl sft` and `memrl eval` say more: where they stopped,
     how to go on; SIGTERM there is 143). A failed rank of a Ray run is one line naming the
-    rank, exit code 1 (its traceback is in the rank's output, above). Anything else is a
-    bug and keeps its traceback.
+    rank, exit code 1 (its traceback is in the rank's output, above). A failure of the
+    machinery (InfrastructureError) is one line, exit code 1: what failed and, for `memrl
+    train` and `memrl eval`, what is kept and the command that continues (docs/failures.md).
+    Anything else is a bug and keeps its traceback.
     """
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
+    _invocation[:] = args
     try:
         _register_commands()
         _quiet_library_progress_bars()
@@ -115,6 +130,8 @@ def _run(args: list[str]) -> int:
     except (MemrlInputError, MissingDependencyError) as exc:
         return print_error(str(exc))
     except RankFailedError as exc:  # a rank of a Ray run; its traceback was printed above
+        return print_error(str(exc), code=1)
+    except InfrastructureError as exc:  # servers lost, a rollout engine off the policy
         return print_error(str(exc), code=1)
     except typer.Exit as exc:  # --help, typer.Exit(code) in a command
         return int(exc.exit_code)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,9 +59,14 @@ def load_generator(
     engine: str = "hf",
     base_urls: list[str] | None = None,
     gpu_memory_utilization: float | None = None,
+    request_timeout: float | None = None,
+    health_check: float | None = None,
 ) -> Any:
     """The generator of `engine` for `model`: HFGenerator on `device` (validated, torch
-    seeded when asked), a vLLM engine, or a pool of OpenAI-compatible servers."""
+    seeded when asked), a vLLM engine, or a pool of OpenAI-compatible servers (each request
+    given `request_timeout` seconds, the servers checked every `health_check` seconds; the
+    servers asked at once whether they answer: none answering is a one-line error naming the
+    URLs)."""
     import torch
 
     from memrl.inference.loader import load_pretrained, load_tokenizer, resolve_device
@@ -74,7 +81,17 @@ def load_generator(
             raise MemrlInputError(
                 "--engine openai needs at least one --base-url", location="--engine"
             )
-        generator = OpenAIGenerator(OpenAIConfig(base_urls=base_urls), load_tokenizer(model))
+        options = {"timeout_s": ("--request-timeout", request_timeout),
+                   "health_check_s": ("--health-check", health_check)}
+        try:
+            config = OpenAIConfig(base_urls=base_urls, **{
+                key: value for key, (_, value) in options.items() if value is not None})
+        except ValidationError as exc:
+            option, value = options.get(str(exc.errors()[0]["loc"][0]), ("--base-url", None))
+            raise MemrlInputError(f"must be a finite number of seconds > 0, got {value}",
+                                  location=option) from None
+        generator = OpenAIGenerator(config, load_tokenizer(model))
+        generator.check_servers(location="--base-url")
         generator.name_or_path = str(model)
         return generator
     if engine == "vllm":
@@ -163,14 +180,26 @@ def config_options(model: type[BaseModel], fields: list[str]) -> Any:
     return wrap
 
 
-def eval_interruptible(out: Path) -> Any:
-    """Ctrl-C / SIGTERM during an evaluation: one line naming `out`, exit 130 / 143."""
+@contextlib.contextmanager
+def eval_interruptible(out: Path) -> Iterator[None]:
+    """Ctrl-C / SIGTERM during an evaluation: one line naming `out`, exit 130 / 143. A failure
+    of the machinery (every server of the pool lost): one line saying what failed, that the
+    finished episodes are kept in `out` and the command that continues, exit 1."""
+    from memrl.cli import command_line
+    from memrl.errors import InfrastructureError
     from memrl.interrupt import exit_on_signals
 
-    return exit_on_signals(
+    with exit_on_signals(
         f"while evaluating into {out}",
         "finished episodes are kept there; run the same command again to continue",
-    )
+    ):
+        try:
+            yield
+        except InfrastructureError as exc:
+            raise InfrastructureError(
+                f"{exc}; finished episodes are kept in {out}; continue with: "
+                f"{command_line('--resume')}"
+            ) from exc
 
 
 def record_eval(out: Path, kind: str, *, engine: str, device: str | None, seed: int | None,
@@ -203,6 +232,17 @@ BaseUrlOption = Annotated[
     list[str] | None,
     typer.Option("--base-url", help="A vLLM OpenAI-compatible server (--engine openai); "
                  "repeat for several."),
+]
+RequestTimeoutOption = Annotated[
+    float,
+    typer.Option("--request-timeout", help="Seconds one server request may take before it is "
+                 "retried on another server (--engine openai; rollout.openai.timeout_s)."),
+]
+HealthCheckOption = Annotated[
+    float,
+    typer.Option("--health-check", help="How often (seconds) the pool checks on its servers, "
+                 "and how long a server's /health may take (--engine openai; "
+                 "rollout.openai.health_check_s)."),
 ]
 DeviceOption = Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")]
 GpuMemoryOption = Annotated[

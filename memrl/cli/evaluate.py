@@ -16,6 +16,8 @@ from memrl.cli.common import (
     DtypeOption,
     EngineOption,
     GpuMemoryOption,
+    HealthCheckOption,
+    RequestTimeoutOption,
     check_model_dir,
     check_out_dir,
     config_options,
@@ -24,6 +26,7 @@ from memrl.cli.common import (
     record_eval,
 )
 from memrl.errors import MemrlInputError
+from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
 from memrl.eval.ruler_hqa import DEFAULT_RECORDS_PER_RUN
 from memrl.tasks.memagent_qa import PROTOCOLS
 
@@ -68,6 +71,8 @@ def ruler_hqa(
     batch_size: BatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
+    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
+    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     gpu_memory_utilization: GpuMemoryOption = None,
@@ -110,6 +115,7 @@ def ruler_hqa(
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
             engine=engine, base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
+            request_timeout=request_timeout, health_check=health_check,
         )
         evaluate_ruler_hqa(
             generator,

@@ -16,6 +16,8 @@ from memrl.cli.common import (
     DeviceOption,
     DtypeOption,
     EngineOption,
+    HealthCheckOption,
+    RequestTimeoutOption,
     check_model_dir,
     check_out_dir,
     config_options,
@@ -24,6 +26,7 @@ from memrl.cli.common import (
     record_eval,
 )
 from memrl.errors import MemrlInputError
+from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
 
 _SEPARATORS = re.compile(r"[\s,]+")
 
@@ -88,6 +91,8 @@ def locomo(
     batch_size: BatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
+    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
+    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
@@ -119,7 +124,8 @@ def locomo(
                      settings=settings), eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
-            engine=engine, base_urls=base_url,
+            engine=engine, base_urls=base_url, request_timeout=request_timeout,
+            health_check=health_check,
         )
         judge = None
         if judge_model is not None:

@@ -33,13 +33,16 @@ def train(
     """Train a memory agent with GRPO-family RL.
 
     Ctrl-C or SIGTERM stops the run with one line saying at which step it stopped, its last
-    complete checkpoint and the command that continues from it; exit code 130 / 143.
+    complete checkpoint and the command that continues from it; exit code 130 / 143. A failure
+    of the machinery (every rollout server lost, a rollout engine off the policy) is one line
+    with the same, exit code 1.
     """
     from rich.console import Console
 
     from memrl import heartbeat
     from memrl.config import load_config
     from memrl.distributed import destroy_process_group, launched, relaunch
+    from memrl.errors import InfrastructureError
     from memrl.fileio import check_output_dir
     from memrl.interrupt import exit_on_signals
     from memrl.recipes import grpo
@@ -76,6 +79,9 @@ def train(
             else:
                 try:
                     state = grpo.train(cfg, console=console, on_start=progress.started)
+                except InfrastructureError as exc:
+                    raise InfrastructureError(f"{exc}; stopped {progress.describe()}; {how}") \
+                        from exc
                 except Exception as exc:
                     end_if_a_rank_is_lost(exc, cfg.trainer.dist_timeout_s)
                     raise

@@ -14,6 +14,11 @@ from pydantic import Field
 
 from memrl.config import StrictModel
 
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+"""`rollout.openai.timeout_s` and `memrl eval --request-timeout` unless set."""
+DEFAULT_HEALTH_CHECK_S = 5.0
+"""`rollout.openai.health_check_s` and `memrl eval --health-check` unless set."""
+
 
 class VLLMConfig(StrictModel):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
@@ -64,10 +69,22 @@ class OpenAIConfig(StrictModel):
     """The served model's name (--served-model-name); None: the first listed by /v1/models."""
     max_in_flight_per_server: int = Field(8, ge=1)
     """Requests one server may be working on at once."""
-    timeout_s: float = Field(600.0, gt=0)
-    """Seconds one request may take before it is retried elsewhere."""
+    timeout_s: float = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    """Seconds one request may take before it is retried on another server (`memrl eval
+    --request-timeout`). Also the longest a frozen server holds requests before the health
+    check declares it lost when the pool has no reply times to go by yet."""
     max_retries: int = Field(3, ge=0)
-    """Further attempts of a failed request, each on another server when there is one."""
+    """Further attempts of a failed request, each on another server when there is one (a
+    request taken back from a lost server is sent again without using up a retry)."""
+    health_check_s: float = Field(DEFAULT_HEALTH_CHECK_S, gt=0, allow_inf_nan=False)
+    """How often the pool checks on its servers, and how long a server's /health may take to
+    answer. A server that holds requests, has answered nothing for the stall bound (4 x the
+    slowest of the last 64 replies, at least this, at most timeout_s) and whose /health does
+    not answer is lost: one line, its requests go to live servers. A lost server is probed
+    every this many seconds and comes back (one line) when /health answers."""
+    progress_s: float = Field(60.0, ge=0, allow_inf_nan=False)
+    """While requests are waiting, one line every this many seconds on what the pool is
+    doing (replies, requests in flight per server, the last reply's age); 0: none."""
     weights_dir: str | None = None
     """Training on servers: a directory every server can read, where `sync_weights` writes
     the policy's weights each step for the servers to reload (vLLM's `reload_weights`

@@ -131,6 +131,15 @@ class RolloutConfig(StrictModel):
     """Options of the colocated vLLM engine (used with engine: vllm)."""
     openai: OpenAIConfig = OpenAIConfig()
     """The server pool (used with engine: openai)."""
+    max_logprob_diff: float | None = Field(1.0, gt=0, allow_inf_nan=False)
+    """Stop training, before the step's update, when the engine's log-prob of a response
+    token differs from the trainer's by more than this (`rollout/logprob_diff_max`, over every
+    rank): the engine then does not sample the policy being trained (stale weights; a server
+    computing log-probs at another temperature). Any engine: measured ~1e-5 in float32 (HF,
+    vLLM on CPU, the server pool) and 0.06-0.11 for vLLM in bfloat16 on a GPU (0.5B model,
+    docs/benchmarks.md); mixture-of-experts models in bfloat16 can exceed 1 — raise it there.
+    null: no check. Not checked with rl.use_rollout_logprobs (the trainer recomputes nothing
+    to compare with)."""
 
     @model_validator(mode="after")
     def _servers(self) -> RolloutConfig:

@@ -39,7 +39,7 @@ from memrl.rl.actor import Actor, Reference
 from memrl.rl.advantages import compute_advantages
 from memrl.rl.batch import RolloutBatch
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from memrl.rl.correction import logprob_mismatch
+from memrl.rl.correction import check_logprob_mismatch, logprob_mismatch
 from memrl.rl.rollout import QuestionStream, TrainState, collect_groups, informative_groups
 from memrl.tasks import Task, build_task
 
@@ -221,8 +221,11 @@ def train_step(run: Run) -> dict[str, float]:
         old, entropy = run.actor.logprobs_and_entropy(batch)
         batch = batch.with_logprobs(old, ref)
         diff = logprob_mismatch(engine_lp, batch.old_logprobs)
+        worst = max(run.dist.all_gather(diff["max"]))  # every rank stops, or none
+        check_logprob_mismatch(worst, cfg.rollout.max_logprob_diff, engine=cfg.rollout.engine,
+                               step=run.state.step + 1)
         mismatch = {"rollout/logprob_diff_mean": diff["mean"],
-                    "rollout/logprob_diff_max": diff["max"]}
+                    "rollout/logprob_diff_max": worst}
     t_logprobs = time.perf_counter() - t1
 
     # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.

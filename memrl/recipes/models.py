@@ -176,7 +176,9 @@ def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
     if rollout.engine == "openai":
         from memrl.inference.openai import OpenAIGenerator
 
-        return OpenAIGenerator(rollout.openai, tokenizer)
+        engine = OpenAIGenerator(rollout.openai, tokenizer)
+        engine.check_servers(training=True, location="rollout.openai.base_urls")
+        return engine
     if config.model.strategy == "fsdp":  # a full copy, synced from the shards every step
         mcfg = config.model
         policy = load_model(mcfg.path, device=resolve_device(mcfg.device),

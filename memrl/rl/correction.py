@@ -21,9 +21,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from memrl.errors import MemrlInputError
+from memrl.errors import InfrastructureError, MemrlInputError
 
-__all__ = ["ROLLOUT_IS_LEVELS", "logprob_mismatch", "rollout_is_weights"]
+__all__ = [
+    "ROLLOUT_IS_LEVELS",
+    "RolloutMismatchError",
+    "check_logprob_mismatch",
+    "logprob_mismatch",
+    "rollout_is_weights",
+]
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 """verl's `rollout_is` levels."""
@@ -41,6 +47,24 @@ def logprob_mismatch(engine: Sequence[Tensor], trainer: Sequence[Tensor]) -> dic
     if flat.numel() == 0:
         return {"mean": 0.0, "max": 0.0}
     return {"mean": float(flat.mean()), "max": float(flat.max())}
+
+
+class RolloutMismatchError(InfrastructureError):
+    """The rollout engine's log-probs are further from the trainer's than the run allows."""
+
+
+def check_logprob_mismatch(worst: float, limit: float | None, *, engine: str, step: int) -> None:
+    """Raise RolloutMismatchError, one line naming `engine`, `step` and the value, when the
+    largest |engine − trainer| log-prob `worst` exceeds `limit` (NaN does too); None: no
+    check."""
+    if limit is None or worst <= limit:
+        return
+    raise RolloutMismatchError(
+        f"rollout engine {engine}: log-probs differ from the trainer's by up to {worst:.4g} "
+        f"at step {step}, above rollout.max_logprob_diff={limit:g}: the engine does not "
+        "sample the policy being trained (stale weights? servers started without "
+        "--logprobs-mode processed_logprobs?); the step's update was not applied"
+    )
 
 
 def rollout_is_weights(
