@@ -250,7 +250,12 @@ class Heartbeat:
         self._failed: dict[int, float] = {}  # rank -> when its beat first said it failed
         self._since = clock()  # when watching began: the age of a peer never heard from
         self._last_check: float | None = None
-        self._lock = threading.Lock()  # one store operation at a time (thread and main)
+        # One store operation at a time (thread and main). Reentrant: torchrun's SIGTERM can
+        # land while the main thread holds it (its handler runs between two bytecodes of a
+        # `with self._lock` block, e.g. in `verdict` after a failed collective) and the
+        # handler asks for the verdict too: a plain lock deadlocked both the main thread and
+        # this heartbeat's thread, and the survivor died silently by torchrun's SIGKILL.
+        self._lock = threading.RLock()
         self._ended = threading.Lock()  # taken by the one path that ends the process
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -440,8 +445,12 @@ def _print_line(text: str, stream: Any) -> None:
     try:
         out.write(text + "\n")
         out.flush()
-    except (OSError, ValueError, AttributeError):
-        os.write(2, (text + "\n").encode("utf-8", "replace"))
+    except (OSError, RuntimeError, ValueError, AttributeError):  # reentrant (from a signal
+        # handler while the main thread was writing) or closed stream: straight to fd 2
+        try:
+            os.write(2, (text + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
 
 
 def _kill(pid: int) -> None:

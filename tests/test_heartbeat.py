@@ -261,3 +261,51 @@ def test_a_failed_peer_of_this_host_is_lost_once_it_exited_or_after_the_timeout(
     assert a.check() == []  # still printing its traceback: let it exit first
     advance(clock, [a, b], TIMEOUT + 2 * a.interval_s, beating=[0, 1])
     assert [x.kind for x in a.check()] == ["failed"]
+
+
+SIGTERM_IN_A_STORE_CALL = """
+import os, signal, subprocess, sys
+import torch.distributed as tdist
+from memrl.heartbeat import Beat, Heartbeat
+from memrl.interrupt import Interrupted, exit_on_signals
+
+class Store:  # torchrun's SIGTERM arrives while the main thread is in a store call
+    def __init__(self):
+        self.inner, self.sent = tdist.HashStore(), False
+    def set(self, *a): return self.inner.set(*a)
+    def get(self, *a): return self.inner.get(*a)
+    def compare_set(self, *a): return self.inner.compare_set(*a)
+    def check(self, keys):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.inner.check(keys)
+
+child = subprocess.Popen([sys.executable, "-c", "pass"])
+child.wait()  # rank 1's process is gone
+beat = Heartbeat(Store(), 0, 2, 60.0)
+beat.store.set(f"{beat.prefix}/1", Beat(1, beat.host, child.pid, 1).encode())
+
+def on_signal(signum):
+    found = beat.verdict()
+    return 1 if found is not None and beat.report(found) else None
+
+try:
+    with exit_on_signals("here", "go on", on_signal=on_signal):
+        beat.verdict()  # the main thread, after a failed collective
+except Interrupted as exc:
+    sys.exit(exc.code)
+"""
+
+
+def test_a_sigterm_during_a_store_call_of_the_main_thread_still_reports_the_lost_peer():
+    # torchrun's SIGTERM ran the handler inside the main thread's `with lock:` around a store
+    # call; the handler's own verdict then waited on that lock forever (and so did the
+    # heartbeat's thread): no line, and torchrun's SIGKILL 30 s later.
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_IN_A_STORE_CALL], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: rank 1 (host {HOST}, pid "), proc.stderr
+    assert " died in setup: its process is gone" in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
