@@ -3,6 +3,8 @@
 It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
 `trajectories_{N}.jsonl`, `memrl eval locomo`'s `trajectories.jsonl`, a training run's
 `val_samples/step_*.jsonl`) and writes `view.html`: no server, no network, no external file.
+Given one JSONL file instead (`memrl ask --trace FILE.jsonl`), it renders that file into
+FILE.html. An episode without gold answers (`memrl ask`'s) is shown ungraded.
 
     MemAgent episode      the memory after each chunk, words added (green) and dropped (red,
                           struck) against the memory before; the gold answer highlighted, and
@@ -169,7 +171,8 @@ def _header(row: dict[str, Any], source: str, score: float, kind: str) -> str:
     attrs = (f'data-length="{html.escape(str(length))}" data-score="{score:g}" '
              f'data-category="{html.escape(str(category))}" data-kind="{kind}" '
              f'data-run="{html.escape(_run_of(source))}"')
-    verdict = "correct" if score >= 1 else "partial" if score > 0 else "wrong"
+    verdict = ("ungraded" if not row.get("answers") else "correct" if score >= 1
+               else "partial" if score > 0 else "wrong")
     return (
         f'<section class="episode {verdict}" {attrs}><h3>{html.escape(str(row.get("id")))}'
         f' <small>{html.escape(source)} · length {html.escape(str(length))}'
@@ -208,11 +211,15 @@ def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str) -> str:
 
 
 def write_view(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write RUN_DIR/view.html (or `out`) from every trajectories file under RUN_DIR."""
+    """Write RUN_DIR/view.html (or `out`) from every trajectories file under RUN_DIR; or,
+    given a JSONL file, FILE.html (or `out`) from it."""
     run = Path(run_dir)
-    if not run.is_dir():
-        raise MemrlInputError("not a directory", location=str(run))
-    files = find_trajectory_files(run)
+    if run.is_file():
+        files, root, default = [run], run.parent, run.with_suffix(".html")
+    elif run.is_dir():
+        files, root, default = find_trajectory_files(run), run, run / "view.html"
+    else:
+        raise MemrlInputError("no such directory or file", location=str(run))
     if not files:
         raise MemrlInputError("no trajectories file under it (trajectories*.jsonl, "
                               "val_samples/step_*.jsonl)", location=str(run))
@@ -220,8 +227,8 @@ def write_view(run_dir: str | Path, out: str | Path | None = None) -> Path:
     for path in files:
         for line, value in iter_jsonl(path):
             row = dict(expect_object(value, f"{path}:{line}", "trajectory"))
-            episodes.append((str(path.relative_to(run)), row))
-    target = Path(out) if out is not None else run / "view.html"
+            episodes.append((str(path.relative_to(root)), row))
+    target = Path(out) if out is not None else default
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_page(episodes, f"memrl view · {run}"), encoding="utf-8")
     return target
@@ -235,6 +242,7 @@ body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .episode.correct {{ border-left: 6px solid #2a2; }}
 .episode.wrong {{ border-left: 6px solid #c33; }}
 .episode.partial {{ border-left: 6px solid #d90; }}
+.episode.ungraded {{ border-left: 6px solid #999; }}
 h3 small {{ color: #777; font-weight: normal; }}
 ins.added {{ background: #d4f7d4; text-decoration: none; }}
 del.dropped {{ background: #fbd4d4; color: #a33; }}
