@@ -17,6 +17,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memrl.serve.protocol import ApiError, Message, parse_request, split_messages
 
@@ -64,6 +66,30 @@ def test_malformed_bodies_are_one_line_400s(body, message):
     with pytest.raises(ApiError, match=message) as err:
         parse_request(body)
     assert err.value.status == 400 and "\n" not in json.dumps(err.value.body())
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.one_of(st.binary(max_size=200), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["model", "messages", "role", "content", "stream", "n", "type", "text",
+                         "temperature", "top_p", "max_tokens", "seed"]), inner, max_size=5),
+    max_leaves=20).map(lambda v: json.dumps(v).encode())))
+def test_any_body_is_a_request_or_a_400(body):
+    try:
+        request = parse_request(body)
+    except ApiError as exc:
+        assert exc.status == 400 and "\n" not in exc.message
+        return
+    try:
+        split_messages(request.messages)
+    except ApiError as exc:
+        assert exc.status == 400
+
+
+def test_deeply_nested_json_is_a_400():
+    with pytest.raises(ApiError, match="nested too deeply"):
+        parse_request(b"[" * 100_000 + b"]" * 100_000)
 
 
 def test_request_settings_override_the_agent_s():
@@ -250,6 +276,27 @@ def test_16_concurrent_requests_are_batched_and_a_17th_is_429(server):
     health = _get(server["base"] + "/health")[1]
     assert health["in_flight"] == 0
     assert health["batching"]["largest_batch"] > 1  # requests shared forward passes
+
+
+@pytest.mark.slow
+def test_a_client_gone_mid_stream_gives_its_slot_back(server):
+    import http.client
+
+    served = _get(server["base"] + "/health")[1]["served"]
+    conn = http.client.HTTPConnection("127.0.0.1", int(server["base"].rsplit(":", 1)[1]),
+                                      timeout=60)
+    conn.request("POST", "/v1/chat/completions", json.dumps({
+        "model": "tiny", "messages": _chat(LONG_DOC), "stream": True}),
+        {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")  # the stream has begun
+    conn.close()
+    deadline = time.time() + 60
+    while _get(server["base"] + "/health")[1]["in_flight"] != 0:
+        assert time.time() < deadline, "the request's slot was never given back"
+        time.sleep(0.05)
+    assert _get(server["base"] + "/health")[1]["served"] == served  # stopped, not finished
 
 
 @pytest.mark.slow

@@ -60,7 +60,6 @@ def ask(
     progress bar and a summary to standard error."""
     from memrl.ask.api import check_question, document_chunks, open_documents
     from memrl.ask.documents import STDIN, spool_stdin
-    from memrl.ask.settings import agent_config, stored_settings
     from memrl.errors import MemrlInputError
     from memrl.inference.loader import load_tokenizer
 
@@ -77,11 +76,7 @@ def ask(
         from memrl.fileio import check_output_file
 
         check_output_file(trace, location=f"--trace {trace}")
-    stored = stored_settings(model)
-    if stored.agent not in (None, "memagent"):
-        print_warning(f"{model} was trained as a {stored.agent} agent; ask reads with "
-                      "MemAgent and its default settings")
-    cfg = agent_config(stored, config)
+    cfg = model_agent_config(model, config, "ask")
     chunks = document_chunks(load_tokenizer(model), docs, cfg)
     generator = load_generator(
         model, device=device, dtype=dtype, batch_size=batch_size, seed=cfg.seed,
@@ -106,6 +101,19 @@ def ask(
               f"memory at most {longest:,} tokens; {result.usage.total_tokens:,} tokens "
               "processed" + (f"; trace in {trace}" if trace is not None else ""),
               file=sys.stderr)
+
+
+def model_agent_config(model: Path, overrides: dict[str, Any], command: str
+                       ) -> MemAgentConfig:
+    """The agent settings stored with `model` (memrl.ask.settings) under the options given;
+    a warning when the model was trained as another agent."""
+    from memrl.ask.settings import agent_config, stored_settings
+
+    stored = stored_settings(model)
+    if stored.agent not in (None, "memagent"):
+        print_warning(f"{model} was trained as a {stored.agent} agent; {command} reads with "
+                      "MemAgent and its default settings")
+    return agent_config(stored, overrides)
 
 
 def run_with_progress(generator: Any, chunks: Any, question: str, config: MemAgentConfig, *,

@@ -10,7 +10,7 @@ import typer
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import app
-from memrl.cli.ask import AGENT_OPTIONS
+from memrl.cli.ask import AGENT_OPTIONS, model_agent_config
 from memrl.cli.common import (
     BaseUrlOption,
     BatchSizeOption,
@@ -20,7 +20,6 @@ from memrl.cli.common import (
     check_model_dir,
     config_options,
     load_generator,
-    print_warning,
 )
 from memrl.serve.config import ServeConfig
 
@@ -47,7 +46,6 @@ def serve(
     """Answer OpenAI chat requests (/v1/chat/completions; /v1/models, /health) with the
     memory agent: the messages before the last user message are the documents, the last
     one is the question (docs/serving.md). Stops gracefully on SIGTERM or Ctrl-C."""
-    from memrl.ask.settings import agent_config, stored_settings
     from memrl.errors import require
     from memrl.serve.app import serve as run_server
     from memrl.serve.batching import BatchingEngine
@@ -55,11 +53,7 @@ def serve(
     require("starlette", extra="serve", feature="memrl serve")
     require("uvicorn", extra="serve", feature="memrl serve")
     check_model_dir(model)
-    stored = stored_settings(model)
-    if stored.agent not in (None, "memagent"):
-        print_warning(f"{model} was trained as a {stored.agent} agent; serve reads with "
-                      "MemAgent and its default settings")
-    agent = agent_config(stored, config)
+    agent = model_agent_config(model, config, "serve")
     api_key = os.environ.get(server.api_key_env) or None
     generator = load_generator(
         model, device=device, dtype=dtype, batch_size=batch_size, seed=agent.seed,

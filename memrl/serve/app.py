@@ -94,6 +94,16 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
     del starlette
     state = ServerState(engine, model_name, agent, config or ServeConfig(), api_key)
 
+    class ReleasingStream(StreamingResponse):
+        """A stream that gives its request's slot back however it ends (finished, the
+        client gone before or during it, an error)."""
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                state.in_flight -= 1
+
     async def health(request: Request) -> Response:
         body: dict[str, Any] = {"status": "ok", "model": state.model_name,
                                 "in_flight": state.in_flight, "served": state.served}
@@ -128,7 +138,7 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 streaming = True
-                return StreamingResponse(
+                return ReleasingStream(
                     stream(state, chunks, question, cfg, completion, include_usage),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -235,7 +245,6 @@ async def stream(state: ServerState, chunks: DocumentChunks, question: str,
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        state.in_flight -= 1
 
 
 def serve(engine: Any, *, model_name: str, agent: MemAgentConfig, config: ServeConfig,
