@@ -297,6 +297,17 @@ def test_ask_answers_with_memories_usage_and_a_trace_memrl_view_renders(tmp_path
     assert "ungraded" in page and "Where?" in page
 
 
+def test_ask_with_a_model_directory_loads_it_after_checking_the_input(tiny_model_dir,
+                                                                      tmp_path):
+    with pytest.raises(MemrlInputError, match="document not found"):
+        ask(tmp_path / "no-model-here", [tmp_path / "missing.txt"], "Where?")
+    result = ask(tiny_model_dir, TEXT[:400], "Where?", config={
+        "chunk_size": 32, "max_memory_tokens": 3, "max_final_tokens": 3, "seed": 0})
+    assert result.num_chunks == len(result.memories) == -(-result.context_tokens // 32)
+    assert result.model == str(tiny_model_dir) and result.config.chunk_size == 32
+    assert all(t.meta["response_tokens"] <= 3 for t in result.trajectory.turns)
+
+
 def test_ask_checks_question_and_documents(tiny_tokenizer, tmp_path):
     engine = ScriptedAsyncEngine(tiny_tokenizer, _respond)
     with pytest.raises(MemrlInputError, match="empty question"):
