@@ -12,11 +12,12 @@ any size is never held whole:
                      <script>, <style>, <head> and comments, entities decoded
     PDF              page by page with pypdf (`memrl[ask]`), pages apart by a blank line
 
-Why these (measured on generated multi-page PDFs and a 5.9 MB HTML page, docs/benchmarks.md,
-"Reading documents"): pypdf extracted the same words in the same order as pdfminer.six,
-8-13x faster on Ghostscript PDFs and 1.4x on matplotlib's, and needs no other package;
-BeautifulSoup holds the whole page as a tree (144 MB peak for 5.9 MB of HTML, against 36 MB
-streaming here), and html2text is GPL-3.0 and also keeps the whole text.
+Why these (`benchmarks/document_readers.py`, docs/benchmarks.md "Reading documents"): on
+generated multi-page PDFs pypdf extracted the same words in the same order as pdfminer.six,
+several times faster, and needs no other package (pdfminer.six: charset-normalizer and
+cryptography); for HTML, BeautifulSoup builds a tree of the whole page and html2text
+(GPL-3.0) keeps its whole text, while the standard library's parser streams it in a few MiB
+whatever the page's size, with the same words in the same order.
 
 A `str` given to the Python API is the text itself; a path (`os.PathLike`) is a file read by
 its suffix. `-` on the command line is standard input, spooled to a temporary file first so
