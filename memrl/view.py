@@ -5,7 +5,8 @@ It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
 `val_samples/step_*.jsonl`), every run record (`run.json`, `memrl.runrecord`) and every
 training run's per-trajectory records (`train_trajectories/step_*.jsonl`,
 `memrl.recipes.trajectory_log`), and writes `view.html`: no server, no network, no
-external file.
+external file. Given one JSONL file instead (`memrl ask --trace FILE.jsonl`), it renders that
+file into FILE.html. An episode without gold answers (`memrl ask`'s) is shown ungraded.
 
     runs                  at the top: each run record's key facts in one line (kind,
                           status, world size and launcher, strategy, engine and versions,
@@ -14,7 +15,6 @@ external file.
     training trajectories a table per step (the last `max_steps` steps, or those asked
                           for): question, sample, reward, advantage, conversations with
                           their tokens, mean log-prob and entropy, answer and gold
-
     MemAgent episode      the memory after each chunk, words added (green) and dropped (red,
                           struck) against the memory before; the gold answer highlighted, and
                           the chunks where it enters and leaves memory flagged, and the
@@ -182,7 +182,8 @@ def _header(row: dict[str, Any], source: str, score: float, kind: str) -> str:
     attrs = (f'data-length="{html.escape(str(length))}" data-score="{score:g}" '
              f'data-category="{html.escape(str(category))}" data-kind="{kind}" '
              f'data-run="{html.escape(_run_of(source))}"')
-    verdict = "correct" if score >= 1 else "partial" if score > 0 else "wrong"
+    verdict = ("ungraded" if not row.get("answers") else "correct" if score >= 1
+               else "partial" if score > 0 else "wrong")
     return (
         f'<section class="episode {verdict}" {attrs}><h3>{html.escape(str(row.get("id")))}'
         f' <small>{html.escape(source)} · length {html.escape(str(length))}'
@@ -314,12 +315,15 @@ def write_view(run_dir: str | Path, out: str | Path | None = None, *,
                steps: Sequence[int] | None = None, max_steps: int = 50) -> Path:
     """Write RUN_DIR/view.html (or `out`) from every trajectories file, run record and
     training run's trajectory records under RUN_DIR (training steps: `steps`, else the last
-    `max_steps`)."""
+    `max_steps`); or, given one JSONL file, FILE.html (or `out`) from it."""
     run = Path(run_dir)
-    if not run.is_dir():
-        raise MemrlInputError("not a directory", location=str(run))
-    files = find_trajectory_files(run)
-    header = render_runs(find_run_records(run)) + render_training(run, steps, max_steps)
+    if run.is_file():
+        files, root, default, header = [run], run.parent, run.with_suffix(".html"), ""
+    elif run.is_dir():
+        files, root, default = find_trajectory_files(run), run, run / "view.html"
+        header = render_runs(find_run_records(run)) + render_training(run, steps, max_steps)
+    else:
+        raise MemrlInputError("no such directory or file", location=str(run))
     if not files and not header:
         raise MemrlInputError(
             "no trajectories file under it (trajectories*.jsonl, val_samples/step_*.jsonl, "
@@ -328,8 +332,8 @@ def write_view(run_dir: str | Path, out: str | Path | None = None, *,
     for path in files:
         for line, value in iter_jsonl(path):
             row = dict(expect_object(value, f"{path}:{line}", "trajectory"))
-            episodes.append((str(path.relative_to(run)), row))
-    target = Path(out) if out is not None else run / "view.html"
+            episodes.append((str(path.relative_to(root)), row))
+    target = Path(out) if out is not None else default
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_page(episodes, f"memrl view · {run}", header=header),
                       encoding="utf-8")
@@ -344,6 +348,7 @@ body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .episode.correct {{ border-left: 6px solid #2a2; }}
 .episode.wrong {{ border-left: 6px solid #c33; }}
 .episode.partial {{ border-left: 6px solid #d90; }}
+.episode.ungraded {{ border-left: 6px solid #999; }}
 h3 small {{ color: #777; font-weight: normal; }}
 ins.added {{ background: #d4f7d4; text-decoration: none; }}
 del.dropped {{ background: #fbd4d4; color: #a33; }}

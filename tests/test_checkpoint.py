@@ -229,6 +229,8 @@ def test_export_full_model_loads_with_same_logits(tmp_path, tiny_model_dir, tiny
     path = _save(tmp_path / "ckpt", 5, model, opt, sched, tokenizer=tiny_tokenizer)
     out = export_checkpoint(path, tmp_path / "export")
     assert not (out / "memrl_model.json").exists()
+    # the run's config beside the model: `memrl ask` / `serve` read its agent settings
+    assert (out / "memrl_config.yaml").read_text() == (path / "config.yaml").read_text()
     ids = torch.tensor([[1, 5, 9, 30, 2]])
     assert torch.allclose(_logits(_model(out), ids), _logits(model, ids), atol=1e-6)
     assert AutoTokenizer.from_pretrained(out).encode("memory") == tiny_tokenizer.encode("memory")

@@ -35,7 +35,8 @@ def _register_commands() -> None:
     import importlib
 
     for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo",
-                 "evaluate_long_context", "train", "export", "quickstart", "sft", "view"):
+                 "evaluate_long_context", "train", "export", "quickstart", "sft", "view", "ask",
+                 "serve"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -43,19 +44,20 @@ def _register_commands() -> None:
                 raise
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories"})
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:
     """Rewrite `--opt a b c` as `--opt a --opt b --opt c`, the form typer/click accept.
 
-    Values end at the next token that starts with `-` (negative numbers are not values here).
+    Values end at the next token that starts with `-` (negative numbers are not values here),
+    except `-` alone (standard input, as in `--document a.txt -`).
     """
     out: list[str] = []
     current: str | None = None
     for token in argv:
-        if token.startswith("-"):
+        if token.startswith("-") and token != "-":
             current = token if token in MULTI_VALUE_OPTIONS else None
             if current is None:
                 out.append(token)

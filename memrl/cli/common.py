@@ -139,10 +139,15 @@ def _cli_type(annotation: Any) -> Any:
     return annotation
 
 
-def config_options(model: type[BaseModel], fields: list[str]) -> Any:
+def config_options(
+    model: type[BaseModel], fields: list[str], *, overrides: bool = False, name: str = "config"
+) -> Any:
     """Decorate a command: one `--field-name` option per config field, its default and help
     taken from the config model (defined once, there), and the validated config passed to
-    the command as `config`. A bad value is a one-line error naming its option."""
+    the command as `config` (or `name`). A bad value is a one-line error naming its option.
+
+    `overrides=True`: the options default to "not given" and the command gets, as `config`,
+    a dict of the options given (to apply over settings from elsewhere; it validates)."""
     import functools
     import inspect
     import typing
@@ -154,22 +159,27 @@ def config_options(model: type[BaseModel], fields: list[str]) -> Any:
         own = [
             p.replace(annotation=hints.get(p.name, p.annotation))
             for p in inspect.signature(command).parameters.values()
-            if p.name != "config"
+            if p.name != name
         ]
         added = []
-        for name in fields:
-            info = model.model_fields[name]
+        for field in fields:
+            info = model.model_fields[field]
             help_text = (info.description or "").split("\n\n")[0].replace("\n", " ")
-            option = typer.Option("--" + name.replace("_", "-"), help=help_text)
+            option = typer.Option("--" + field.replace("_", "-"), help=help_text)
+            kind = _cli_type(info.annotation)
             added.append(inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
-                annotation=typing.Annotated[_cli_type(info.annotation), option],
+                field, inspect.Parameter.KEYWORD_ONLY,
+                default=None if overrides else info.default,
+                annotation=typing.Annotated[kind | None if overrides else kind, option],
             ))
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
-            values = {name: kwargs.pop(name) for name in fields}
-            return command(**kwargs, config=config_from_options(model, **values))
+            values = {field: kwargs.pop(field) for field in fields}
+            if overrides:
+                given = {k: v for k, v in values.items() if v is not None}
+                return command(**kwargs, **{name: given})
+            return command(**kwargs, **{name: config_from_options(model, **values)})
 
         params = own + added
         run.__signature__ = inspect.Signature(params)

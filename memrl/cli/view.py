@@ -11,8 +11,10 @@ from memrl.cli.app import app
 
 @app.command("view")
 def view(
-    run_dir: Path = typer.Argument(..., help="A run or evaluation directory (searched deeply)."),
-    out: Path = typer.Option(None, "--out", help="Where to write the page (RUN_DIR/view.html)."),
+    run_dir: Path = typer.Argument(..., help="A run or evaluation directory (searched deeply), "
+                                   "or one trajectories JSONL file (memrl ask --trace)."),
+    out: Path = typer.Option(None, "--out", help="Where to write the page (RUN_DIR/view.html, "
+                             "FILE.html for a file)."),
     step: list[int] = typer.Option(
         None, "--step", help="Training step whose trajectory records to list (repeat for "
         "several; default: the last 50 logged)."),
