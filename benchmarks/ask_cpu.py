@@ -15,6 +15,7 @@ the start-up, a few CPU seconds, is paid once).
 
     python benchmarks/ask_cpu.py                         # 10K, 100K, 1M tokens (~10 min)
     python benchmarks/ask_cpu.py --sizes 10000 100000    # quicker
+    python benchmarks/ask_cpu.py --model DIR --engine vllm --sizes 1000000   # on a GPU
 
 The tiny model is built in --work (memrl init-tiny-model's defaults, seed 0) unless --model
 is given. Its weights are random: the answers mean nothing, the costs are real.
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=5000)
     parser.add_argument("--max-memory-tokens", type=int, default=256)
     parser.add_argument("--max-final-tokens", type=int, default=64)
+    parser.add_argument("--engine", default="hf", help="memrl ask --engine (hf, vllm)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the `memrl ask` process (OMP_NUM_THREADS); "
                         "1 makes its CPU time the work done even when other programs share "
@@ -121,7 +123,7 @@ def main() -> None:
                str(doc), "--question", "Who founded the university?", "--chunk-size",
                str(args.chunk_size), "--max-memory-tokens", str(args.max_memory_tokens),
                "--max-final-tokens", str(args.max_final_tokens), "--seed", "0",
-               "--trace", str(trace)]
+               "--trace", str(trace), "--engine", args.engine]
         print("$ memrl " + " ".join(cmd[3:]), flush=True)
         wall, cpu, peak, err = run_ask(cmd, env)
         match = SUMMARY.search(err)
