@@ -7,11 +7,15 @@ for (counted with the model's tokenizer). Printed per size: document tokens, chu
 the model generated (from the run's --trace: a random model stops at a random EOS, so memory
 updates vary in length, and decoding is a large part of the time), the whole command's wall
 time, the reading time and document tokens/s that `memrl ask` reports (model loaded,
-documents counted: the agent loop alone), and peak RSS; then the ratios that the acceptance
-asks for (reading time per token, peak RSS of the largest run against the smallest).
+documents counted: the agent loop alone), the process's CPU time (user + system, from
+`os.wait4`: far less sensitive than wall time to other programs on the same cores), and peak
+RSS; then the ratios that the acceptance asks for: peak RSS of the largest run against the
+smallest, and the cost per token (reading time, and marginal CPU time over the smallest run:
+the start-up, a few CPU seconds, is paid once).
 
     python benchmarks/ask_cpu.py                         # 10K, 100K, 1M tokens (~10 min)
     python benchmarks/ask_cpu.py --sizes 10000 100000    # quicker
+    python benchmarks/ask_cpu.py --model DIR --engine vllm --sizes 1000000   # on a GPU
 
 The tiny model is built in --work (memrl init-tiny-model's defaults, seed 0) unless --model
 is given. Its weights are random: the answers mean nothing, the costs are real.
@@ -57,8 +61,8 @@ def write_document(path: Path, tokens: int, tokenizer, seed: int = 0) -> int:
     return total
 
 
-def run_ask(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS in bytes, stderr) of one `memrl ask` process."""
+def run_ask(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
+    """(wall seconds, CPU seconds, peak RSS in bytes, stderr) of one `memrl ask` process."""
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -69,7 +73,7 @@ def run_ask(cmd: list[str], env: dict[str, str]) -> tuple[float, int, str]:
         text = err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"memrl ask failed ({proc.returncode}): {text[-2000:]}")
-    return wall, usage.ru_maxrss * 1024, text
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, text
 
 
 def main() -> None:
@@ -81,6 +85,11 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=5000)
     parser.add_argument("--max-memory-tokens", type=int, default=256)
     parser.add_argument("--max-final-tokens", type=int, default=64)
+    parser.add_argument("--engine", default="hf", help="memrl ask --engine (hf, vllm)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the `memrl ask` process (OMP_NUM_THREADS); "
+                        "1 makes its CPU time the work done even when other programs share "
+                        "the cores (no OpenMP spinning)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -96,6 +105,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     import torch
     import transformers
 
@@ -112,31 +123,33 @@ def main() -> None:
                str(doc), "--question", "Who founded the university?", "--chunk-size",
                str(args.chunk_size), "--max-memory-tokens", str(args.max_memory_tokens),
                "--max-final-tokens", str(args.max_final_tokens), "--seed", "0",
-               "--trace", str(trace)]
+               "--trace", str(trace), "--engine", args.engine]
         print("$ memrl " + " ".join(cmd[3:]), flush=True)
-        wall, peak, err = run_ask(cmd, env)
+        wall, cpu, peak, err = run_ask(cmd, env)
         match = SUMMARY.search(err)
         if match is None:
             raise SystemExit(f"no summary line in the output: {err[-1000:]}")
         tokens, chunks, read_s, rate = (float(g.replace(",", "")) for g in match.groups())
         generated = json.loads(trace.read_text())["usage"]["completion_tokens"]
-        rows.append((int(tokens), int(chunks), generated, wall, read_s, rate, peak))
+        rows.append((int(tokens), int(chunks), generated, wall, read_s, rate, cpu, peak))
         print(f"  {int(tokens):,} tokens, {int(chunks)} chunks, {generated:,} generated: "
-              f"{wall:.1f} s wall, {read_s:.1f} s reading ({rate:,.0f} tokens/s), peak RSS "
-              f"{peak / 2**20:,.0f} MiB", flush=True)
+              f"{wall:.1f} s wall, {read_s:.1f} s reading ({rate:,.0f} tokens/s), {cpu:.1f} "
+              f"CPU s, peak RSS {peak / 2**20:,.0f} MiB", flush=True)
     print()
     print("| document tokens | chunks | generated tokens | wall time (s) | reading time (s) | "
-          "document tokens/s | reading s per chunk | peak RSS (MiB) |")
+          "document tokens/s | CPU time (s) | peak RSS (MiB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for tokens, chunks, generated, wall, read_s, rate, peak in rows:
+    for tokens, chunks, generated, wall, read_s, rate, cpu, peak in rows:
         print(f"| {tokens:,} | {chunks:,} | {generated:,} | {wall:.1f} | {read_s:.1f} | "
-              f"{rate:,.0f} | {read_s / chunks:.2f} | {peak / 2**20:,.0f} |")
+              f"{rate:,.0f} | {cpu:.1f} | {peak / 2**20:,.0f} |")
     if len(rows) > 1:
-        first, last = rows[0], rows[-1]
-        print(f"\npeak RSS of the {last[0]:,}-token run / the {first[0]:,}-token run: "
-              f"{last[6] / first[6]:.3f} (acceptance: within 10%, i.e. <= 1.10)")
-        print(f"reading time per token, {last[0]:,} / {first[0]:,}: "
-              f"{(last[4] / last[0]) / (first[4] / first[0]):.2f} (1.00 = exactly linear)")
+        first = rows[0]
+        for row in rows[1:]:
+            marginal = (row[6] - first[6]) / (row[0] - first[0]) * 1000
+            print(f"{row[0]:,} tokens: peak RSS / the {first[0]:,}-token run's "
+                  f"{row[7] / first[7]:.3f} (acceptance: <= 1.10); reading time per token / "
+                  f"the {first[0]:,}-token run's {(row[4] / row[0]) / (first[4] / first[0]):.2f}"
+                  f"; marginal CPU {marginal:.3f} s per 1K tokens")
 
 
 if __name__ == "__main__":

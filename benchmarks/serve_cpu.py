@@ -74,6 +74,8 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=1000)
     parser.add_argument("--max-memory-tokens", type=int, default=64)
     parser.add_argument("--max-final-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the server (OMP_NUM_THREADS)")
     parser.add_argument("--work", type=Path,
                         default=Path(tempfile.gettempdir()) / "memrl_serve_cpu")
     args = parser.parse_args()
@@ -103,6 +105,8 @@ def main() -> None:
     print("$ memrl " + " ".join(cmd[3:]), flush=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     proc = subprocess.Popen(cmd, env=env)
     base = f"http://127.0.0.1:{port}"
     try:

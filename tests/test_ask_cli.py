@@ -49,6 +49,7 @@ def test_ask_reads_each_document_type(kind, docs, tiny_model_dir, tmp_path, caps
     assert row["usage"]["total_tokens"] > row["context_tokens"]
 
 
+@pytest.mark.slow
 def test_show_memory_several_documents_and_memrl_view(docs, tiny_model_dir, tmp_path, capsys):
     trace = tmp_path / "ask.jsonl"
     code = _ask(tiny_model_dir, "--document", *(str(p) for p in docs.values()), "--question",
@@ -86,6 +87,7 @@ def test_settings_stored_with_the_model_and_options_over_them(tiny_model_dir, tm
     assert max(rows[0]["memory_tokens"]) <= 3
 
 
+@pytest.mark.slow
 def test_standard_input_in_a_real_process(tiny_model_dir):
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.run(

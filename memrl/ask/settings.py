@@ -24,7 +24,7 @@ from typing import Any
 from memrl.agents.memagent import MemAgentConfig
 from memrl.config import load_yaml, validate_config
 from memrl.errors import MemrlInputError
-from memrl.rl.checkpoint import CONFIG_FILE, EXPORTED_CONFIG, TRAINER_STATE
+from memrl.modelfiles import EXPORTED_CONFIG
 
 STORED_CONFIG = EXPORTED_CONFIG
 """What `memrl export` writes next to a model: the config of the run that trained it."""
@@ -46,6 +46,8 @@ class StoredSettings:
 
 def stored_config_path(model_dir: str | Path) -> Path | None:
     """The training config stored with `model_dir`, if there is one."""
+    from memrl.rl.checkpoint import CONFIG_FILE, TRAINER_STATE
+
     model = Path(model_dir)
     if (model / STORED_CONFIG).is_file():
         return model / STORED_CONFIG

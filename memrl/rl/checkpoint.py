@@ -53,9 +53,6 @@ OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.pt"
 CONFIG_FILE = "config.yaml"
-EXPORTED_CONFIG = "memrl_config.yaml"
-"""The run's config.yaml as `export_checkpoint` copies it next to the exported model: the
-agent settings the model was trained with (`memrl ask` / `memrl serve` read them)."""
 SHARDED_DIR = "sharded"
 RANK_RNG_DIR = "rng"
 TMP_PREFIX = ".tmp-"
@@ -648,7 +645,7 @@ def export_checkpoint(
     base_model_path: str | None = None,
 ) -> Path:
     """Write a plain Hugging Face model directory (weights + tokenizer) from a checkpoint,
-    with the run's config beside them (`EXPORTED_CONFIG`).
+    with the run's config beside them (`modelfiles.EXPORTED_CONFIG`).
 
     A LoRA checkpoint is merged into its base model: `base_model_path`, else the config's
     `model.path`, else the base recorded by peft. A sharded one is gathered whole on this
@@ -709,7 +706,7 @@ def export_checkpoint(
 
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(out)
     if (ckpt / CONFIG_FILE).is_file():
-        shutil.copy2(ckpt / CONFIG_FILE, out / EXPORTED_CONFIG)
+        shutil.copy2(ckpt / CONFIG_FILE, out / modelfiles.EXPORTED_CONFIG)
     return out
 
 
