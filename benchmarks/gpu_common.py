@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import importlib.metadata
 import json
 import platform
 import re
@@ -19,6 +18,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from memrl.runrecord import package_version, recorded
 
 QWEN25_05B = dict(
     hidden_size=896,
@@ -109,17 +110,6 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
 
 
-def package_version(*names: str) -> str | None:
-    """The version of the first of these distributions that is installed, read without
-    importing it (vLLM's import is heavy); None if none is."""
-    for name in names:
-        try:
-            return f"{importlib.metadata.version(name)} ({name})"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def environment() -> dict[str, Any]:
     """Date, command, versions (python, torch, transformers, vllm, CUDA) and the GPU."""
     import torch
@@ -182,6 +172,19 @@ def time_limit(seconds: float | None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def run_record(out: str | None, kind: str, args: Any, **facts: Any) -> Any:
+    """The script's run record (`memrl.runrecord`): `<name>.run.json` beside a results file
+    `out` (`x.json` → `x.run.json`), `run.json` inside an output directory, nothing without
+    `out`. The config hash covers the parsed arguments; `facts` are `recorded`'s keywords
+    (engine, strategy, device)."""
+    if not out:
+        return contextlib.nullcontext()
+    path = Path(out)
+    where = path.with_suffix(".run.json") if path.suffix == ".json" else path
+    return recorded(where, f"benchmark {kind}", config=vars(args), seed=getattr(args, "seed", None),
+                    **facts)
 
 
 def write_summary(summary: dict[str, Any], out: str | None) -> str:

@@ -63,6 +63,7 @@ from gpu_common import (  # noqa: E402
     environment,
     gpu_memory_used_gib,
     print_environment,
+    run_record,
     time_limit,
     write_summary,
 )
@@ -365,6 +366,11 @@ def memagent_lengths(model_dir: Path, records: dict[int, list[Any]], args: argpa
 # ---------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    with run_record(args.out, "linear_cost_gpu", args, engine="vllm"):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from memrl.data.synthetic import synthetic_corpus

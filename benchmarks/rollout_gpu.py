@@ -53,6 +53,7 @@ from gpu_common import (  # noqa: E402
     environment,
     gpu_memory_used_gib,
     print_environment,
+    run_record,
     time_limit,
     write_summary,
 )
@@ -223,6 +224,11 @@ def weight_sync_and_sleep(engine: Any, policy: Any, repeats: int) -> dict[str, A
 # ---------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    with run_record(args.out, "rollout_gpu", args, engine="hf" if args.no_vllm else "vllm"):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from memrl.data.synthetic import synthetic_corpus

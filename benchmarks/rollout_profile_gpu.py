@@ -33,6 +33,7 @@ from gpu_common import (  # noqa: E402
     build_model_dir,
     environment,
     print_environment,
+    run_record,
     profile_call,
 )
 from rollout_gpu import random_prompts  # noqa: E402
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    with run_record(args.out, "rollout_profile_gpu", args, engine="vllm"):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from memrl.data.synthetic import synthetic_corpus

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -64,6 +65,7 @@ from gpu_common import (  # noqa: E402
     environment,
     gpu_memory_used_gib,
     print_environment,
+    run_record,
     profile_call,
 )
 
@@ -573,6 +575,16 @@ def print_budget_table(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    out = Path(args.out_dir)
+    if not args.update_only and os.environ.get("RANK", "0") == "0" and out.exists():
+        shutil.rmtree(out)  # before the run record goes in
+    record_at = args.json_out or (None if args.update_only else str(out))
+    with run_record(record_at, "train_step_gpu", args, engine=args.engine,
+                    strategy=args.strategy, device=args.device):
+        return run(args, argv)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     import torch
 
     from memrl.data.synthetic import synthetic_corpus
@@ -594,9 +606,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out_dir)
     t0 = time.perf_counter()
     if dist.is_main:
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
         model_info = build_model_dir(
             out / "model", shape, tokenizer_vocab=args.tokenizer_vocab,
             pad_tokenizer=not args.no_pad_tokenizer, corpus=synthetic_corpus(args.seed, 200),

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memrl.heartbeat import collective
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -46,10 +48,12 @@ class Dist:
 
         if isinstance(value, torch.Tensor):
             out = value.clone()
-            tdist.all_reduce(out, op=tdist.ReduceOp.SUM)
+            with collective():
+                tdist.all_reduce(out, op=tdist.ReduceOp.SUM)
             return out
         t = torch.tensor(float(value), dtype=torch.float64)
-        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+        with collective():
+            tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
         return type(value)(t.item()) if isinstance(value, int) else t.item()
 
     def all_reduce_max(self, value: int) -> int:
@@ -60,7 +64,8 @@ class Dist:
         import torch.distributed as tdist
 
         t = torch.tensor(int(value), dtype=torch.int64)
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        with collective():
+            tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
         return int(t.item())
 
     def shard(self, items: list[Any]) -> list[Any]:
@@ -74,7 +79,8 @@ class Dist:
         import torch.distributed as tdist
 
         out: list[Any] = [None] * self.world_size
-        tdist.all_gather_object(out, obj)
+        with collective():
+            tdist.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
@@ -82,7 +88,8 @@ class Dist:
         if self.world_size > 1:
             import torch.distributed as tdist
 
-            tdist.barrier()
+            with collective():
+                tdist.barrier()
 
     # Data parallelism with replicated weights: every rank's loss is its exact share of the
     # global mini-batch loss (global divisors), so the global gradient is the SUM of the ranks'
@@ -109,7 +116,8 @@ class Dist:
                 size += p.numel()
                 if size >= bucket_numel or i == len(group) - 1:
                     flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-                    tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
+                    with collective():
+                        tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
                     offset = 0
                     for q in bucket:
                         n = q.numel()

@@ -10,11 +10,14 @@ the group (gloo on CPU, nccl on CUDA, one GPU per process: cuda:LOCAL_RANK) with
 collective timeout of the config, and returns the `Dist` the recipe uses; without one it
 returns a single process's `Dist()` and starts nothing.
 
-Failures. torchrun's agent watches its workers: when one dies (an exception, a SIGKILL, the
-kernel's OOM killer) it stops the others and exits non-zero, printing the failed rank and
-its exit code or signal. A rank that hangs, or a peer on another node that vanished, is
-caught by the collective timeout (`trainer.dist_timeout_s`): the waiting ranks raise, exit
-non-zero, and the agent reports them.
+Failures. Under torchrun every rank runs a heartbeat (`memrl.heartbeat`, started here when
+`heartbeat_s` is given): a rank that froze or died is found within 1.2 ×
+`trainer.heartbeat_timeout_s` (at once for a dead rank on the same machine), and the run ends
+with one line naming it, its host and what it was doing. torchrun's agent also watches its
+workers: when one dies it stops the others (SIGTERM) and exits non-zero, printing the failed
+rank and its exit code or signal. A rank whose process lives but never reaches the next
+collective (a deadlock) is caught by the collective timeout (`trainer.dist_timeout_s`):
+`collective_failed` tells such an error apart, and the CLI names every rank's activity.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from datetime import timedelta
 
 from memrl.dist import Dist
 
-__all__ = ["destroy_process_group", "init_process_group", "launched", "torchrun_command"]
+__all__ = [
+    "NPROC_ENV", "collective_failed", "destroy_process_group", "init_process_group", "launched",
+    "torchrun_command",
+]
+
+NPROC_ENV = "MEMRL_NPROC_PER_NODE"
+"""Set by `memrl train --nproc-per-node N` for the ranks it starts (their resume command)."""
 
 
 def launched() -> bool:
@@ -37,7 +46,8 @@ def launched() -> bool:
 
 
 def init_process_group(
-    timeout_s: float, *, device: str | None = None, always: bool = False
+    timeout_s: float, *, device: str | None = None, always: bool = False,
+    heartbeat_s: float | None = None,
 ) -> Dist:
     """Join the launcher's process group (once) and return this process's `Dist`.
 
@@ -47,6 +57,9 @@ def init_process_group(
     Backend: nccl when the run trains on CUDA (`device` None or a cuda device, and CUDA is
     there), else gloo. On CUDA each process uses the GPU of its LOCAL_RANK. A collective that
     waits longer than `timeout_s` seconds raises on the waiting ranks.
+
+    `heartbeat_s` (> 0): under torchrun, start this rank's heartbeat with that timeout
+    (`memrl.heartbeat`; `destroy_process_group` stops it).
     """
     if not launched() and not always:
         return Dist()
@@ -65,7 +78,53 @@ def init_process_group(
     tdist.init_process_group(**options)
     global _joined
     _joined = True
-    return Dist.from_environment()
+    dist = Dist.from_environment()
+    if heartbeat_s and dist.world_size > 1:
+        start_heartbeat(dist, heartbeat_s)
+    return dist
+
+
+def start_heartbeat(dist: Dist, timeout_s: float) -> bool:
+    """Start this rank's heartbeat on torchrun's store (served by its agent, so that it answers
+    whichever rank froze); False, and no heartbeat, under a launcher whose store a rank serves
+    (a frozen rank 0 would take the store with it: the collective timeout applies there)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return False
+    import torch.distributed as tdist
+
+    from memrl import heartbeat
+
+    try:
+        store = tdist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=timedelta(seconds=float(timeout_s)), wait_for_workers=False,
+        )
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        heartbeat.start(store, dist.rank, dist.world_size, timeout_s,
+                        prefix=f"{heartbeat.KEY_PREFIX}/{restart}")
+    except (KeyError, ValueError, RuntimeError) as exc:  # no store to beat into: train on
+        if dist.is_main:
+            print(f"warning: no heartbeat between the ranks (torchrun's store at "
+                  f"MASTER_ADDR:MASTER_PORT: {' '.join(str(exc).split())}); a frozen rank is "
+                  "found only by trainer.dist_timeout_s", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+COLLECTIVE_ERRORS = ("gloo", "nccl", "timed out waiting", "connection closed by peer",
+                     "connection reset by peer", "broken pipe")
+"""Words of the RuntimeErrors collectives raise when a peer is gone or late (gloo raises
+plain RuntimeErrors; NCCL's are torch.distributed.DistError)."""
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed because of a peer (gone, or too late)."""
+    import torch.distributed as tdist
+
+    if isinstance(exc, getattr(tdist, "DistError", ())):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(w in text for w in COLLECTIVE_ERRORS)
 
 
 _joined = False
@@ -79,6 +138,9 @@ def destroy_process_group() -> None:
     global _joined
     import torch.distributed as tdist
 
+    from memrl import heartbeat
+
+    heartbeat.stop()
     if _joined and tdist.is_available() and tdist.is_initialized():
         tdist.destroy_process_group()
     _joined = False
@@ -107,6 +169,7 @@ def relaunch(nproc_per_node: int, module_args: Sequence[str]) -> int:
 
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env[NPROC_ENV] = str(int(nproc_per_node))
     # The workers import the same memrl as this process (a source checkout included).
     root = str(Path(memrl.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)

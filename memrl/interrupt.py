@@ -16,9 +16,14 @@ The previous handlers are restored when the block exits, however it exits.
 
 `where` and `how` may also be functions of no argument, called when the signal arrives, for
 a message that says how far the work got (`memrl train` names the step and the checkpoint).
+`on_signal(signum)`, if given, is asked first: it may say something else (or nothing) and
+return the exit code to use instead; None keeps the message. `memrl train` on several ranks
+uses it to report a lost peer instead (torchrun's SIGTERM after a rank died is no
+interruption), and to let only the main rank say "interrupted".
 
 Signal handlers can only be installed from the main thread; elsewhere the block does nothing.
-`memrl train` and `memrl eval ...` run inside such a block; `memrl.cli.main` maps a bare
+`memrl train`, `memrl sft` and `memrl eval ...` run inside such a block (and inside a run
+record, `memrl.runrecord`, which notes the signal); `memrl.cli.main` maps a bare
 KeyboardInterrupt of any other command to the same message and exit code.
 """
 
@@ -58,10 +63,11 @@ def interrupt_message(signum: int, where: str = "", how: str = "") -> str:
 
 
 class Interrupted(SystemExit):
-    """Raised by the handler of `exit_on_signals`; its `code` is 130 / 143."""
+    """Raised by the handler of `exit_on_signals`; its `code` is 130 / 143 (or the one its
+    `on_signal` chose)."""
 
-    def __init__(self, signum: int, message: str) -> None:
-        super().__init__(exit_code_for(signum))
+    def __init__(self, signum: int, message: str, code: int | None = None) -> None:
+        super().__init__(exit_code_for(signum) if code is None else code)
         self.signum = int(signum)
         self.message = message
 
@@ -70,7 +76,8 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
     """Context manager: SIGINT/SIGTERM inside the block → one message, `Interrupted` raised.
 
     `where` says what was interrupted, `how` how to continue (both may be empty, or
-    functions returning the text when the signal arrives).
+    functions returning the text when the signal arrives). `on_signal(signum)` is asked
+    first: an exit code replaces the message (it printed what it had to say), None keeps it.
     `stream` is where the message goes (default: `sys.stderr` at the time of the signal).
     After the block, `signum` is the signal that arrived first (None if none did).
     """
@@ -82,9 +89,12 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         stream: IO[str] | None = None,
+        on_signal: Callable[[int], int | None] | None = None,
     ) -> None:
         self.where = where
         self.how = how
+        self.on_signal = on_signal
+        self.code: int | None = None
         self.signals = tuple(signals)
         self.stream = stream
         self.signum: int | None = None
@@ -131,9 +141,20 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:  # the first signal: say it, once
             self.signum = signum
-            self._said = interrupt_message(signum, *self._texts())
-            _print_line(self._said, self.stream)
-        raise Interrupted(signum, self._said)
+            self.code = self._ask(signum)
+            if self.code is None:
+                self._said = interrupt_message(signum, *self._texts())
+                _print_line(self._said, self.stream)
+        raise Interrupted(signum, self._said, self.code)
+
+    def _ask(self, signum: int) -> int | None:
+        """`on_signal`'s exit code; None (the interrupt message) if there is none or it fails."""
+        if self.on_signal is None:
+            return None
+        try:
+            return self.on_signal(signum)
+        except Exception:  # noqa: BLE001 - a message must never stop the exit
+            return None
 
 
 def _print_line(message: str, stream: IO[str] | None) -> None:

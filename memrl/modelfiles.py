@@ -26,6 +26,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 
 WEIGHT_STEMS = ("model", "pytorch_model")
 ADAPTER_STEMS = ("adapter_model",)
+EXPORTED_CONFIG = "memrl_config.yaml"
+"""Beside a model `memrl export` wrote: the config of the run that trained it (its agent
+settings, which `memrl ask` / `memrl serve` read)."""
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 """safetensors' own limit on the JSON header of a file."""
 

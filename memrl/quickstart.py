@@ -173,6 +173,7 @@ def run_quickstart(
     from memrl.recipes import grpo, sft
     from memrl.recipes.sft_config import SFTConfig
     from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
+    from memrl.runrecord import recorded
 
     console = console or Console()
     cfg = load_config(TrainConfig, config_path, list(overrides))
@@ -196,52 +197,55 @@ def run_quickstart(
         f"trainer.out_dir={warm_run}", f"seed={cfg.seed}", *sft_overrides,
     ]).model_copy(update={"memagent": cfg.memagent})
 
-    console.rule("1/5 tiny model and synthetic data (train / eval entities disjoint)")
-    eval_dir = prepare_quickstart(cfg, seed=cfg.seed, plan=plan)
-    console.print(f"model {base_model}, training questions {cfg.data.train_file}, "
-                  f"evaluation sets {eval_dir} "
-                  f"(N = {', '.join(map(str, plan.eval_docs))} documents)")
-    results: dict[str, dict[str, Any]] = {}
+    settings = {"train": cfg.model_dump(mode="json"), "sft": sft_cfg.model_dump(mode="json")}
+    with recorded(root, "quickstart", config=settings, seed=cfg.seed,
+                  engine=cfg.rollout.engine, device=cfg.model.device):
+        console.rule("1/5 tiny model and synthetic data (train / eval entities disjoint)")
+        eval_dir = prepare_quickstart(cfg, seed=cfg.seed, plan=plan)
+        console.print(f"model {base_model}, training questions {cfg.data.train_file}, "
+                      f"evaluation sets {eval_dir} "
+                      f"(N = {', '.join(map(str, plan.eval_docs))} documents)")
+        results: dict[str, dict[str, Any]] = {}
 
-    console.rule("2/5 evaluation of the untrained model")
-    if plan.evaluate_before:
-        results["before"] = evaluate(base_model, eval_dir, root / "eval_before", cfg, console,
-                                     plan)
-    else:
-        console.print("skipped (QuickstartPlan.evaluate_before is false)")
+        console.rule("2/5 evaluation of the untrained model")
+        if plan.evaluate_before:
+            results["before"] = evaluate(base_model, eval_dir, root / "eval_before", cfg, console,
+                                         plan)
+        else:
+            console.print("skipped (QuickstartPlan.evaluate_before is false)")
 
-    console.rule("3/5 warm start: supervised fine-tuning on the oracle's trajectories")
-    sft.train(sft_cfg, console=console)
-    export_checkpoint(latest_checkpoint(warm_run / "checkpoints"), warm_model)
-    results["warm_start"] = evaluate(warm_model, eval_dir, root / "eval_warm_start", cfg,
-                                     console, plan)
+        console.rule("3/5 warm start: supervised fine-tuning on the oracle's trajectories")
+        sft.train(sft_cfg, console=console)
+        export_checkpoint(latest_checkpoint(warm_run / "checkpoints"), warm_model)
+        results["warm_start"] = evaluate(warm_model, eval_dir, root / "eval_warm_start", cfg,
+                                         console, plan)
 
-    console.rule(f"4/5 GRPO from the warm start, reward {cfg.rl.reward}")
-    grpo.train(cfg.model_copy(update={"model": cfg.model.model_copy(
-        update={"path": str(warm_model)})}), console=console)
-    export_checkpoint(latest_checkpoint(out / "checkpoints"), rl_model)
-    results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console, plan)
+        console.rule(f"4/5 GRPO from the warm start, reward {cfg.rl.reward}")
+        grpo.train(cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"path": str(warm_model)})}), console=console)
+        export_checkpoint(latest_checkpoint(out / "checkpoints"), rl_model)
+        results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console, plan)
 
-    console.rule("5/5 accuracy (sub-EM %) against the number of documents")
-    table = accuracy_table(results)
-    view = Table("stage", *(f"N={n}" for n in plan.eval_docs))
-    stages = [s for s in STAGES if s in results]
-    for stage in stages:
-        view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in plan.eval_docs))
-    console.print(view)
-    tokens = [results["rl"]["results"][str(n)]["context_tokens"] for n in plan.eval_docs]
-    plot = plot_scores(root / "accuracy.png", tokens,
-                       {s: [table[s][n] for n in plan.eval_docs] for s in stages},
-                       xlabel="mean context length (tokens)", ylabel="sub-EM (%)",
-                       title="quickstart: before / warm start / RL",
-                       labels=[f"N={n}" for n in plan.eval_docs])
-    summary = {
-        "table": {s: {str(n): v for n, v in row.items()} for s, row in table.items()},
-        "train_docs": plan.train_docs, "eval_docs": list(plan.eval_docs), "plot": str(plot),
-        "warm_start_run": str(warm_run), "rl_run": str(out),
-        "evaluations": {s: str(root / f"eval_{s}") for s in stages},
-    }
-    write_json(root / "summary.json", summary)
-    console.print(f"plot {plot}; summary {root / 'summary.json'}; "
-                  f"browse the episodes: memrl view {root / 'eval_rl'}")
-    return summary
+        console.rule("5/5 accuracy (sub-EM %) against the number of documents")
+        table = accuracy_table(results)
+        view = Table("stage", *(f"N={n}" for n in plan.eval_docs))
+        stages = [s for s in STAGES if s in results]
+        for stage in stages:
+            view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in plan.eval_docs))
+        console.print(view)
+        tokens = [results["rl"]["results"][str(n)]["context_tokens"] for n in plan.eval_docs]
+        plot = plot_scores(root / "accuracy.png", tokens,
+                           {s: [table[s][n] for n in plan.eval_docs] for s in stages},
+                           xlabel="mean context length (tokens)", ylabel="sub-EM (%)",
+                           title="quickstart: before / warm start / RL",
+                           labels=[f"N={n}" for n in plan.eval_docs])
+        summary = {
+            "table": {s: {str(n): v for n, v in row.items()} for s, row in table.items()},
+            "train_docs": plan.train_docs, "eval_docs": list(plan.eval_docs), "plot": str(plot),
+            "warm_start_run": str(warm_run), "rl_run": str(out),
+            "evaluations": {s: str(root / f"eval_{s}") for s in stages},
+        }
+        write_json(root / "summary.json", summary)
+        console.print(f"plot {plot}; summary {root / 'summary.json'}; "
+                      f"browse the episodes: memrl view {root / 'eval_rl'}")
+        return summary

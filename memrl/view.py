@@ -2,8 +2,19 @@
 
 It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
 `trajectories_{N}.jsonl`, `memrl eval locomo`'s `trajectories.jsonl`, a training run's
-`val_samples/step_*.jsonl`) and writes `view.html`: no server, no network, no external file.
+`val_samples/step_*.jsonl`), every run record (`run.json`, `memrl.runrecord`) and every
+training run's per-trajectory records (`train_trajectories/step_*.jsonl`,
+`memrl.recipes.trajectory_log`), and writes `view.html`: no server, no network, no
+external file. Given one JSONL file instead (`memrl ask --trace FILE.jsonl`), it renders that
+file into FILE.html. An episode without gold answers (`memrl ask`'s) is shown ungraded.
 
+    runs                  at the top: each run record's key facts in one line (kind,
+                          status, world size and launcher, strategy, engine and versions,
+                          devices, memrl's commit, seed, config hash, start, duration), the
+                          whole record folded under it
+    training trajectories a table per step (the last `max_steps` steps, or those asked
+                          for): question, sample, reward, advantage, conversations with
+                          their tokens, mean log-prob and entropy, answer and gold
     MemAgent episode      the memory after each chunk, words added (green) and dropped (red,
                           struck) against the memory before; the gold answer highlighted, and
                           the chunks where it enters and leaves memory flagged, and the
@@ -28,7 +39,9 @@ from typing import Any
 
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.errors import MemrlInputError
+from memrl.recipes.trajectory_log import TRAJECTORY_DIR, read_step_files
 from memrl.rewards.evidence import answer_in_text, evidence_chunk
+from memrl.runrecord import RUN_FILE, read_record, summary_line
 
 PATTERNS = ("trajectories*.jsonl", "val_samples/step_*.jsonl")
 """Files (under RUN_DIR, at any depth) that the viewer reads."""
@@ -169,7 +182,8 @@ def _header(row: dict[str, Any], source: str, score: float, kind: str) -> str:
     attrs = (f'data-length="{html.escape(str(length))}" data-score="{score:g}" '
              f'data-category="{html.escape(str(category))}" data-kind="{kind}" '
              f'data-run="{html.escape(_run_of(source))}"')
-    verdict = "correct" if score >= 1 else "partial" if score > 0 else "wrong"
+    verdict = ("ungraded" if not row.get("answers") else "correct" if score >= 1
+               else "partial" if score > 0 else "wrong")
     return (
         f'<section class="episode {verdict}" {attrs}><h3>{html.escape(str(row.get("id")))}'
         f' <small>{html.escape(source)} · length {html.escape(str(length))}'
@@ -189,8 +203,98 @@ def find_trajectory_files(run_dir: Path) -> list[Path]:
     return sorted(files)
 
 
-def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str) -> str:
-    """The whole page for (source, row) episodes."""
+def find_run_records(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(folder relative to RUN_DIR, record) of every run.json under RUN_DIR."""
+    out = []
+    for path in sorted(run_dir.rglob(RUN_FILE)):
+        record = read_record(path)
+        if record is not None:
+            out.append((_run_of(str(path.relative_to(run_dir))), record))
+    return out
+
+
+def render_runs(records: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """The runs section: one line of key facts per record, the whole record folded."""
+    if not records:
+        return ""
+    items = []
+    for folder, record in records:
+        full = {k: v for k, v in record.items() if k != "previous"}
+        earlier = len(record.get("previous") or [])
+        items.append(
+            f'<li class="run {html.escape(str(record.get("status", "")))}">'
+            f'<details><summary><code>{html.escape(folder)}</code> '
+            f'{html.escape(summary_line(record))}'
+            + (f" · {earlier} earlier run(s) here" if earlier else "")
+            + f'</summary><pre>{html.escape(json.dumps(full, indent=2, ensure_ascii=False))}'
+            '</pre></details></li>')
+    return f'<section class="runs"><h2>runs</h2><ul>{"".join(items)}</ul></section>'
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def render_training_step(step: int, rows: Sequence[dict[str, Any]], *,
+                         unfold: bool = False) -> str:
+    """One step's trajectories as a table (a row per trajectory, by group); `unfold`: shown
+    open."""
+    body = []
+    for row in rows:
+        convs = [c for c in row.get("conversations") or [] if isinstance(c, dict)]
+        conv = " ".join(
+            f'<span title="prompt {html.escape(str(c.get("prompt_tokens")))} tokens'
+            f'{", truncated" if c.get("truncated") else ""}">'
+            f'{html.escape(str(c.get("kind")))}:{html.escape(str(c.get("response_tokens")))}'
+            f'{"✂" if c.get("truncated") else ""}</span>' for c in convs)
+        body.append(
+            "<tr>" + "".join(f"<td>{cell}</td>" for cell in (
+                html.escape(str(row.get("id"))), html.escape(str(row.get("sample_index"))),
+                _num(row.get("reward")), _num(row.get("advantage"), 4),
+                html.escape(str(row.get("num_conversations"))), conv,
+                _num(row.get("logprob_mean")), _num(row.get("entropy_mean")),
+                f'<code>{html.escape(str(row.get("answer")))}</code>',
+                html.escape(" | ".join(_strs(row.get("gold")))),
+            )) + "</tr>")
+    rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
+    mean = sum(rewards) / len(rewards) if rewards else float("nan")
+    head = "".join(f"<th>{c}</th>" for c in (
+        "question", "sample", "reward", "advantage", "conv.", "response tokens per conversation",
+        "log-prob", "entropy", "answer", "gold"))
+    return (f'<details class="step" data-step="{step}"{" open" if unfold else ""}>'
+            f'<summary>step {step} · {len(rows)} '
+            f'trajectories · {len({r.get("id") for r in rows})} groups · reward mean '
+            f'{mean:.3f}</summary><table><thead><tr>{head}</tr></thead><tbody>'
+            f'{"".join(body)}</tbody></table></details>')
+
+
+def render_training(run_dir: Path, steps: Sequence[int] | None = None,
+                    max_steps: int = 50) -> str:
+    """The training-trajectories sections of every training run under RUN_DIR: the steps
+    asked for, else the last `max_steps`."""
+    sections = []
+    for folder in sorted(p.parent for p in run_dir.rglob(TRAJECTORY_DIR) if p.is_dir()):
+        by_step = read_step_files(folder)
+        if not by_step:
+            continue
+        chosen = ([s for s in steps if s in by_step] if steps
+                  else sorted(by_step)[-max_steps:])
+        note = "" if len(chosen) == len(by_step) else (
+            f" (steps {', '.join(map(str, chosen))} of {len(by_step)} logged; "
+            "<code>--step N</code> shows another)")
+        rel = _run_of(str((folder / TRAJECTORY_DIR).relative_to(run_dir)))
+        sections.append(
+            f'<section class="training"><h2>training trajectories · '
+            f'<code>{html.escape(rel)}</code>{note}</h2>'
+            + "".join(render_training_step(s, by_step[s], unfold=s == chosen[-1])
+                      for s in chosen) + "</section>")
+    return "".join(sections)
+
+
+def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str, *,
+                header: str = "") -> str:
+    """The whole page for (source, row) episodes; `header` (runs, training trajectories)
+    goes above them."""
     sections = [render_memupdate(row, src) if "calls" in row or "memory_diff" in row
                 else render_memagent(row, src) for src, row in episodes]
     lengths = sorted({str(r.get("num_docs") or r.get("num_chunks") or 0) for _, r in episodes},
@@ -203,27 +307,36 @@ def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str) -> str:
         lengths="".join(option(v) for v in lengths),
         categories="".join(option(v) for v in categories),
         runs="".join(option(v) for v in runs),
-        body="\n".join(sections),
+        body="\n".join(sections), header=header,
     )
 
 
-def write_view(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write RUN_DIR/view.html (or `out`) from every trajectories file under RUN_DIR."""
+def write_view(run_dir: str | Path, out: str | Path | None = None, *,
+               steps: Sequence[int] | None = None, max_steps: int = 50) -> Path:
+    """Write RUN_DIR/view.html (or `out`) from every trajectories file, run record and
+    training run's trajectory records under RUN_DIR (training steps: `steps`, else the last
+    `max_steps`); or, given one JSONL file, FILE.html (or `out`) from it."""
     run = Path(run_dir)
-    if not run.is_dir():
-        raise MemrlInputError("not a directory", location=str(run))
-    files = find_trajectory_files(run)
-    if not files:
-        raise MemrlInputError("no trajectories file under it (trajectories*.jsonl, "
-                              "val_samples/step_*.jsonl)", location=str(run))
+    if run.is_file():
+        files, root, default, header = [run], run.parent, run.with_suffix(".html"), ""
+    elif run.is_dir():
+        files, root, default = find_trajectory_files(run), run, run / "view.html"
+        header = render_runs(find_run_records(run)) + render_training(run, steps, max_steps)
+    else:
+        raise MemrlInputError("no such directory or file", location=str(run))
+    if not files and not header:
+        raise MemrlInputError(
+            "no trajectories file under it (trajectories*.jsonl, val_samples/step_*.jsonl, "
+            f"{TRAJECTORY_DIR}/step_*.jsonl) and no {RUN_FILE}", location=str(run))
     episodes = []
     for path in files:
         for line, value in iter_jsonl(path):
             row = dict(expect_object(value, f"{path}:{line}", "trajectory"))
-            episodes.append((str(path.relative_to(run)), row))
-    target = Path(out) if out is not None else run / "view.html"
+            episodes.append((str(path.relative_to(root)), row))
+    target = Path(out) if out is not None else default
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_page(episodes, f"memrl view · {run}"), encoding="utf-8")
+    target.write_text(render_page(episodes, f"memrl view · {run}", header=header),
+                      encoding="utf-8")
     return target
 
 
@@ -235,6 +348,7 @@ body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #222; }}
 .episode.correct {{ border-left: 6px solid #2a2; }}
 .episode.wrong {{ border-left: 6px solid #c33; }}
 .episode.partial {{ border-left: 6px solid #d90; }}
+.episode.ungraded {{ border-left: 6px solid #999; }}
 h3 small {{ color: #777; font-weight: normal; }}
 ins.added {{ background: #d4f7d4; text-decoration: none; }}
 del.dropped {{ background: #fbd4d4; color: #a33; }}
@@ -245,8 +359,15 @@ mark.gold {{ background: #ffe066; font-weight: bold; }}
 .flag.evidence {{ background: #36c; color: white; }}
 .chunk .k {{ color: #777; font-size: 12px; }} .memory {{ white-space: pre-wrap; }}
 .call.failed {{ color: #a33; }} .hidden {{ display: none; }}
+.runs li {{ list-style: none; margin: .2em 0; }} .runs pre {{ font-size: 12px; }}
+.run.error summary, .run.unfinished summary {{ color: #a33; }}
+.run.interrupted summary {{ color: #b70; }}
+table {{ border-collapse: collapse; font-size: 13px; }}
+td, th {{ border: 1px solid #ddd; padding: .15em .4em; text-align: left; }}
+details.step {{ margin: .3em 0; }}
 </style></head><body>
 <h1>{title}</h1>
+{header}
 <form id="filters">run <select id="f-run"><option value="">all</option>{runs}</select>
 length <select id="f-length"><option value="">all</option>{lengths}</select>
 score <select id="f-score"><option value="">all</option><option value="correct">correct</option>

@@ -13,12 +13,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # a process); eager is as exact. memrl itself never compiles.
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Several workers share few cores: one torch thread each avoids oversubscription,
-    # which slows the tiny-model tests several-fold on a 2-core machine.
-    import torch
+# One torch thread in every test process: several xdist workers share few cores (more threads
+# slow the tiny-model tests several-fold on a 2-core machine), and the tests that compare an
+# in-process run with a subprocess run (which gets OMP_NUM_THREADS=1) need the same float
+# reduction order on both sides, with or without xdist.
+import torch  # noqa: E402
 
-    torch.set_num_threads(1)
+torch.set_num_threads(1)
 
 
 def shared_data_dir() -> Path | None:

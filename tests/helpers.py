@@ -34,6 +34,36 @@ TINY_MEMAGENT = [
 memories and answers, plain sampling, truncated turns trained."""
 
 
+def splits_a_prefill(prompts: Sequence[Sequence[int]], budget: int, block_size: int) -> bool:
+    """Whether vLLM's chunked-prefill scheduler splits a prompt in the first step of a batch
+    of prompts sent at once, with an empty prefix cache: it takes them in order, each whole
+    while it fits the rest of the step's token budget, and gives the first that does not fit
+    what is left. A prompt's leading full blocks already taken by an earlier prompt of the
+    step are prefix-cache hits and cost nothing (vLLM caches a block when it schedules it;
+    a prompt cached whole still computes its last token)."""
+    cached: set[tuple[int, ...]] = set()
+    left = budget
+    for prompt in prompts:
+        hit = 0
+        while (hit + block_size < len(prompt)
+               and tuple(prompt[: hit + block_size]) in cached):
+            hit += block_size
+        if len(prompt) - hit > left:
+            return left > 0
+        left -= len(prompt) - hit
+        cached.update(tuple(prompt[:k]) for k in range(block_size, len(prompt) + 1, block_size))
+    return False
+
+
+def vllm_default_step_budget() -> int:
+    """vLLM's default `max_num_batched_tokens` of an offline engine (`vllm.LLM`) on one
+    device of this platform, which is what a chunked-prefill engine runs with unless told."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return EngineArgs.get_batch_defaults(1)[0][UsageContext.LLM_CLASS]
+
+
 def kill_at_first_checkpoint(
     cmd: Sequence[str], env: Mapping[str, str], run_dir: Path, *, timeout: float = 240
 ) -> int:
@@ -176,7 +206,8 @@ def start_vllm_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
          "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
-         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1"],
+         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
+         "--no-enable-chunked-prefill"],  # seeded requests on CPU (docs/configuration.md)
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the engine processes with it
     )

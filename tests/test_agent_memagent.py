@@ -67,6 +67,28 @@ def test_memagent_preset_is_the_published_prompt_byte_for_byte():
     assert resolve_prompts("memagent") is preset
 
 
+def test_published_preset_asks_for_doubled_braces_byte_for_byte(tiny_tokenizer):
+    """The published 7B / 14B training runs' final prompt: MemAgent's sync agent never
+    formats TEMPLATE_FINAL_BOXED, so the model reads `\\boxed{{}}`; everything else is the
+    `memagent` preset's."""
+    preset = PROMPT_PRESETS["memagent-published"]
+    memagent = PROMPT_PRESETS["memagent"]
+    assert preset.update_template == UPDATE and preset.no_memory == NO_MEMORY
+    text = preset.final_text(prompt="Who? {memory}", memory="M {prompt}")
+    assert text == (
+        "You are presented with a problem and a previous memory. Please answer the problem "
+        "based on the previous memory and put the answer in \\boxed{{}}.\n\n<problem> \n"
+        "Who? {memory}\n</problem>\n\n<memory>\nM {prompt}\n</memory>\n\nYour answer:\n")
+    assert text.encode() == memagent.final_text(prompt="Who? {memory}", memory="M {prompt}"
+                                                ).encode().replace(b"\\boxed{}",
+                                                                   b"\\boxed{{}}")
+    # and so through the agent's chat rendering: the braces reach the model doubled
+    agent = MemAgent(scripted(tiny_tokenizer), MemAgentConfig(prompts="memagent-published"))
+    rendered = tiny_tokenizer.decode(agent.final_prompt_ids("Who?", "M"))
+    assert rendered == render_chat(tiny_tokenizer, preset.final_text(prompt="Who?", memory="M"))
+    assert rendered.count("\\boxed{{}}") == 1 and "\\boxed{}" not in rendered
+
+
 def test_fill_template_keeps_braces_in_values_and_template():
     text = PROMPT_PRESETS["memagent"].update_text(
         prompt="What is {x}?", memory="{chunk} and {}", chunk="f(x) = {a: 1} {0} {memory}"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from memrl.runrecord import read_record
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step_gpu.py"
 
 
@@ -35,3 +37,5 @@ def test_update_only_tiny_run(tmp_path, packed):
         assert row["mfu"] == pytest.approx(row["update_model_tflops_per_s"])  # peak: 1 TFLOP/s
     assert rows[0]["micro_batches"] >= rows[1]["micro_batches"]
     assert (tmp_path / "s.json").exists()
+    record = read_record(tmp_path / "s.run.json")  # the run record beside the results
+    assert (record["kind"], record["status"]) == ("benchmark train_step_gpu", "ok")

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import subprocess
+from collections import namedtuple
 
 import numpy as np
 import pytest
@@ -226,6 +229,8 @@ def test_export_full_model_loads_with_same_logits(tmp_path, tiny_model_dir, tiny
     path = _save(tmp_path / "ckpt", 5, model, opt, sched, tokenizer=tiny_tokenizer)
     out = export_checkpoint(path, tmp_path / "export")
     assert not (out / "memrl_model.json").exists()
+    # the run's config beside the model: `memrl ask` / `serve` read its agent settings
+    assert (out / "memrl_config.yaml").read_text() == (path / "config.yaml").read_text()
     ids = torch.tensor([[1, 5, 9, 30, 2]])
     assert torch.allclose(_logits(_model(out), ids), _logits(model, ids), atol=1e-6)
     assert AutoTokenizer.from_pretrained(out).encode("memory") == tiny_tokenizer.encode("memory")
@@ -381,6 +386,62 @@ def test_disk_full_during_save_is_one_input_error_and_keeps_previous(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000001"]
     assert latest_checkpoint(tmp_path) == good
     assert load_checkpoint(good, model=model)["step"] == 1
+
+
+DiskUsage = namedtuple("DiskUsage", "total used free")
+
+
+def test_a_disk_too_small_for_the_checkpoint_is_the_disk_full_error(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """torch.save fills the disk and fails as `RuntimeError ... unexpected pos`; deleting the
+    half-written checkpoint frees the space again. Modelled: a disk of 8 MiB holding only the
+    files under the checkpoint directory, and a write that stops 10 bytes short of full."""
+    model, opt, sched = _setup(tiny_model_dir)
+    capacity = 8 << 20
+    real_usage = shutil.disk_usage
+
+    def usage(path):
+        if not str(path).startswith(str(tmp_path)):
+            return real_usage(path)
+        used = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+        return DiskUsage(capacity, used, capacity - used)
+
+    def short_write(obj, f, *args, **kwargs):
+        room = usage(tmp_path).free - 10
+        with open(f, "wb") as out:
+            out.write(b"\0" * room)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "
+                           f"{room} vs {room + 1000}")
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    monkeypatch.setattr(torch, "save", short_write)
+    with pytest.raises(MemrlInputError) as err:
+        _save(tmp_path, 1, model, opt, sched)
+    assert str(err.value) == (
+        f"{tmp_path / 'step_00000001'}: cannot save the checkpoint: no space left on the device "
+        f"of {tmp_path} (10 bytes free); the previous checkpoints are intact")
+    assert list(tmp_path.iterdir()) == []  # the half-written checkpoint is gone
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="mounts a small tmpfs (root only)")
+def test_a_real_full_disk_is_the_disk_full_error(tmp_path, tiny_model_dir):
+    model, opt, sched = _setup(tiny_model_dir)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        with pytest.raises(MemrlInputError, match=(
+                rf"^{disk / 'step_00000001'}: cannot save the checkpoint: no space left on the "
+                rf"device of {disk} \(\d+ bytes free\); the previous checkpoints are intact$")):
+            _save(disk, 1, model, opt, sched)
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)  # even with files open
 
 
 def test_failed_resave_of_the_same_step_puts_the_old_copy_back(

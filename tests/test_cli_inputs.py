@@ -220,3 +220,31 @@ def test_locomo_nan_answer_is_one_line(capsys, tmp_path):
                                 "--out", str(tmp_path / "out")])
     assert code == 2
     one_error_line(err, f"{src}: [0].qa[1].answer:", "finite")
+
+
+# ------------------------------------------------------- devices and seeds of every evaluation
+
+EVAL_COMMANDS = [["ruler-hqa", "--num-docs", "2"], ["locomo"], ["long-context", "--num-docs", "2"]]
+
+
+@pytest.mark.parametrize("command", EVAL_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    ("option", "needles"),
+    [
+        (["--seed", "1000000000000000000000000000000"], ["--seed", "less than or equal to"]),
+        (["--seed", "-1"], ["--seed", "greater than or equal to 0"]),
+        (["--device", "cuda:99"], ["--device", "'cuda:99' asked for", "CUDA GPU"]),
+        (["--device", "warp9"], ["--device", "unknown device 'warp9'"]),
+    ],
+    ids=["huge-seed", "negative-seed", "missing-gpu", "unknown-device"],
+)
+def test_eval_devices_and_seeds_are_one_line(capsys, tmp_path, tiny_model_dir, command, option,
+                                             needles):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "eval_2.json").write_text("[]")
+    (data / "episodes.jsonl").write_text("")
+    code, _, err = run(capsys, ["eval", *command, "--model", str(tiny_model_dir), "--data",
+                                str(data), "--out", str(tmp_path / "out"), *option])
+    assert code == 2
+    one_error_line(err, *needles)

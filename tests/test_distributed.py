@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from memrl.data.synthetic import make_synthetic_records
 from memrl.dist import Dist
 from memrl.distributed import torchrun_command
 from memrl.metrics import read_metrics
+from memrl.runrecord import read_record
 from memrl.rl.losses import loss_norm
 from memrl.rl.rollout import QuestionStream, TrainState, collect_groups
 
@@ -139,6 +141,23 @@ def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
     (two_metrics,) = runs["two_step1_metrics"]
     assert_same_metrics(two_metrics, single_metrics[0])
     assert two_metrics["train/groups"] == 3.0 and "val/score" in two_metrics
+
+
+@pytest.mark.slow
+def test_two_ranks_log_the_single_process_trajectories(runs):
+    """Each rank's trajectory records are gathered on the main rank, in the order one
+    process holds them (trainer.log_trajectories: on for this small run)."""
+    from memrl.recipes.trajectory_log import read_step_files
+
+    single, two = read_step_files(runs["single"])[1], read_step_files(runs["two"])[1]
+    assert len(two) == 3 * 2
+    key = lambda r: (r["id"], r["sample_index"], r["num_conversations"], r["answer"])  # noqa: E731
+    assert [key(r) for r in two] == [key(r) for r in single]
+    for a, b in zip(two, single, strict=True):
+        for k in ("reward", "kl_penalty", "advantage", "logprob_mean", "entropy_mean"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
+        assert [c["response_tokens"] for c in a["conversations"]] == [
+            c["response_tokens"] for c in b["conversations"]]
 
 
 @pytest.mark.slow
@@ -261,8 +280,20 @@ def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir
     assert proc.returncode != 0
     assert elapsed < 60
     assert re.search(r"rank\s*:\s*1\b", stderr) and "SIGKILL" in stderr, stderr[-3000:]
+    # memrl's one line (the survivor's): the dead rank, and the resume on 2 ranks again.
+    ours = [x for x in stderr.splitlines() if x.startswith(("error: ", "interrupted"))]
+    assert len(ours) == 1 and re.match(
+        r"error: rank 1 \(host .+, pid \d+\) died in step \d+ \(\w[\w -]*\): ", ours[0]), stderr
+    assert ours[0].endswith("no checkpoint saved yet; continue with: memrl train "
+                            f"{config} {shlex.join(args)} --nproc-per-node 2 --resume"), ours[0]
     time.sleep(1)
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and rank_of(p) is not None]
+    # rank 0 wrote the run record: how the run was launched (its end depends on where
+    # torchrun's SIGTERM found rank 0: in Python, or blocked in a collective until SIGKILL)
+    record = read_record(out)
+    assert (record["world_size"], record["launcher"], record["strategy"]) == (
+        2, "torchrun", strategy)
+    assert record["status"] in ("running", "interrupted", "error")
 
 
 # ---- the pieces, at world size 1 (the multi-rank behaviour is covered above)

@@ -307,3 +307,22 @@ def test_first_stop_end() -> None:
     assert first_stop_end("xx END yy STOP", ["STOP", "END"]) == 6
     assert first_stop_end("nothing", ["STOP"]) is None
     assert first_stop_end("text", []) is None
+
+
+def test_generation_uses_the_current_cache_api(generator, prompts, caplog) -> None:
+    """transformers 5.24 renamed the KV cache (`cache`; `past_key_values` warns on every call
+    and goes in 5.40): generation passes it under the name the model takes, warning-free."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    try:
+        with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+            warnings.simplefilter("error")
+            out = generator.generate(prompts, SamplingParams(max_new_tokens=5, temperature=0))
+    finally:
+        hf_logging.disable_propagation()
+    assert [len(g.token_ids) for g in out] and all(g.token_ids for g in out)
+    assert not [r for r in caplog.records if "cache" in r.getMessage()], caplog.records

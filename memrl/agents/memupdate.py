@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.locomo import DialogueTurn, EmbeddingIndex, MemoryEpisode
 from memrl.inference.base import (
+    SEED_MAX,
     Generation,
     Generator,
     RolloutMode,
@@ -89,7 +90,7 @@ class MemUpdateConfig(BaseModel):
     """Sampling temperature (0 = greedy decoding)."""
     top_p: float = Field(0.95, gt=0, le=1)
     """Nucleus sampling threshold."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     """Base sampling seed; reply t of the episode (id, occurrence, sample index) is seeded
     with `derive_seed(seed, id, occurrence, sample index, t)`, whichever schedule runs it."""
     embedder: Literal["minilm", "hashing"] = "minilm"

@@ -1,10 +1,16 @@
 """MemAgent prompt templates and how they become token ids.
 
-The `memagent` preset reproduces the published MemAgent prompts byte for byte, so a model
-trained by MemAgent (or by memrl) sees exactly the text it was trained on. Templates are
-filled in one regex pass over the named placeholders (never `str.format`), so braces inside
-documents, questions or memories are kept as they are and a value that happens to contain
-`{memory}` is not substituted again.
+The presets reproduce the published MemAgent prompts byte for byte, so a model trained by
+MemAgent (or by memrl) sees exactly the text it was trained on. MemAgent's final prompt
+`TEMPLATE_FINAL_BOXED` is a `str.format` template asking for `\\boxed{{}}`. Its async agent
+(`recurrent/impls/async_memory.py`) and its boxed evaluation (`recurrent_boxed.py`) format
+it, so the model reads `\\boxed{}` (preset `memagent`); the sync training agent of the
+published 7B and 14B runs (`recurrent/impls/memory.py`) puts it into the chat template
+unformatted, so their training prompts read `\\boxed{{}}` (preset `memagent-published`).
+
+Templates are filled in one regex pass over the named placeholders (never `str.format`), so
+braces inside documents, questions or memories are kept as they are and a value that
+happens to contain `{memory}` is not substituted again.
 """
 
 from __future__ import annotations
@@ -31,7 +37,19 @@ MEMAGENT_FINAL_TEMPLATE = (
     "on the previous memory and put the answer in \\boxed{}.\n\n<problem> \n{prompt}\n"
     "</problem>\n\n<memory>\n{memory}\n</memory>\n\nYour answer:\n"
 )
-"""MemAgent's final-answer prompt (`TEMPLATE_FINAL_BOXED`, after its `{{}}` is formatted)."""
+"""MemAgent's final-answer prompt (`TEMPLATE_FINAL_BOXED`, after its `{{}}` is formatted, as
+MemAgent's async agent and evaluation send it): the answer goes in `\\boxed{}`."""
+
+MEMAGENT_FINAL_PUBLISHED_TEMPLATE = (
+    "You are presented with a problem and a previous memory. Please answer the problem based "
+    "on the previous memory and put the answer in \\boxed{{}}.\n\n<problem> \n{prompt}\n"
+    "</problem>\n\n<memory>\n{memory}\n</memory>\n\nYour answer:\n"
+)
+"""The final-answer prompt as the published 7B / 14B training runs sent it: MemAgent's sync
+agent (`recurrent/impls/memory.py`) puts `TEMPLATE_FINAL_BOXED` into the chat template with
+`chat_template.format(message=...)`, which leaves the message's own braces alone, so the
+model reads `\\boxed{{}}` (doubled braces). Byte for byte `MEMAGENT_FINAL_TEMPLATE` with
+`\\boxed{}` replaced by `\\boxed{{}}`."""
 
 MEMAGENT_FINAL_ANSWER_IS_TEMPLATE = (
     "You are presented with a problem and a previous memory. Please answer the problem based "
@@ -99,11 +117,14 @@ class MemAgentPrompts(BaseModel):
 
 PROMPT_PRESETS: dict[str, MemAgentPrompts] = {
     "memagent": MemAgentPrompts(),
+    "memagent-published": MemAgentPrompts(final_template=MEMAGENT_FINAL_PUBLISHED_TEMPLATE),
     "memagent-answer-is": MemAgentPrompts(final_template=MEMAGENT_FINAL_ANSWER_IS_TEMPLATE),
 }
-"""Named prompt formats: `memagent` is the published training format (boxed final answer),
-`memagent-answer-is` the published evaluation format (same update prompt, final answer as
-"Therefore, the answer is ...")."""
+"""Named prompt formats: `memagent` is MemAgent's training format as its template reads once
+formatted (final answer in `\\boxed{}`); `memagent-published` the same with the final prompt
+exactly as the published 7B / 14B training runs sent it (`\\boxed{{}}`, see the module
+docstring); `memagent-answer-is` the published evaluation format (same update prompt, final
+answer as "Therefore, the answer is ...")."""
 
 
 def resolve_prompts(prompts: str | MemAgentPrompts | dict[str, Any]) -> MemAgentPrompts:

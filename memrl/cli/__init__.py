@@ -34,8 +34,9 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo", "train",
-                 "export", "quickstart", "sft", "view"):
+    for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo",
+                 "evaluate_long_context", "train", "export", "quickstart", "sft", "view", "ask",
+                 "serve"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -43,19 +44,20 @@ def _register_commands() -> None:
                 raise
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories"})
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:
     """Rewrite `--opt a b c` as `--opt a --opt b --opt c`, the form typer/click accept.
 
-    Values end at the next token that starts with `-` (negative numbers are not values here).
+    Values end at the next token that starts with `-` (negative numbers are not values here),
+    except `-` alone (standard input, as in `--document a.txt -`).
     """
     out: list[str] = []
     current: str | None = None
     for token in argv:
-        if token.startswith("-"):
+        if token.startswith("-") and token != "-":
             current = token if token in MULTI_VALUE_OPTIONS else None
             if current is None:
                 out.append(token)
@@ -96,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     print the help on stdout first). Lines are scrubbed of secret environment values.
     An OSError of the machine's state (no permission, disk full, read-only file system) is
     one line naming the file, exit code 2. Ctrl-C is one line `interrupted (SIGINT) ...` and
-    exit code 130 (`memrl train` and `memrl eval` say more: where they stopped, how to go on;
-    SIGTERM there is 143). A failed rank of a Ray run is one line naming the rank, exit
-    code 1 (its traceback is in the rank's output, above). Anything else is a bug and keeps
-    its traceback. A failure of the machinery (InfrastructureError) is one line, exit code 1:
-    what failed and, for `memrl train` and `memrl eval`, what is kept and the command that
-    continues (docs/failures.md).
+    exit code 130 (`memrl train`, `memrl sft` and `memrl eval` say more: where they stopped,
+    how to go on; SIGTERM there is 143). A failed rank of a Ray run is one line naming the
+    rank, exit code 1 (its traceback is in the rank's output, above). A failure of the
+    machinery (InfrastructureError) is one line, exit code 1: what failed and, for `memrl
+    train` and `memrl eval`, what is kept and the command that continues (docs/failures.md).
+    Anything else is a bug and keeps its traceback.
     """
     args = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     _invocation[:] = args

@@ -58,6 +58,7 @@ def load_generator(
     seed: int | None,
     engine: str = "hf",
     base_urls: list[str] | None = None,
+    gpu_memory_utilization: float | None = None,
     request_timeout: float | None = None,
     health_check: float | None = None,
 ) -> Any:
@@ -97,9 +98,14 @@ def load_generator(
         from memrl.inference.config import VLLMConfig
         from memrl.inference.vllm import VLLMGenerator
 
+        share = {} if gpu_memory_utilization is None else {
+            "gpu_memory_utilization": gpu_memory_utilization}
         try:
-            config = VLLMConfig(dtype=dtype or "auto", seed=seed or 0)
-        except ValueError:
+            config = VLLMConfig(dtype=dtype or "auto", seed=seed or 0, **share)
+        except ValueError as exc:
+            if "gpu_memory_utilization" in str(exc):
+                raise MemrlInputError("must be in (0, 1]", location=(
+                    f"--gpu-memory-utilization {gpu_memory_utilization}")) from None
             raise MemrlInputError(
                 "vLLM takes auto, float32, bfloat16 or float16", location=f"--dtype {dtype}"
             ) from None
@@ -133,10 +139,15 @@ def _cli_type(annotation: Any) -> Any:
     return annotation
 
 
-def config_options(model: type[BaseModel], fields: list[str]) -> Any:
+def config_options(
+    model: type[BaseModel], fields: list[str], *, overrides: bool = False, name: str = "config"
+) -> Any:
     """Decorate a command: one `--field-name` option per config field, its default and help
     taken from the config model (defined once, there), and the validated config passed to
-    the command as `config`. A bad value is a one-line error naming its option."""
+    the command as `config` (or `name`). A bad value is a one-line error naming its option.
+
+    `overrides=True`: the options default to "not given" and the command gets, as `config`,
+    a dict of the options given (to apply over settings from elsewhere; it validates)."""
     import functools
     import inspect
     import typing
@@ -148,22 +159,27 @@ def config_options(model: type[BaseModel], fields: list[str]) -> Any:
         own = [
             p.replace(annotation=hints.get(p.name, p.annotation))
             for p in inspect.signature(command).parameters.values()
-            if p.name != "config"
+            if p.name != name
         ]
         added = []
-        for name in fields:
-            info = model.model_fields[name]
+        for field in fields:
+            info = model.model_fields[field]
             help_text = (info.description or "").split("\n\n")[0].replace("\n", " ")
-            option = typer.Option("--" + name.replace("_", "-"), help=help_text)
+            option = typer.Option("--" + field.replace("_", "-"), help=help_text)
+            kind = _cli_type(info.annotation)
             added.append(inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
-                annotation=typing.Annotated[_cli_type(info.annotation), option],
+                field, inspect.Parameter.KEYWORD_ONLY,
+                default=None if overrides else info.default,
+                annotation=typing.Annotated[kind | None if overrides else kind, option],
             ))
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
-            values = {name: kwargs.pop(name) for name in fields}
-            return command(**kwargs, config=config_from_options(model, **values))
+            values = {field: kwargs.pop(field) for field in fields}
+            if overrides:
+                given = {k: v for k, v in values.items() if v is not None}
+                return command(**kwargs, **{name: given})
+            return command(**kwargs, **{name: config_from_options(model, **values)})
 
         params = own + added
         run.__signature__ = inspect.Signature(params)
@@ -194,6 +210,15 @@ def eval_interruptible(out: Path) -> Iterator[None]:
                 f"{exc}; finished episodes are kept in {out}; continue with: "
                 f"{command_line('--resume')}"
             ) from exc
+
+
+def record_eval(out: Path, kind: str, *, engine: str, device: str | None, seed: int | None,
+                settings: dict[str, Any]) -> Any:
+    """The run record (`memrl.runrecord`) of an evaluation into `out`; `settings` (the
+    command's options and agent config) is what the config hash covers."""
+    from memrl.runrecord import recorded
+
+    return recorded(out, kind, config=settings, seed=seed, engine=engine, device=device)
 
 
 def print_warning(message: str) -> None:
@@ -230,4 +255,9 @@ HealthCheckOption = Annotated[
                  "rollout.openai.health_check_s)."),
 ]
 DeviceOption = Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")]
+GpuMemoryOption = Annotated[
+    float | None,
+    typer.Option(help="--engine vllm on a GPU: share of its memory the engine may take "
+                 "(verl rollout.gpu_memory_utilization; default 0.5)."),
+]
 DtypeOption = Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")]

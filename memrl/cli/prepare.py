@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from memrl.cli.app import prepare_app
+from memrl.data.biographies import DEFAULT_HARD_SHARE, WRITE_SPLITS, write_biographies
 from memrl.data.hotpotqa import FORMATS, load_hotpotqa, save_memagent_rows, save_records
 from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import (
@@ -251,3 +252,40 @@ def prepare_synthetic(
                                      seed=seed)
     path = save_records(records, out)
     console.print(f"[green]wrote[/green] {path}: {_describe(records)}")
+
+
+@prepare_app.command("biographies")
+def prepare_biographies(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the files.")],
+    split: Annotated[str, typer.Option("--split", help=(
+        "train: train.jsonl + val.jsonl; eval: eval_{N}.json for each --num-docs; all: both."
+    ))] = "all",
+    train_questions: Annotated[int, typer.Option("--train-questions")] = 10_000,
+    train_docs: Annotated[int, typer.Option(
+        "--train-docs", help="Biographies per training (and validation) question.")] = 16,
+    val_questions: Annotated[int, typer.Option(
+        "--val-questions", help="Held-out validation questions (0: no val.jsonl).")] = 64,
+    eval_questions: Annotated[int, typer.Option(
+        "--eval-questions", help="Held-out questions, the same at every N.")] = 128,
+    num_docs: Annotated[list[int] | None, typer.Option(
+        "--num-docs", help="Biographies per evaluation question, e.g. 16 32 64 ... 1024.")
+    ] = None,
+    hard_share: Annotated[float, typer.Option(
+        "--hard-share", help="Share of distractors sharing the asked person's first or last "
+        "name.")] = DEFAULT_HARD_SHARE,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Write the biographies task (natural sentences, namesake distractors, held-out people
+    and sentence forms): train.jsonl, val.jsonl and eval_{N}.json."""
+    _check_choice("--split", split, WRITE_SPLITS)
+    if num_docs and split == "train":
+        raise MemrlInputError("sets the evaluation files' N: not with --split train (use "
+                              "--train-docs)", location="--num-docs")
+    check_output_dir(out, location=f"--out {out}")
+    eval_docs = num_docs or [16, 32, 64, 128, 256, 512, 1024]
+    paths = write_biographies(out, split=split, seed=seed, train_questions=train_questions,
+                              train_docs=train_docs, val_questions=val_questions,
+                              eval_questions=eval_questions, eval_docs=eval_docs,
+                              hard_share=hard_share)
+    for path in paths:
+        console.print(f"[green]wrote[/green] {path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -24,10 +24,17 @@ def sft(
         "(data.min_score)."
     ),
 ) -> None:
-    """Supervised fine-tuning on oracle trajectories or a filtered trajectories file."""
+    """Supervised fine-tuning on oracle trajectories or a filtered trajectories file.
+
+    Ctrl-C or SIGTERM stops the run with one line and the command that continues it from
+    its last checkpoint; exit code 130 / 143.
+    """
     from rich.console import Console
 
+    from memrl.cli.train import record_training, resume_command
     from memrl.config import load_config
+    from memrl.fileio import check_output_dir
+    from memrl.interrupt import exit_on_signals
     from memrl.recipes import sft as recipe
     from memrl.recipes.sft_config import SFTConfig
 
@@ -40,14 +47,21 @@ def sft(
     console = Console()
     source = cfg.data.trajectories or f"the oracle on {cfg.data.train_file}"
     console.print(f"warm start from {source} → {cfg.trainer.out_dir}")
-    if cfg.trainer.launcher == "ray":
-        from memrl.ray_launcher import train_on_ray
+    out_dir = Path(cfg.trainer.out_dir)
+    check_output_dir(out_dir, location=f"trainer.out_dir {out_dir}")
+    given = [*(overrides or []), *([f"data.min_score={min_score}"] if min_score is not None
+                                   else [])]
+    how = "continue with: " + resume_command(config, given, "sft")
+    with record_training("sft", cfg, None), \
+            exit_on_signals(f"during the warm start in {out_dir}", how):
+        if cfg.trainer.launcher == "ray":
+            from memrl.ray_launcher import train_on_ray
 
-        state = train_on_ray(cfg, sft_rank)
-    else:
-        state = recipe.train(cfg, console=console)
+            state = train_on_ray(cfg, sft_rank)
+        else:
+            state = recipe.train(cfg, console=console)
     console.print(
-        f"done: {state.step} steps; metrics {Path(cfg.trainer.out_dir) / 'metrics.jsonl'}"
+        f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}"
     )
 
 

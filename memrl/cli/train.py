@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +39,14 @@ def train(
     """
     from rich.console import Console
 
+    from memrl import heartbeat
     from memrl.config import load_config
+    from memrl.distributed import destroy_process_group, launched, relaunch
     from memrl.errors import InfrastructureError
     from memrl.fileio import check_output_dir
     from memrl.interrupt import exit_on_signals
     from memrl.recipes import grpo
     from memrl.recipes.config import TrainConfig
-
-    from memrl.distributed import destroy_process_group, launched, relaunch
 
     extra = list(overrides or [])
     if resume:
@@ -67,8 +68,10 @@ def train(
         console.print(f"training → {out_dir}{ranks}")
     progress = TrainProgress(out_dir, on_ray=on_ray)
     how = "continue with: " + resume_command(config, list(overrides or []))
+    heartbeat.set_epilogue(lambda: f"{progress.saved()}; {how}")
     try:
-        with exit_on_signals(progress.describe, how):
+        with record_training("train", cfg, cfg.rollout.engine), \
+                exit_on_signals(progress.describe, how, on_signal=rank_on_signal):
             if on_ray:
                 from memrl.ray_launcher import train_on_ray
 
@@ -79,13 +82,31 @@ def train(
                 except InfrastructureError as exc:
                     raise InfrastructureError(f"{exc}; stopped {progress.describe()}; {how}") \
                         from exc
+                except Exception as exc:
+                    end_if_a_rank_is_lost(exc, cfg.trainer.dist_timeout_s)
+                    raise
     finally:
         destroy_process_group()
+        heartbeat.set_epilogue(None)
     if not main_rank:
         return
     console.print(
         f"done: {state.step} steps; metrics {out_dir / 'metrics.jsonl'}, "
         f"plot {out_dir / 'training.png'}"
+    )
+
+
+def record_training(kind: str, cfg: Any, engine: str | None) -> Any:
+    """The run record (`memrl.runrecord`) of a training run in `trainer.out_dir`: world size
+    and launcher (Ray's ranks, or torchrun's), strategy, engine, seed, config hash."""
+    from memrl.runrecord import recorded
+
+    on_ray = cfg.trainer.launcher == "ray"
+    return recorded(
+        cfg.trainer.out_dir, kind, config=cfg, seed=cfg.seed,
+        world_size=cfg.trainer.ray.num_workers if on_ray else None,
+        launcher=cfg.trainer.launcher, strategy=cfg.model.strategy, engine=engine,
+        device=cfg.model.device,
     )
 
 
@@ -113,10 +134,72 @@ def check_launcher(on_ray: bool, nproc_per_node: int) -> None:
             "trainer.launcher=local under torchrun", location="trainer.launcher")
 
 
-def resume_command(config: Path, overrides: list[str]) -> str:
-    """The command line that continues this run: `memrl train CONFIG [OVERRIDES] --resume`."""
-    args = ["memrl", "train", str(config), *overrides, "--resume"]
-    return " ".join(shlex.quote(a) for a in args)
+def resume_command(config: Path, overrides: list[str], command: str = "train",
+                   env: Mapping[str, str] | None = None) -> str:
+    """The command line that continues this run on the same launcher and number of ranks:
+    `memrl train CONFIG [OVERRIDES] --resume` (`command` sft: `memrl sft ...`), with
+    `--nproc-per-node N` when memrl started torchrun, or torchrun's own command when torchrun
+    started memrl (`env`: os.environ)."""
+    from memrl.distributed import NPROC_ENV
+
+    env = os.environ if env is None else env
+    args = [command, str(config), *overrides]
+    world = int(env.get("WORLD_SIZE") or 1)
+    nodes = int(env.get("GROUP_WORLD_SIZE") or 1)
+    if env.get(NPROC_ENV):
+        cmd = ["memrl", *args, "--nproc-per-node", env[NPROC_ENV], "--resume"]
+    elif world > 1:
+        per_node = env.get("LOCAL_WORLD_SIZE") or str(world // nodes)
+        launcher = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}"]
+        cmd = ["torchrun", *launcher, f"--nproc-per-node={per_node}", "-m", "memrl", *args,
+               "--resume"]
+    else:
+        cmd = ["memrl", *args, "--resume"]
+    text = " ".join(shlex.quote(a) for a in cmd)
+    if world > 1 and nodes > 1 and not env.get(NPROC_ENV):
+        text += " (on every node, with this run's rendezvous options)"
+    return text
+
+
+def rank_on_signal(signum: int) -> int | None:
+    """SIGINT / SIGTERM on one rank of several: a lost peer is reported instead (torchrun
+    sends SIGTERM to the survivors once a rank died: no interruption), and otherwise only
+    the main rank says `interrupted` (the exit code of the others is the same)."""
+    from memrl import heartbeat
+    from memrl.interrupt import exit_code_for
+
+    beat = heartbeat.current()
+    if beat is not None:
+        verdict = beat.verdict()
+        if verdict is not None:
+            beat.report(verdict)
+            return heartbeat.EXIT_PEER_LOST
+        beat.set_state("interrupted")
+    if os.environ.get("RANK", "0") != "0":
+        return exit_code_for(signum)
+    return None
+
+
+def end_if_a_rank_is_lost(exc: BaseException, dist_timeout_s: float) -> None:
+    """A rank of several raised `exc`: if a peer is lost (a collective failed for it; waiting
+    up to the heartbeat's bound for a peer on another machine to go stale) or every rank is
+    alive but a collective failed (one is stuck), one line and exit 1 (typer.Exit); else mark
+    this rank failed, for its peers to report, and return (the caller re-raises)."""
+    from memrl import heartbeat
+    from memrl.distributed import collective_failed
+
+    beat = heartbeat.current()
+    if beat is None:
+        return
+    collective = collective_failed(exc)
+    verdict = beat.verdict(wait_s=beat.bound_s if collective else 0.0)
+    if verdict is None and collective:
+        verdict = beat.stuck(exc, dist_timeout_s)
+    if verdict is not None:
+        beat.report(verdict)
+        raise typer.Exit(heartbeat.EXIT_PEER_LOST) from None
+    lines = str(exc).strip().splitlines()
+    beat.set_state(f"failed: {type(exc).__name__}" + (f": {lines[0]}" if lines else ""))
 
 
 class TrainProgress:
@@ -130,12 +213,17 @@ class TrainProgress:
     def started(self, run: Any) -> None:
         self.run = run
 
-    def describe(self) -> str:
-        from memrl.recipes.grpo import total_steps
+    def saved(self) -> str:
+        """`last complete checkpoint: DIR`, or that there is none yet."""
         from memrl.rl.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.out_dir / "checkpoints")
-        saved = f"last complete checkpoint: {latest}" if latest else "no checkpoint saved yet"
+        return f"last complete checkpoint: {latest}" if latest else "no checkpoint saved yet"
+
+    def describe(self) -> str:
+        from memrl.recipes.grpo import total_steps
+
+        saved = self.saved()
         if self.on_ray:  # the run lives in the Ray workers: say what is on disk
             return f"during the training run on Ray in {self.out_dir}; {saved}"
         if self.run is None:

@@ -1,5 +1,6 @@
 """Read every supported file format into validated records."""
 
+from memrl.data.biographies import make_biography_records, write_biographies
 from memrl.data.hotpotqa import (
     load_hotpotqa,
     load_memagent_parquet,
@@ -25,6 +26,7 @@ __all__ = [
     "load_memagent_parquet",
     "load_ruler_hqa",
     "load_ruler_hqa_dir",
+    "make_biography_records",
     "make_synthetic_records",
     "render_documents",
     "ruler_hqa_path",
@@ -33,5 +35,6 @@ __all__ = [
     "save_records_jsonl",
     "supporting_facts",
     "synthetic_corpus",
+    "write_biographies",
     "write_ruler_hqa",
 ]

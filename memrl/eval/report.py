@@ -212,7 +212,12 @@ def write_report(
     out: Path, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], console: Any,
     note: str = "",
 ) -> None:
-    """results.md (the table as Markdown, plus a note) and the same table on the console."""
-    text = f"# {title}\n\n" + markdown_table(columns, rows) + note
+    """results.md (the table as Markdown, plus a note) and the same table on the console.
+    When `out` holds a run record (`memrl.runrecord`), its key facts head the table."""
+    from memrl.runrecord import read_record, summary_line
+
+    record = read_record(out)
+    run = f"Run: {summary_line(record, with_status=False)}\n\n" if record else ""
+    text = f"# {title}\n\n" + run + markdown_table(columns, rows) + note
     write_atomic(out / "results.md", encode_text(text))
     console.print(rich_table(title, columns, rows))

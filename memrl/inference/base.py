@@ -41,6 +41,8 @@ T = TypeVar("T")
 
 SEED_BITS = 63
 """Derived seeds lie in [0, 2**63): valid for torch, numpy (via SeedSequence) and vLLM."""
+SEED_MAX = 2**SEED_BITS - 1
+"""The largest seed a config accepts (torch's generators take 64-bit signed integers)."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,14 @@ class VLLMConfig(StrictModel):
     Above 1 the engine runs under torchrun with vLLM's external launcher (untested here)."""
     max_num_batched_tokens: int | None = Field(None, ge=1)
     """Tokens one engine step may process (verl rollout.max_num_batched_tokens); None:
-    vLLM's default."""
+    vLLM's default (on CPU, where prefills are not chunked, at least max_model_len)."""
+    enable_chunked_prefill: bool | None = None
+    """Split a prompt's prefill over several engine steps when the step's token budget
+    (max_num_batched_tokens) runs out (verl rollout.enable_chunked_prefill). None: vLLM's
+    default on GPU (on), off on CPU. Must be off on CPU: vLLM rewinds the random generator
+    of a seeded request after a partial prefill, and its CPU build's generators cannot be
+    rewound ("CPU Generator does not use offset"); off, every prompt is prefilled in one
+    step, which needs max_num_batched_tokens >= max_model_len (vLLM's default then)."""
     max_num_seqs: int | None = Field(None, ge=1)
     """Requests decoded together (verl rollout.max_num_seqs); None: vLLM's default."""
     enforce_eager: bool = False

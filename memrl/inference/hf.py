@@ -160,6 +160,8 @@ class HFGenerator:
             use_cache=True,
             logits_to_keep=1,
         )
+        cache = kv_cache(out)  # grows in place with every step below
+        cache_argument = kv_cache_argument(self.model)
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish: list[str | None] = [None] * batch
@@ -190,8 +192,8 @@ class HFGenerator:
                 input_ids=feed,
                 attention_mask=mask,
                 position_ids=next_position,
-                past_key_values=out.past_key_values,
                 use_cache=True,
+                **{cache_argument: cache},
             )
             next_position = next_position + 1
 
@@ -208,6 +210,21 @@ class HFGenerator:
         """Whether the newest token completed a stop string (only the tail is decoded)."""
         tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def kv_cache(output: Any) -> Any:
+    """The KV cache a forward pass with `use_cache=True` returned: its `cache` field
+    (transformers >= 5.24), `past_key_values` before (reading the old name warns since)."""
+    return output["cache"] if "cache" in output else output["past_key_values"]
+
+
+def kv_cache_argument(model: Any) -> str:
+    """The name under which `model`'s forward takes a KV cache: `cache` (transformers >=
+    5.24; the old name warns that it goes in 5.40), else `past_key_values`."""
+    import inspect
+
+    forward = _unwrap(model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def _unwrap(model: Any) -> Any:

@@ -14,15 +14,29 @@ from memrl.errors import MemrlInputError
 
 
 def resolve_device(device: Any = None) -> Any:
-    """A torch.device: the given one (checked), else CUDA when available, else CPU."""
+    """A torch.device: the given one (checked: a known kind, and a CUDA or MPS device this
+    machine has), else CUDA when available, else CPU."""
     import torch
 
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise MemrlInputError(f"unknown device {device!r}: {exc}", location="device") from None
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise MemrlInputError(f"device {str(device)!r} asked for, but this machine has no "
+                                  "CUDA GPU (use cpu)", location="device")
+        if resolved.index is not None and resolved.index >= count:
+            raise MemrlInputError(f"device {str(device)!r} asked for, but this machine has "
+                                  f"{count} CUDA GPU(s): cuda:0 to cuda:{count - 1}",
+                                  location="device")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise MemrlInputError(f"device {str(device)!r} asked for, but MPS is not available "
+                              "here (use cpu)", location="device")
+    return resolved
 
 
 def resolve_dtype(dtype: Any, device: Any) -> Any:

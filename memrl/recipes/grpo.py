@@ -29,10 +29,12 @@ from memrl.config import config_to_yaml
 from memrl.dist import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
+from memrl.heartbeat import note
 from memrl.inference.base import derive_seed
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
 from memrl.recipes import models
 from memrl.recipes.config import TrainConfig
+from memrl.recipes.trajectory_log import TrajectoryLog, remove_steps_after
 from memrl.rl.actor import Actor, Reference
 from memrl.rl.advantages import compute_advantages
 from memrl.rl.batch import RolloutBatch
@@ -57,6 +59,8 @@ class Run:
     val_records: list[Any] = field(default_factory=list)
     dist: Dist = Dist()
     console: Any = None
+    trajectory_log: TrajectoryLog | None = None
+    """Per-trajectory records of each step (`trainer.log_trajectories`); None: off."""
 
     @property
     def out_dir(self) -> Path:
@@ -79,11 +83,13 @@ def train(
 
     `on_start(run)` is called once the run is set up (the CLI keeps it to say at which step
     an interrupted run stopped)."""
+    note("setup")
     if dist is None:
         from memrl.distributed import init_process_group
 
         dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device,
-                                  always=config.model.strategy == "fsdp")
+                                  always=config.model.strategy == "fsdp",
+                                  heartbeat_s=config.trainer.heartbeat_timeout_s)
     run = setup(config, task=task, dist=dist, console=console)
     if on_start is not None:
         on_start(run)
@@ -98,6 +104,7 @@ def train(
         wandb_project=tcfg.wandb_project,
     ) as logger:
         if run.state.step == 0 and tcfg.val_before_train and run.val_records:
+            note("validation")
             logger.log(0, validate(run))
         while run.state.step < total:
             metrics = train_step(run)
@@ -105,9 +112,11 @@ def train(
             step = run.state.step
             if run.val_records and ((tcfg.test_freq and step % tcfg.test_freq == 0)
                                     or step == total):
+                note("validation", step)
                 metrics.update(validate(run))
             logger.log(step, metrics)
             if (tcfg.save_freq and step % tcfg.save_freq == 0) or step == total:
+                note("checkpoint", step)
                 save(run)
     if run.dist.is_main:
         plot_training_curves(run.out_dir / "metrics.jsonl", run.out_dir / "training.png")
@@ -169,13 +178,16 @@ def train_step(run: Run) -> dict[str, float]:
     """One step of the algorithm; returns its metrics."""
     cfg, rl = run.config, run.config.rl
     t0 = time.perf_counter()
+    step = run.state.step + 1  # what the heartbeat says this rank is doing (`note`)
 
     # 1. The engine samples from the current weights.
+    note("weight sync", step)
     run.engine.wake()
     run.engine.sync_weights(run.actor.model, run.state.step)
     t_sync = time.perf_counter() - t0
 
     # 2. Rollout groups (+ DAPO dynamic sampling with refill from the next questions).
+    note("rollout", step)
     groups = collect_groups(
         lambda records, seed: run.task.rollout(
             run.engine, records, num_samples=rl.rollout_n, seed=seed, mode=cfg.rollout.mode
@@ -199,13 +211,15 @@ def train_step(run: Run) -> dict[str, float]:
     # 4. Old and reference log-probs (no grad); the old ones recomputed by the trainer, or
     #    taken from the engine (rl.use_rollout_logprobs). Mismatch: |engine − trainer|.
     t1 = time.perf_counter()
+    note("log-probs", step)
     ref = run.reference.logprobs(batch) if run.reference is not None else None
     engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
-    mismatch = {}
+    mismatch, entropy = {}, None
     if rl.use_rollout_logprobs:
         batch = batch.with_logprobs(engine_lp, ref)
     else:
-        batch = batch.with_logprobs(run.actor.logprobs(batch), ref)
+        old, entropy = run.actor.logprobs_and_entropy(batch)
+        batch = batch.with_logprobs(old, ref)
         diff = logprob_mismatch(engine_lp, batch.old_logprobs)
         worst = max(run.dist.all_gather(diff["max"]))  # every rank stops, or none
         check_logprob_mismatch(worst, cfg.rollout.max_logprob_diff, engine=cfg.rollout.engine,
@@ -232,10 +246,12 @@ def train_step(run: Run) -> dict[str, float]:
     # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights.
     lr = run.actor.lr
     t2 = time.perf_counter()
+    note("update", step)
     update = run.actor.update(batch, run.dist)
     t_update = time.perf_counter() - t2
 
     # 7. Metrics (over every rank's share of the step).
+    note("metrics", step)
     view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
         run.dist, groups.group_order
     )
@@ -243,6 +259,9 @@ def train_step(run: Run) -> dict[str, float]:
     lengths: dict[str, list[int]] = {}
     for kind, n in view.sample_lengths:
         lengths.setdefault(kind, []).append(n)
+    if run.trajectory_log is not None:  # one row per trajectory, gathered on the main rank
+        run.trajectory_log.write(run.state.step + 1, groups.trajectories, batch, task_rewards,
+                                 groups.group_order, entropy)
     return {
         "train/reward_mean": float(view.task_rewards.mean()),
         "train/reward_std": float(view.task_rewards.std(unbiased=False)),
@@ -357,8 +376,12 @@ def setup(
                             optimizer=actor.optimizer, scheduler=actor.scheduler, dist=dist,
                             console=console)
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
+    log = TrajectoryLog.from_config(
+        config.trainer.log_trajectories, out_dir, records=train_records, dist=dist,
+        rows_per_step=config.data.train_batch_size * config.rl.rollout_n,
+        warn=warn_on_stderr(dist))
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
-               val_records, dist, console)
+               val_records, dist, console, log)
 
 
 def warn_on_stderr(dist: Dist) -> Callable[[str], None]:
@@ -393,6 +416,7 @@ def resume_or_start(
                                 dist=dist)
         if dist.is_main:
             truncate_metrics(out_dir / "metrics.jsonl", saved["step"])
+            remove_steps_after(out_dir, saved["step"])
             if console is not None:
                 console.print(f"resumed from {latest} at step {saved['step']}")
         return TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
@@ -402,6 +426,8 @@ def resume_or_start(
             "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
             location="trainer.out_dir",
         )
-    if (out_dir / "metrics.jsonl").exists() and dist.is_main:
-        truncate_metrics(out_dir / "metrics.jsonl", -1)  # a fresh run in a used directory
+    if dist.is_main:  # a fresh run in a used directory
+        if (out_dir / "metrics.jsonl").exists():
+            truncate_metrics(out_dir / "metrics.jsonl", -1)
+        remove_steps_after(out_dir, -1)
     return TrainState()

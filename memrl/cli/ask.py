@@ -1,0 +1,157 @@
+"""`memrl ask --model DIR --document FILE [FILE ...] --question "..."`: read, remember, answer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memrl.agents.memagent import MemAgentConfig
+from memrl.cli.app import app
+from memrl.cli.common import (
+    BaseUrlOption,
+    BatchSizeOption,
+    DeviceOption,
+    DtypeOption,
+    EngineOption,
+    check_model_dir,
+    config_options,
+    load_generator,
+    print_warning,
+)
+
+AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens",
+                 "temperature", "top_p", "seed", "prompts"]
+"""The agent settings `ask` and `serve` take as options (over those stored with the model)."""
+
+
+@app.command("ask")
+@config_options(MemAgentConfig, AGENT_OPTIONS, overrides=True)
+def ask(
+    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
+    document: Annotated[
+        list[str],
+        typer.Option("--document", help="Documents to read, in order: text, Markdown, HTML "
+                     "or PDF files of any length; - reads standard input."),
+    ],
+    question: Annotated[str, typer.Option("--question", help="What to ask about them.")],
+    config: dict[str, Any],
+    show_memory: Annotated[
+        bool, typer.Option("--show-memory", help="Print the memory after each chunk.")
+    ] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Write the episode to this JSONL file (open it with "
+                     "`memrl view FILE`)."),
+    ] = None,
+    batch_size: BatchSizeOption = 32,
+    engine: EngineOption = "hf",
+    base_url: BaseUrlOption = None,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bar and no summary.")] = False,
+) -> None:
+    """Read the documents chunk by chunk into a fixed-size memory and answer the question.
+
+    Agent settings (chunk size, memory and answer lengths, prompts) are those stored with
+    a model memrl trained, unless given here. The answer goes to standard output; the
+    progress bar and a summary to standard error."""
+    from memrl.ask.api import check_question, document_chunks, open_documents
+    from memrl.ask.documents import STDIN, spool_stdin
+    from memrl.errors import MemrlInputError
+    from memrl.inference.loader import load_tokenizer
+
+    check_model_dir(model)
+    try:
+        question = check_question(question)
+    except MemrlInputError:
+        raise MemrlInputError("empty question", location="--question") from None
+    if document.count(STDIN) > 1:
+        raise MemrlInputError("standard input can be read once", location="--document -")
+    sources = [spool_stdin() if d == STDIN else Path(d) for d in document]
+    docs = open_documents(sources)
+    if trace is not None:
+        from memrl.fileio import check_output_file
+
+        check_output_file(trace, location=f"--trace {trace}")
+    cfg = model_agent_config(model, config, "ask")
+    chunks = document_chunks(load_tokenizer(model), docs, cfg)
+    generator = load_generator(
+        model, device=device, dtype=dtype, batch_size=batch_size, seed=cfg.seed,
+        engine=engine, base_urls=base_url,
+    )
+    result = run_with_progress(generator, chunks, question, cfg, show_memory=show_memory,
+                               quiet=quiet)
+    if trace is not None:
+        import json
+
+        from memrl.fileio import write_text_atomic
+
+        write_text_atomic(trace, json.dumps(result.trace_row(), ensure_ascii=False) + "\n")
+    typer.echo(result.text)
+    if not quiet:
+        tokens = result.context_tokens
+        rate = tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0
+        longest = max((t.meta["response_tokens"] for t in result.trajectory.turns[:-1]),
+                      default=0)
+        print(f"read {tokens:,} tokens of {len(result.documents)} document(s) in "
+              f"{result.num_chunks:,} chunks in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s); "
+              f"memory at most {longest:,} tokens; {result.usage.total_tokens:,} tokens "
+              "processed" + (f"; trace in {trace}" if trace is not None else ""),
+              file=sys.stderr)
+
+
+def model_agent_config(model: Path, overrides: dict[str, Any], command: str
+                       ) -> MemAgentConfig:
+    """The agent settings stored with `model` (memrl.ask.settings) under the options given;
+    a warning when the model was trained as another agent."""
+    from memrl.ask.settings import agent_config, stored_settings
+
+    stored = stored_settings(model)
+    if stored.agent not in (None, "memagent"):
+        print_warning(f"{model} was trained as a {stored.agent} agent; {command} reads with "
+                      "MemAgent and its default settings")
+    return agent_config(stored, overrides)
+
+
+def run_with_progress(generator: Any, chunks: Any, question: str, config: MemAgentConfig, *,
+                      show_memory: bool, quiet: bool) -> Any:
+    """`memrl.ask.api.read` under a progress bar on stderr (chunks read of all, document
+    tokens/s, the memory's size), printing each memory on stdout when asked."""
+    import asyncio
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.progress import TimeElapsedColumn, TimeRemainingColumn
+
+    from memrl.ask.api import AskProgress, read
+    from memrl.interrupt import exit_on_signals
+
+    progress = Progress(
+        TextColumn("chunks"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>8,.0f} tokens/s"),
+        TextColumn("memory {task.fields[memory]:>5,} tokens"),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True), disable=quiet, redirect_stdout=False,
+        redirect_stderr=False,
+    )
+    task = progress.add_task("read", total=chunks.num_chunks, rate=0.0, memory=0)
+    on_terminal = sys.stdout.isatty() and not quiet
+
+    def on_progress(event: AskProgress) -> None:
+        rate = event.document_tokens_read / event.elapsed_s if event.elapsed_s > 0 else 0.0
+        progress.update(task, completed=event.chunks_read, rate=rate,
+                        memory=event.memory_tokens)
+        if show_memory and not event.done:
+            text = (f"--- memory after chunk {event.chunks_read}/{event.num_chunks} "
+                    f"({event.memory_tokens} tokens) ---\n{event.memory}")
+            if on_terminal:
+                progress.console.print(text, markup=False, highlight=False)
+            else:
+                print(text, flush=True)
+
+    with exit_on_signals("while reading the documents", "nothing was saved; run it again"):
+        with progress:
+            return asyncio.run(read(generator, chunks, question, config, progress=on_progress))

@@ -1,0 +1,645 @@
+"""Natural-language biographies: a RULER-style one-fact task that can only be solved by reading.
+
+Every paragraph is a short biography (2-4 sentences, titled with the person's full name) of
+one invented person ("Dajal Brouwick"); each sentence states one attribute of six kinds
+(`KINDS`: town of birth, town of residence, occupation, employer, year of birth, instrument)
+in one of ten sentence forms per kind (`FORMS`). A question asks one attribute of one person
+in one of six paraphrases per kind (`QUESTIONS`); its answer is the attribute's value.
+
+What makes it a reading task, not a template to match:
+  - Values are open: invented towns and companies (hundreds), 40 jobs, 38 instruments,
+    105 years; the town of birth and the town of residence come from the same pool, and
+    "was born in" is followed by a town in one form and a year in another.
+  - The distractors are other people's biographies with facts of the same kinds, and a share
+    (`hard_share`) of them are namesakes: people sharing the asked person's first name or
+    last name, whose biography states the asked kind with a different value. Only the full
+    name tells the gold paragraph apart.
+  - Held-out splits: `split="train"` and `split="eval"` use disjoint halves of the first
+    names and of the last names (`memrl.data.synthetic.entity_split`), so an evaluation
+    person shares no name part with any training person, AND disjoint halves of the
+    sentence forms (five per kind each) and of the question paraphrases (three per kind
+    each): evaluation text is written in forms never seen in training. Values are shared.
+
+The gold fact (`QARecord.facts`, the sentence the oracle copies into memory) always holds the
+person's full name and the answer. Other sentences of a biography may use "He"/"She"/"His"/
+"Her" (only forms that start with the name do), but such a sentence never states the asked
+attribute.
+
+Determinism: question i of (seed, split) depends only on (seed, split, i) and on the people
+asked before it; its distractors are a prefix of one fixed stream, so the distractors at N
+documents are a subset of those at any larger N, and namesakes make up the same share at
+every N (exactly floor((N - 1) * hard_share) of the N - 1 distractors). The gold paragraph
+lies at a random position, drawn anew for each N.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from memrl.data.hotpotqa import save_records_jsonl
+from memrl.data.io import write_json_atomic
+from memrl.data.records import Document, QARecord, render_documents
+from memrl.data.ruler_hqa import ruler_hqa_path
+from memrl.data.synthetic import entity_split
+from memrl.errors import MemrlInputError
+
+KINDS = ("birthplace", "residence", "occupation", "employer", "birth_year", "instrument")
+"""The attributes a biography states (each at most once) and a question asks."""
+
+SPLITS = ("train", "eval")
+"""`train`: training people, forms and paraphrases; `eval`: the disjoint held-out halves."""
+
+JOBS = (
+    "accountant", "architect", "astronomer", "baker", "beekeeper", "blacksmith",
+    "bookbinder", "butcher", "carpenter", "cartographer", "chemist", "cooper", "dentist",
+    "electrician", "engraver", "florist", "gardener", "geologist", "glassblower", "jeweller",
+    "librarian", "locksmith", "mechanic", "midwife", "nurse", "optician", "painter",
+    "pharmacist", "plumber", "potter", "sculptor", "shoemaker", "stonemason", "surveyor",
+    "tailor", "translator", "upholsterer", "veterinarian", "watchmaker", "welder",
+)
+INSTRUMENTS = (
+    "accordion", "bagpipe", "balalaika", "banjo", "bassoon", "bouzouki", "cello",
+    "clarinet", "concertina", "cornet", "didgeridoo", "double bass", "dulcimer", "euphonium",
+    "flute", "glockenspiel", "guitar", "harmonica", "harmonium", "harp", "mandolin",
+    "marimba", "oboe", "organ", "piano", "piccolo", "recorder", "saxophone", "sitar",
+    "tambourine", "trombone", "trumpet", "tuba", "ukulele", "viola", "violin", "xylophone",
+    "zither",
+)
+YEARS = tuple(str(y) for y in range(1901, 2006))
+COMPANY_KINDS = (
+    "Brewery", "Canning", "Dairies", "Foundry", "Glassworks", "Ironworks", "Mills",
+    "Potteries", "Press", "Printers", "Ropeworks", "Shipping", "Tanneries", "Textiles",
+    "Timber", "Traders",
+)
+
+# Sentence forms. Slots: {n} the full name, {p} its possessive ("Dajal Brouwick's"), {v} the
+# value, {a} the value with its article ("an architect"). A form that starts with {n} or {p}
+# may be written with a pronoun instead ("She lives in ...", "Her employer is ..."), but only
+# in a sentence that does not state the asked attribute.
+FORMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "birthplace": {
+        "train": (
+            "{n} was born in {v}.",
+            "{v} is the town where {n} was born.",
+            "{n}, who was born in {v}, still speaks of the place with pride.",
+            "{p} birthplace is {v}.",
+            "{n} is a native of {v}.",
+        ),
+        "eval": (
+            "It was in {v} that {n} was born.",
+            "{n} came into the world in {v}.",
+            "{n} first saw the light of day in {v}.",
+            "Born in {v}, {n} remembers the place fondly.",
+            "{p} place of birth is {v}.",
+        ),
+    },
+    "residence": {
+        "train": (
+            "{n} lives in {v}.",
+            "These days {n} lives in {v}.",
+            "{v} is where {n} lives now.",
+            "{p} home is in {v}.",
+            "{n}, who lives in {v}, walks to the market every morning.",
+        ),
+        "eval": (
+            "{n} has made a home in {v}.",
+            "{n} resides in the town of {v}.",
+            "{v} is now home to {n}.",
+            "Now living in {v}, {n} rarely travels far.",
+            "{n} settled in {v} for good.",
+        ),
+    },
+    "occupation": {
+        "train": (
+            "{n} works as {a}.",
+            "By profession, {n} is {a}.",
+            "{n} has worked as {a} for many years.",
+            "{n}, {a} by profession, rarely takes a holiday.",
+            "{p} trade is that of {a}.",
+        ),
+        "eval": (
+            "{n} is {a} by trade.",
+            "{n} earns a living as {a}.",
+            "As {a}, {n} keeps long hours.",
+            "The {v} {n} is well known in the neighbourhood.",
+            "{n} trained as {a} and still practises the trade.",
+        ),
+    },
+    "employer": {
+        "train": (
+            "{n} works for {v}.",
+            "{v} has employed {n} for years.",
+            "{p} employer is {v}.",
+            "At {v}, {n} is a valued member of staff.",
+            "{n} joined {v} and has worked there ever since.",
+        ),
+        "eval": (
+            "{n} is employed by {v}.",
+            "{n} has a job at {v}.",
+            "{v} is the company where {n} works.",
+            "{n}, an employee of {v}, rarely misses a day.",
+            "{n} draws a salary from {v}.",
+        ),
+    },
+    "birth_year": {
+        "train": (
+            "{n} was born in {v}.",
+            "{p} year of birth is {v}.",
+            "{n} was born in the year {v}.",
+            "Born in {v}, {n} is the eldest of three children.",
+            "The year {v} saw the birth of {n}.",
+        ),
+        "eval": (
+            "It was in {v} that {n} was born.",
+            "{n} came into the world in {v}.",
+            "{n}, born in {v}, grew up in a large family.",
+            "The records give {v} as the year of {p} birth.",
+            "{p} birth year is {v}.",
+        ),
+    },
+    "instrument": {
+        "train": (
+            "{n} plays the {v}.",
+            "The {v} is {p} favourite instrument.",
+            "In the evenings, {n} plays the {v}.",
+            "{n}, who plays the {v}, performs at local weddings.",
+            "{n} learned to play the {v} as a child.",
+        ),
+        "eval": (
+            "{p} instrument of choice is the {v}.",
+            "Of all instruments, {n} loves the {v} most.",
+            "A skilled player of the {v}, {n} performs often.",
+            "The instrument {n} plays is the {v}.",
+            "{n} is a keen player of the {v}.",
+        ),
+    },
+}
+"""Ten sentence forms per kind: five for training, five held out for evaluation."""
+
+QUESTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "birthplace": {
+        "train": ("In which town was {n} born?", "Where was {n} born?",
+                  "What is {n}'s place of birth?"),
+        "eval": ("What is the birthplace of {n}?", "Which town does {n} come from originally?",
+                 "In what town did {n} come into the world?"),
+    },
+    "residence": {
+        "train": ("Where does {n} live?", "In which town does {n} live now?",
+                  "Which town is {n}'s home?"),
+        "eval": ("Where does {n} currently reside?", "In what town does {n} have a home these "
+                 "days?", "What is the town of residence of {n}?"),
+    },
+    "occupation": {
+        "train": ("What does {n} do for a living?", "What is {n}'s occupation?",
+                  "What is {n}'s job?"),
+        "eval": ("What is the profession of {n}?", "What kind of work does {n} do?",
+                 "What trade does {n} practise?"),
+    },
+    "employer": {
+        "train": ("Which company does {n} work for?", "Who employs {n}?",
+                  "What is the name of {n}'s employer?"),
+        "eval": ("Which company employs {n}?", "By which firm is {n} employed?",
+                 "At which company does {n} have a job?"),
+    },
+    "birth_year": {
+        "train": ("In which year was {n} born?", "What is {n}'s year of birth?",
+                  "When was {n} born?"),
+        "eval": ("What year was {n} born in?", "In what year did {n} come into the world?",
+                 "What is the birth year of {n}?"),
+    },
+    "instrument": {
+        "train": ("Which instrument does {n} play?", "What is {n}'s favourite instrument?",
+                  "What musical instrument does {n} play?"),
+        "eval": ("On which instrument does {n} perform?", "What instrument is {n} known to play?",
+                 "Which instrument does {n} love most?"),
+    },
+}
+"""Six question paraphrases per kind: three for training, three held out for evaluation."""
+
+DEFAULT_HARD_SHARE = 0.25
+"""Share of a question's distractors that are namesakes of the asked person."""
+
+VALIDATION_START = 100_000
+"""Validation questions are questions VALIDATION_START, ... of the evaluation stream, so they
+never repeat an evaluation question (of which there may be at most this many)."""
+
+_PRONOUNS = {"he": ("He", "His"), "she": ("She", "Her")}
+
+# Syllables of the invented words (names, towns, company names).
+_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r",
+           "s", "st", "t", "tr", "v", "z", "th", "sh", "j", "c", "w")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ea", "io", "ei")
+_CODAS = ("", "", "", "n", "r", "l", "s", "m", "nd", "rt", "lk")
+_NAME_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ia", "ei")
+_FIRST_ENDINGS = ("", "", "", "n", "l", "r", "s", "th", "na", "ra", "la", "ssa")
+_LAST_SUFFIXES = ("son", "ley", "wick", "ton", "man", "berg", "ard", "ell", "er", "ing",
+                  "ett", "ov", "ski", "ez", "ano", "quist", "ridge", "by", "well", "hart")
+_TOWN_SUFFIXES = ("mouth", "haven", "stead", "bury", "dale", "port", "moor", "holm", "gate",
+                  "field", "cliff", "brook", "wold", "minster", "ness", "thorpe")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The invented words, the same for every seed: name parts by split, towns, companies."""
+
+    first_names: dict[str, tuple[str, ...]]
+    """First names of each split (disjoint)."""
+    last_names: dict[str, tuple[str, ...]]
+    """Last names of each split (disjoint; no last name is a prefix of another)."""
+    towns: tuple[str, ...]
+    """Towns of birth and of residence, shared by both splits."""
+    companies: tuple[str, ...]
+    """Employers ("Velmora Glassworks"), shared by both splits."""
+
+
+def _word(rng: random.Random, syllables: int, ending: str) -> str:
+    stem = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                   for _ in range(syllables))
+    return (stem + ending).capitalize()
+
+
+def _prefix_free(words: set[str]) -> list[str]:
+    """The words that are no other word's prefix (so "Kovan Drel" never occurs inside
+    "Kovan Drelson"); in sorted order a word's extensions follow it directly."""
+    ordered = sorted(words)
+    return [w for w, nxt in zip(ordered, [*ordered[1:], ""]) if not nxt.startswith(w)]
+
+
+@functools.cache
+def vocabulary() -> Vocabulary:
+    """The invented words (built once; a fixed seed, independent of any data seed)."""
+    rng = random.Random("memrl-biographies-vocabulary-v1")
+    used: set[str] = {w.lower() for w in (*JOBS, *INSTRUMENTS, *COMPANY_KINDS)}
+
+    def fresh(n: int, make) -> set[str]:
+        out: set[str] = set()
+        while len(out) < n:
+            w = make()
+            if 4 <= len(w) <= 12 and w.lower() not in used:
+                used.add(w.lower())
+                out.add(w)
+        return out
+
+    first = fresh(2400, lambda: (rng.choice(_ONSETS) + rng.choice(_NAME_VOWELS)
+                                 + rng.choice(_CODAS[:7]) + rng.choice(_ONSETS[:15])
+                                 + rng.choice(_NAME_VOWELS[:5])
+                                 + rng.choice(_FIRST_ENDINGS)).capitalize())
+    last = _prefix_free(fresh(2400, lambda: (rng.choice(_ONSETS) + rng.choice(_NAME_VOWELS)
+                                             + rng.choice(_CODAS)
+                                             + rng.choice(_LAST_SUFFIXES)).capitalize()))
+    towns = sorted(fresh(600, lambda: _word(rng, 1, rng.choice(_TOWN_SUFFIXES))))
+    stems = sorted(fresh(300, lambda: _word(rng, 2, "")))
+    companies = sorted({f"{rng.choice(stems)} {rng.choice(COMPANY_KINDS)}" for _ in range(900)})
+    return Vocabulary(
+        first_names={s: tuple(sorted(w for w in first if entity_split(w) == s)) for s in SPLITS},
+        last_names={s: tuple(w for w in last if entity_split(w) == s) for s in SPLITS},
+        towns=tuple(towns),
+        companies=tuple(companies),
+    )
+
+
+def pronoun_of(first_name: str) -> str:
+    """"he" or "she": fixed by the first name (a hash bit other than the split's)."""
+    return ("he", "she")[(zlib.crc32(first_name.lower().encode()) >> 1) % 2]
+
+
+def article(word: str) -> str:
+    """`word` with its indefinite article ("a potter", "an architect")."""
+    return f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}"
+
+
+def can_use_pronoun(form: str) -> bool:
+    """Whether `form` reads correctly with a pronoun in place of the name (it starts with
+    the name or its possessive)."""
+    return form.startswith(("{n} ", "{p} "))
+
+
+def biography_sentence(form: str, name: str, value: str, pronoun: str | None = None) -> str:
+    """One sentence: `form` filled with `name` (or, when `pronoun` is "he"/"she" and the
+    form allows it, that pronoun) and `value`."""
+    if pronoun is not None:
+        if not can_use_pronoun(form):
+            raise MemrlInputError(f"the form {form!r} cannot take a pronoun")
+        subject, possessive = _PRONOUNS[pronoun]
+        return form.format(n=subject, p=possessive, v=value, a=article(value))
+    return form.format(n=name, p=f"{name}'s", v=value, a=article(value))
+
+
+def biography_question(template: str, name: str) -> str:
+    """A question paraphrase filled with the asked person's full name."""
+    return template.format(n=name)
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise MemrlInputError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+
+
+def _rng(seed: int, split: str, *parts: object) -> random.Random:
+    # A string seed is hashed with SHA-512: stable across runs and PYTHONHASHSEED.
+    return random.Random(":".join(["biographies", str(seed), split, *map(str, parts)]))
+
+
+class _Writer:
+    """Writes biographies in one split's forms, with values from the shared pools."""
+
+    def __init__(self, split: str) -> None:
+        self.split = split
+        self.vocab = vocabulary()
+        self.values = {
+            "birthplace": self.vocab.towns, "residence": self.vocab.towns,
+            "occupation": JOBS, "employer": self.vocab.companies, "birth_year": YEARS,
+            "instrument": INSTRUMENTS,
+        }
+
+    def values_for(self, rng: random.Random, kinds: Sequence[str],
+                   avoid: dict[str, str]) -> dict[str, str]:
+        """A value per kind; never `avoid[kind]`, and two different towns for birthplace
+        and residence (so a question about one is never answered by the other)."""
+        out: dict[str, str] = {}
+        for kind in kinds:
+            while True:
+                value = rng.choice(self.values[kind])
+                if value != avoid.get(kind) and value not in out.values():
+                    break
+            out[kind] = value
+        return out
+
+    def paragraph(self, rng: random.Random, name: str, kinds: Sequence[str],
+                  values: dict[str, str], asked: str | None) -> tuple[Document, str | None]:
+        """A titled biography stating `kinds` in a random order; the first sentence and the
+        sentence of `asked` name the person in full, the others may use a pronoun. Returns
+        the paragraph and the sentence stating `asked`."""
+        order = list(kinds)
+        rng.shuffle(order)
+        pronoun = pronoun_of(name.split()[0])
+        sentences, fact = [], None
+        for i, kind in enumerate(order):
+            form = rng.choice(FORMS[kind][self.split])
+            short = (i > 0 and kind != asked and can_use_pronoun(form) and rng.random() < 0.5)
+            sentence = biography_sentence(form, name, values[kind], pronoun if short else None)
+            sentences.append(sentence)
+            if kind == asked:
+                fact = sentence
+        return Document(title=name, text=" ".join(sentences), is_supporting=False), fact
+
+
+@dataclass(frozen=True)
+class BiographyQuestion:
+    """One question with its gold paragraph and its stream of distractors."""
+
+    index: int
+    kind: str
+    name: str
+    question: str
+    answer: str
+    fact: str
+    gold: Document
+    distractors: tuple[Document, ...]
+
+    def namesakes(self, num_docs: int) -> int:
+        """How many of the distractors at N = `num_docs` share the asked person's first or
+        last name."""
+        first, last = self.name.split()
+        return sum(1 for d in self.distractors[: num_docs - 1]
+                   if d.title.split()[0] == first or d.title.split()[1] == last)
+
+    def documents(self, num_docs: int, seed: int, split: str) -> list[Document]:
+        """The gold paragraph and the first `num_docs - 1` distractors, shuffled (the gold
+        paragraph's position is drawn anew for each N)."""
+        docs = [self.gold, *self.distractors[: num_docs - 1]]
+        _rng(seed, split, self.index, "order", num_docs).shuffle(docs)
+        return docs
+
+
+def namesake_count(num_distractors: int, hard_share: float) -> int:
+    """How many of a question's first `num_distractors` distractors are namesakes:
+    floor(num_distractors * hard_share), with hard_share rounded to 6 decimals."""
+    scale = 1_000_000
+    return num_distractors * round(hard_share * scale) // scale
+
+
+def is_namesake_slot(k: int, hard_share: float) -> bool:
+    """Whether distractor k (0-based) of a question's stream is a namesake (so that the
+    first m distractors hold exactly `namesake_count(m, hard_share)` namesakes, for every m)."""
+    return namesake_count(k + 1, hard_share) > namesake_count(k, hard_share)
+
+
+def _people(seed: int, split: str, stop: int) -> list[tuple[str, str]]:
+    """The asked people of questions 0 .. stop-1: distinct (first, last) pairs of `split`."""
+    vocab = vocabulary()
+    firsts, lasts = vocab.first_names[split], vocab.last_names[split]
+    space = len(firsts) * len(lasts)
+    rng = _rng(seed, split, "people")
+    seen: set[int] = set()
+    out = []
+    while len(out) < stop:
+        j = rng.randrange(space)
+        if j not in seen:
+            seen.add(j)
+            out.append((firsts[j // len(lasts)], lasts[j % len(lasts)]))
+    return out
+
+
+def _distractor_name(rng: random.Random, asked: tuple[str, str], namesake: bool,
+                     firsts: Sequence[str], lasts: Sequence[str], used: set[str]) -> str:
+    first, last = asked
+    while True:
+        if namesake:
+            if rng.random() < 0.5:
+                f, la = first, rng.choice(lasts)
+            else:
+                f, la = rng.choice(firsts), last
+        else:
+            f, la = rng.choice(firsts), rng.choice(lasts)
+            if f == first or la == last:
+                continue
+        name = f"{f} {la}"
+        if name not in used:
+            used.add(name)
+            return name
+
+
+def _question_at(seed: int, split: str, index: int, person: tuple[str, str],
+                          max_distractors: int, hard_share: float) -> BiographyQuestion:
+    """Question `index` of (seed, split) about `person`, with `max_distractors` distractors."""
+    writer = _Writer(split)
+    rng = _rng(seed, split, index)
+    kind = KINDS[index % len(KINDS)]
+    name = " ".join(person)
+    others = [k for k in KINDS if k != kind]
+    kinds = [kind, *rng.sample(others, rng.randint(1, 3))]
+    values = writer.values_for(rng, kinds, {})
+    gold, fact = writer.paragraph(rng, name, kinds, values, kind)
+    assert fact is not None
+    question = biography_question(rng.choice(QUESTIONS[kind][split]), name)
+    vocab = writer.vocab
+    firsts, lasts = vocab.first_names[split], vocab.last_names[split]
+    drng = _rng(seed, split, index, "distractors")
+    used = {name}
+    distractors = []
+    for k in range(max_distractors):
+        namesake = is_namesake_slot(k, hard_share)
+        other = _distractor_name(drng, person, namesake, firsts, lasts, used)
+        if namesake:  # states the asked kind, with another value
+            dkinds = [kind, *drng.sample(others, drng.randint(1, 3))]
+        else:
+            dkinds = drng.sample(KINDS, drng.randint(2, 4))
+        dvalues = writer.values_for(drng, dkinds, {kind: values[kind]} if namesake else {})
+        distractors.append(writer.paragraph(drng, other, dkinds, dvalues, None)[0])
+    return BiographyQuestion(
+        index=index, kind=kind, name=name, question=question, answer=values[kind], fact=fact,
+        gold=gold.model_copy(update={"is_supporting": True}), distractors=tuple(distractors),
+    )
+
+
+def _check_args(num_questions: int, num_docs: int, hard_share: float, split: str,
+                start: int = 0) -> None:
+    _check_split(split)
+    for label, value, least in (("num_questions", num_questions, 1), ("num_docs", num_docs, 1),
+                                ("start", start, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise MemrlInputError(f"{label} must be an integer of at least {least}, got "
+                                  f"{value!r}")
+    if isinstance(hard_share, bool) or not isinstance(hard_share, (int, float)) \
+            or not 0.0 <= hard_share <= 1.0:
+        raise MemrlInputError(f"hard_share must be a number from 0 to 1, got {hard_share!r}")
+    vocab = vocabulary()
+    firsts, lasts = len(vocab.first_names[split]), len(vocab.last_names[split])
+    if start + num_questions > firsts * lasts // 2:
+        raise MemrlInputError(f"at most {firsts * lasts // 2} questions per split (counting "
+                              f"from the first), asked for {start + num_questions}")
+    available = firsts + lasts - 2
+    needed = namesake_count(num_docs - 1, hard_share)
+    if needed > available:
+        raise MemrlInputError(
+            f"num_docs={num_docs} needs {needed} namesakes per question but a person has only "
+            f"{available}; lower hard_share or num_docs"
+        )
+
+
+def biography_questions(num_questions: int, max_docs: int, seed: int = 0, *,
+                        split: str = "train", hard_share: float = DEFAULT_HARD_SHARE,
+                        start: int = 0) -> list[BiographyQuestion]:
+    """Questions start .. start+num_questions-1 of (seed, split), each with the distractors
+    of up to `max_docs` documents."""
+    _check_args(num_questions, max_docs, hard_share, split, start)
+    people = _people(seed, split, start + num_questions)
+    return [_question_at(seed, split, i, people[i], max_docs - 1, hard_share)
+            for i in range(start, start + num_questions)]
+
+
+def make_biography_records(num_questions: int, num_docs: int = 16, seed: int = 0, *,
+                           split: str = "train", hard_share: float = DEFAULT_HARD_SHARE,
+                           start: int = 0) -> list[QARecord]:
+    """`num_questions` questions over `num_docs` biographies each (one gold), as QARecords
+    with `facts` = [the gold sentence] and `is_supporting` set; ids `bio-{split}-{seed}-{i}`.
+    Same arguments → identical records."""
+    questions = biography_questions(num_questions, num_docs, seed, split=split,
+                                    hard_share=hard_share, start=start)
+    return [
+        QARecord(id=f"bio-{split}-{seed}-{q.index}", question=q.question, answers=[q.answer],
+                 documents=q.documents(num_docs, seed, split), num_docs=num_docs,
+                 facts=[q.fact])
+        for q in questions
+    ]
+
+
+def biography_ruler_items(questions: Sequence[BiographyQuestion], num_docs: int, seed: int,
+                          split: str) -> list[dict]:
+    """RULER-HQA items (`memrl eval ruler-hqa`'s `eval_{N}.json`) at N = `num_docs`:
+    `{"index", "input", "answers", "context", "num_docs", "facts", "kind", "namesakes"}`
+    (the last two are extra keys the loader ignores: the asked kind and how many namesakes
+    the context holds)."""
+    return [
+        {
+            "index": q.index,
+            "input": q.question,
+            "answers": [q.answer],
+            "context": render_documents(q.documents(num_docs, seed, split)),
+            "num_docs": num_docs,
+            "facts": [q.fact],
+            "kind": q.kind,
+            "namesakes": q.namesakes(num_docs),
+        }
+        for q in questions
+    ]
+
+
+def _check_eval(num_questions: int, num_docs_list: Sequence[int], hard_share: float,
+                split: str) -> list[int]:
+    ns = list(dict.fromkeys(num_docs_list))
+    if not ns:
+        raise MemrlInputError("give at least one num_docs")
+    for n in ns:
+        _check_args(num_questions, n, hard_share, split)
+    if num_questions > VALIDATION_START:
+        raise MemrlInputError(f"at most {VALIDATION_START} evaluation questions (the "
+                              f"validation questions come after them), got {num_questions}")
+    return ns
+
+
+def write_biography_eval(out_dir: str | Path, num_docs_list: Sequence[int], *,
+                         num_questions: int = 128, seed: int = 0, split: str = "eval",
+                         hard_share: float = DEFAULT_HARD_SHARE) -> list[Path]:
+    """Write `eval_{N}.json` for each N: the same questions at every N (atomically; every N
+    is checked before any file is written). Returns the paths in the given order."""
+    ns = _check_eval(num_questions, num_docs_list, hard_share, split)
+    questions = biography_questions(num_questions, max(ns), seed, split=split,
+                                    hard_share=hard_share)
+    return [write_json_atomic(ruler_hqa_path(out_dir, n),
+                              biography_ruler_items(questions, n, seed, split))
+            for n in ns]
+
+
+WRITE_SPLITS = ("all", "train", "eval")
+"""What `write_biographies` writes: train.jsonl + val.jsonl (`train`), eval_{N}.json
+(`eval`), or both (`all`)."""
+
+
+def write_biographies(out_dir: str | Path, *, split: str = "all", seed: int = 0,
+                      train_questions: int = 10_000, train_docs: int = 16,
+                      val_questions: int = 64, eval_questions: int = 128,
+                      eval_docs: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024),
+                      hard_share: float = DEFAULT_HARD_SHARE) -> list[Path]:
+    """The biography task's files in `out_dir`:
+
+      train.jsonl    `train_questions` training questions (training people, forms and
+                     paraphrases) over `train_docs` biographies each (memrl JSONL)
+      val.jsonl      `val_questions` held-out questions (evaluation people, forms and
+                     paraphrases; questions VALIDATION_START.. of the evaluation stream, so
+                     none is an evaluation question) over `train_docs` biographies; none
+                     when 0
+      eval_{N}.json  the same `eval_questions` held-out questions at each N of `eval_docs`
+
+    Every argument is checked before anything is written. Returns the paths written.
+    """
+    if split not in WRITE_SPLITS:
+        raise MemrlInputError(f"split must be one of {', '.join(WRITE_SPLITS)}, got {split!r}")
+    out = Path(out_dir)
+    train, evaluation = split in ("all", "train"), split in ("all", "eval")
+    if train:
+        _check_args(train_questions, train_docs, hard_share, "train")
+        if val_questions:
+            _check_args(val_questions, train_docs, hard_share, "eval", VALIDATION_START)
+    if evaluation:
+        _check_eval(eval_questions, eval_docs, hard_share, "eval")
+    paths = []
+    if train:
+        paths.append(save_records_jsonl(
+            make_biography_records(train_questions, train_docs, seed, split="train",
+                                   hard_share=hard_share), out / "train.jsonl"))
+        if val_questions:
+            paths.append(save_records_jsonl(
+                make_biography_records(val_questions, train_docs, seed, split="eval",
+                                       hard_share=hard_share, start=VALIDATION_START),
+                out / "val.jsonl"))
+    if evaluation:
+        paths += write_biography_eval(out, eval_docs, num_questions=eval_questions, seed=seed,
+                                      hard_share=hard_share)
+    return paths

@@ -1,0 +1,264 @@
+"""`memrl serve`: a memory agent behind an OpenAI-compatible HTTP endpoint (Starlette + uvicorn).
+
+    POST /v1/chat/completions   documents + question in the messages (memrl.serve.protocol)
+    GET  /v1/models             the one model served
+    GET  /health                {"status": "ok", ...}; no API key needed
+
+Every request is one `MemAgent.aread` episode on the one shared engine: its turns go out
+through `agenerate` as soon as its previous one is answered, so concurrent requests are
+batched by the engine (vLLM's continuous batching, the server pool's, or `BatchingEngine`
+in front of the HF engine). Documents are counted in a worker thread before the reading
+starts, so a request over the limits is refused at once (413), before any model call.
+
+Limits (`ServeConfig`): body size (413), document tokens (413), requests at once (429).
+An API key, when its environment variable is set, is compared in constant time
+(`hmac.compare_digest`) and never logged. SIGTERM (or Ctrl-C) stops uvicorn gracefully: it
+stops accepting connections, lets the requests in flight finish (streams included), then
+the engine is closed; a second signal forces the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from memrl.agents.memagent import MemAgentConfig
+from memrl.ask.api import AskProgress, document_chunks, read
+from memrl.ask.chunking import DocumentChunks, TooManyTokens
+from memrl.ask.documents import open_document
+from memrl.errors import MemrlInputError, require
+from memrl.serve.config import ServeConfig
+from memrl.serve.protocol import (
+    ApiError,
+    ChatRequest,
+    Completion,
+    error_body,
+    finish_reason,
+    parse_request,
+    split_messages,
+    sse,
+)
+
+log = logging.getLogger("memrl.serve")
+
+
+class ServerState:
+    """What the handlers share: the engine, the settings, the requests in flight."""
+
+    def __init__(self, engine: Any, model_name: str, agent: MemAgentConfig,
+                 config: ServeConfig, api_key: str | None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.agent = agent
+        self.config = config
+        self._api_key = api_key.encode() if api_key else None
+        self.in_flight = 0
+        self.served = 0
+        self.started = int(time.time())
+
+    def authorize(self, headers: Any) -> None:
+        """ApiError(401) unless the request carries the key (when one is set)."""
+        if self._api_key is None:
+            return
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
+                                                                 self._api_key):
+            raise ApiError(401, "invalid or missing API key (send Authorization: Bearer "
+                           "<key>)")
+
+    def agent_config(self, request: ChatRequest) -> MemAgentConfig:
+        overrides = request.agent_overrides()
+        if not overrides:
+            return self.agent
+        try:
+            return MemAgentConfig(**{**self.agent.model_dump(), **overrides})
+        except ValueError as exc:
+            raise ApiError(400, f"bad sampling setting: {exc}") from None
+
+
+def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
+              config: ServeConfig | None = None, api_key: str | None = None) -> Any:
+    """The Starlette application serving `engine` (closed when the app shuts down)."""
+    starlette = require("starlette", extra="serve", feature="memrl serve")
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    del starlette
+    state = ServerState(engine, model_name, agent, config or ServeConfig(), api_key)
+
+    class ReleasingStream(StreamingResponse):
+        """A stream that gives its request's slot back however it ends (finished, the
+        client gone before or during it, an error)."""
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                state.in_flight -= 1
+
+    async def health(request: Request) -> Response:
+        body: dict[str, Any] = {"status": "ok", "model": state.model_name,
+                                "in_flight": state.in_flight, "served": state.served}
+        stats = getattr(state.engine, "stats", None)
+        if isinstance(stats, dict):
+            body["batching"] = stats
+        return JSONResponse(body)
+
+    async def models(request: Request) -> Response:
+        state.authorize(request.headers)
+        return JSONResponse({"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": state.started,
+            "owned_by": "memrl"}]})
+
+    async def chat(request: Request) -> Response:
+        state.authorize(request.headers)
+        if state.in_flight >= state.config.max_concurrent_requests:
+            raise ApiError(429, f"too many requests at once (limit "
+                           f"{state.config.max_concurrent_requests}); retry later")
+        state.in_flight += 1
+        streaming = False
+        try:
+            body = await read_body(request, state.config.max_request_bytes)
+            req = parse_request(body)
+            if req.model != state.model_name:
+                raise ApiError(404, f"model {req.model!r} is not served here (this server "
+                               f"serves {state.model_name!r})", "model")
+            documents, question = split_messages(req.messages)
+            cfg = state.agent_config(req)
+            chunks = await count(state, documents, cfg)
+            completion = Completion(state.model_name)
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                streaming = True
+                return ReleasingStream(
+                    stream(state, chunks, question, cfg, completion, include_usage),
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            result = await read(state.engine, chunks, question, cfg)
+            state.served += 1
+            return JSONResponse(completion.body(result))
+        finally:
+            if not streaming:
+                state.in_flight -= 1
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)),
+                            status_code=exc.status_code)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("request failed")
+        return JSONResponse(error_body(500, f"the server failed: {type(exc).__name__}: "
+                                       f"{_first_line(exc)}"), status_code=500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            close = getattr(state.engine, "close", None)
+            if callable(close):
+                await asyncio.to_thread(close)
+
+    return Starlette(
+        routes=[Route("/health", health, methods=["GET"]),
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/v1/chat/completions", chat, methods=["POST"])],
+        exception_handlers={ApiError: api_error, HTTPException: http_error,
+                            Exception: server_error},
+        lifespan=lifespan,
+    )
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {int(declared):,} bytes is over the limit of "
+                       f"{limit:,} bytes")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ApiError(413, f"request body over the limit of {limit:,} bytes")
+    return bytes(body)
+
+
+async def count(state: ServerState, documents: list[str], cfg: MemAgentConfig
+                ) -> DocumentChunks:
+    """The documents as chunks (counted in a worker thread); 413 over the token limit."""
+    docs = [open_document(text, name=f"message {i}") for i, text in enumerate(documents, 1)]
+    try:
+        return await asyncio.to_thread(document_chunks, state.engine.tokenizer, docs, cfg,
+                                       state.config.max_document_tokens)
+    except TooManyTokens as exc:
+        raise ApiError(413, f"the documents have more than {exc.limit:,} tokens (the "
+                       "server's limit)", "messages") from None
+    except MemrlInputError as exc:
+        raise ApiError(400, str(exc), "messages") from None
+
+
+async def stream(state: ServerState, chunks: DocumentChunks, question: str,
+                 cfg: MemAgentConfig, completion: Completion, include_usage: bool
+                 ) -> AsyncIterator[bytes]:
+    """The server-sent events of one streamed request (memrl.serve.protocol)."""
+    events: asyncio.Queue[AskProgress] = asyncio.Queue()
+    task = asyncio.ensure_future(read(state.engine, chunks, question, cfg,
+                                      progress=events.put_nowait))
+    try:
+        yield sse(completion.chunk({"role": "assistant", "content": ""}))
+        while not task.done() or not events.empty():
+            getter = asyncio.ensure_future(events.get())
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue
+            event = getter.result()
+            if not event.done:
+                yield sse(completion.progress_chunk(event))
+        try:
+            result = task.result()
+        except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
+            log.exception("streamed request failed")
+            yield sse(error_body(500, f"the server failed: {type(exc).__name__}: "
+                                 f"{_first_line(exc)}"))
+            return
+        state.served += 1
+        yield sse(completion.chunk({"content": result.response}))
+        yield sse(completion.chunk({}, finish_reason(result)))
+        if include_usage:
+            yield sse(completion.usage_chunk(result))
+        yield sse("[DONE]")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def serve(engine: Any, *, model_name: str, agent: MemAgentConfig, config: ServeConfig,
+          api_key: str | None, log_level: str = "info") -> None:
+    """Run the server until SIGTERM / Ctrl-C (graceful: requests in flight finish)."""
+    uvicorn = require("uvicorn", extra="serve", feature="memrl serve")
+    app = build_app(engine, model_name=model_name, agent=agent, config=config,
+                    api_key=api_key)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=log_level,
+        timeout_graceful_shutdown=None, lifespan="on"))
+    server.run()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

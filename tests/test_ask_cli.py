@@ -1,0 +1,139 @@
+"""`memrl ask` on the tiny model: every document type, standard input, the trace and
+`memrl view`, the settings stored with a model, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from document_files import write_documents
+
+from memrl.ask.settings import STORED_CONFIG
+from memrl.cli import main
+from memrl.config import config_to_yaml
+from memrl.recipes.config import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = "\n".join(f"Note {i}: Alice Brightwater was born in Lyon in {1900 + i}." for i in range(12))
+SMALL = ["--chunk-size", "64", "--max-memory-tokens", "4", "--max-final-tokens", "4",
+         "--seed", "0"]
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    return write_documents(tmp_path_factory.mktemp("docs"), TEXT)
+
+
+def _ask(model, *args):
+    return main(["ask", "--model", str(model), *args])
+
+
+@pytest.mark.parametrize("kind", ["text", "markdown", "html", "pdf"])
+def test_ask_reads_each_document_type(kind, docs, tiny_model_dir, tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    code = _ask(tiny_model_dir, "--document", str(docs[kind]), "--question",
+                "Where was Alice born?", *SMALL, "--trace", str(trace))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    row = json.loads(trace.read_text())
+    assert out.strip() == (row["answer"] if row["answer"] is not None
+                           else row["final_response"].strip())
+    assert row["documents"] == [str(docs[kind])] and row["num_docs"] == 1
+    assert row["num_chunks"] == len(row["memories"]) == -(-row["context_tokens"] // 64)
+    assert row["context_tokens"] > 12 * 10  # the whole text was read (12 notes)
+    assert f"read {row['context_tokens']:,} tokens of 1 document(s)" in err
+    assert row["usage"]["total_tokens"] > row["context_tokens"]
+
+
+@pytest.mark.slow
+def test_show_memory_several_documents_and_memrl_view(docs, tiny_model_dir, tmp_path, capsys):
+    trace = tmp_path / "ask.jsonl"
+    code = _ask(tiny_model_dir, "--document", *(str(p) for p in docs.values()), "--question",
+                "Where?", *SMALL, "--show-memory", "--trace", str(trace))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    row = json.loads(trace.read_text())
+    assert row["num_docs"] == 4
+    n = row["num_chunks"]
+    assert out.count("--- memory after chunk ") == n
+    assert f"--- memory after chunk {n}/{n} " in out
+    assert main(["view", str(trace)]) == 0
+    page = (tmp_path / "ask.html").read_text()
+    assert page.count('<li class="chunk') == n and "Where?" in page
+
+
+def test_settings_stored_with_the_model_and_options_over_them(tiny_model_dir, tmp_path,
+                                                              docs, capsys):
+    model = tmp_path / "trained"
+    shutil.copytree(tiny_model_dir, model)
+    cfg = TrainConfig.model_validate({"model": {"path": "m"}, "data": {"train_file": "t"},
+                                      "memagent": {"chunk_size": 100, "max_memory_tokens": 3,
+                                                   "max_final_tokens": 5}})
+    (model / STORED_CONFIG).write_text(config_to_yaml(cfg))
+    rows = []
+    for extra in ([], ["--chunk-size", "150"]):
+        trace = tmp_path / f"t{len(rows)}.jsonl"
+        assert _ask(model, "--document", str(docs["text"]), "--question", "Where?", "--quiet",
+                    "--trace", str(trace), *extra) == 0
+        rows.append(json.loads(trace.read_text()))
+    capsys.readouterr()
+    assert [r["config"]["chunk_size"] for r in rows] == [100, 150]
+    assert rows[0]["config"]["max_memory_tokens"] == 3
+    assert rows[0]["num_chunks"] == -(-rows[0]["context_tokens"] // 100)
+    assert max(rows[0]["memory_tokens"]) <= 3
+
+
+@pytest.mark.slow
+def test_standard_input_in_a_real_process(tiny_model_dir):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run(
+        [sys.executable, "-m", "memrl", "ask", "--model", str(tiny_model_dir), "--document",
+         "-", "--question", "Where was Alice born?", *SMALL],
+        input=TEXT.encode(), capture_output=True, env=env, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert proc.stdout.decode().strip()
+    assert "chunks" in err and "tokens/s" in err  # the progress bar, drawn on stderr
+    assert "read " in err and " document(s) in " in err
+
+
+def _bad_inputs(tmp_path):
+    (tmp_path / "binary.txt").write_bytes(b"\x00\x01\x02binary")
+    (tmp_path / "slides.pptx").write_bytes(b"PK\x03\x04")
+    (tmp_path / "empty.md").write_text("")
+    (tmp_path / "blank.txt").write_text("  \n\n ")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    return tmp_path
+
+
+@pytest.mark.parametrize("document,question,message", [
+    ("missing.txt", "Q?", "missing.txt: document not found"),
+    ("binary.txt", "Q?", "binary.txt: binary file, not text"),
+    ("slides.pptx", "Q?", "slides.pptx: unsupported document type '.pptx'"),
+    ("empty.md", "Q?", "empty.md: empty document"),
+    ("blank.txt", "Q?", "blank.txt: empty document"),
+    ("latin1.txt", "Q?", "latin1.txt: not UTF-8 text"),
+    ("broken.pdf", "Q?", "broken.pdf: not a readable PDF"),
+    ("blank.txt", "  ", "--question: empty question"),
+])
+def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys, document,
+                                          question, message):
+    folder = _bad_inputs(tmp_path)
+    code = _ask(tiny_model_dir, "--document", str(folder / document), "--question", question)
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert out == ""
+
+
+def test_bad_options_name_themselves(tiny_model_dir, docs, capsys):
+    assert _ask(tiny_model_dir, "--document", str(docs["text"]), "--question", "Q?",
+                "--top-p", "3") == 2
+    assert "--top-p" in capsys.readouterr().err
+    assert _ask(tiny_model_dir, "--document", "-", "-", "--question", "Q?") == 2
+    assert "standard input can be read once" in capsys.readouterr().err

@@ -1,0 +1,364 @@
+"""Biographies: natural sentences, namesake distractors, held-out people, forms and questions.
+
+The generated text is parsed back with a regex per sentence form, so the properties below are
+checked on what the agent reads, not on the generator's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memrl.agents.memagent import MemAgentConfig
+from memrl.agents.oracle import OracleGenerator
+from memrl.cli import main
+from memrl.data.biographies import (
+    FORMS,
+    INSTRUMENTS,
+    JOBS,
+    KINDS,
+    QUESTIONS,
+    SPLITS,
+    VALIDATION_START,
+    biography_questions,
+    biography_sentence,
+    can_use_pronoun,
+    is_namesake_slot,
+    make_biography_records,
+    namesake_count,
+    pronoun_of,
+    vocabulary,
+    write_biographies,
+    write_biography_eval,
+)
+from memrl.data.hotpotqa import load_hotpotqa
+from memrl.data.records import QARecord
+from memrl.data.ruler_hqa import load_ruler_hqa_dir
+from memrl.data.synthetic import entity_split
+from memrl.errors import MemrlInputError
+from memrl.tasks.memagent_qa import MemAgentQATask
+
+NAME = r"[A-Z][a-z]+ [A-Z][a-z]+"
+VALUE = {
+    "birthplace": r"[A-Z][a-z]+", "residence": r"[A-Z][a-z]+", "employer": NAME,
+    "birth_year": r"\d{4}", "occupation": r"[a-z]+", "instrument": r"[a-z]+(?: [a-z]+)?",
+}
+SUBJECT = {"n": rf"(?P<n>{NAME}|He|She)", "p": rf"(?P<p>{NAME}'s|His|Her)"}
+
+
+def form_regex(form: str, kind: str) -> re.Pattern[str]:
+    out = re.escape(form)
+    for slot, pattern in SUBJECT.items():
+        out = out.replace(re.escape("{" + slot + "}"), pattern)
+    out = out.replace(re.escape("{a}"), rf"an? (?P<v>{VALUE[kind]})")
+    return re.compile(out.replace(re.escape("{v}"), rf"(?P<v>{VALUE[kind]})"))
+
+
+@functools.cache
+def parsers() -> dict[str, list[tuple[str, re.Pattern[str]]]]:
+    return {s: [(k, form_regex(f, k)) for k in KINDS for f in FORMS[k][s]] for s in SPLITS}
+
+
+def parse(sentence: str, split: str) -> tuple[str, str, str]:
+    """(kind, subject, value) of a sentence, which must be written in exactly one form of
+    `split` and in no form of the other split."""
+    other = "eval" if split == "train" else "train"
+    assert not [k for k, rx in parsers()[other] if rx.fullmatch(sentence)], sentence
+    found = [(k, m) for k, rx in parsers()[split] if (m := rx.fullmatch(sentence))]
+    assert len(found) == 1, (sentence, [k for k, _ in found])
+    kind, m = found[0]
+    subject = m.groupdict().get("n") or m.group("p").removesuffix("'s")
+    return kind, subject, m.group("v")
+
+
+def sentences(text: str) -> list[str]:
+    return re.split(r"(?<=\.) ", text)
+
+
+def facts_of(doc_text: str, title: str, split: str) -> dict[str, tuple[str, str]]:
+    """kind → (sentence, value) of one biography; checks who each sentence is about."""
+    out = {}
+    pronoun = {"he": ("He", "His"), "she": ("She", "Her")}[pronoun_of(title.split()[0])]
+    parts = sentences(doc_text)
+    assert 2 <= len(parts) <= 4
+    for i, s in enumerate(parts):
+        kind, subject, value = parse(s, split)
+        assert subject == title or (i > 0 and subject in pronoun), (title, s)
+        assert kind not in out
+        out[kind] = (s, value)
+    return out
+
+
+# --- by hand ----------------------------------------------------------------------------------
+
+
+def test_sentences_by_hand():
+    assert biography_sentence("{n} was born in {v}.", "Kovan Drel", "Brastor") == \
+        "Kovan Drel was born in Brastor."
+    assert biography_sentence("{p} employer is {v}.", "Kovan Drel", "Basnart Mills") == \
+        "Kovan Drel's employer is Basnart Mills."
+    assert biography_sentence("{p} employer is {v}.", "Kovan Drel", "Basnart Mills",
+                              "she") == "Her employer is Basnart Mills."
+    assert biography_sentence("{n} works as {a}.", "Mira Solt", "architect", "he") == \
+        "He works as an architect."
+    assert biography_sentence("As {a}, {n} keeps long hours.", "Mira Solt", "potter") == \
+        "As a potter, Mira Solt keeps long hours."
+    assert not can_use_pronoun("At {v}, {n} is a valued member of staff.")
+    with pytest.raises(MemrlInputError, match="cannot take a pronoun"):
+        biography_sentence("{v} employs {n}.", "Mira Solt", "Basnart Mills", "he")
+
+
+def test_namesake_slots_by_hand():
+    assert [k for k in range(12) if is_namesake_slot(k, 0.25)] == [3, 7, 11]
+    assert namesake_count(15, 0.25) == 3 and namesake_count(1023, 0.25) == 255
+    assert namesake_count(10, 0.3) == 3 and namesake_count(7, 0.0) == 0
+    assert namesake_count(7, 1.0) == 7
+
+
+def test_one_record_by_hand():
+    """Pins the data set (train, seed 0, question 0, N=3): a change of generator shows here."""
+    (r,) = make_biography_records(1, 3, seed=0)
+    assert r.question == "What is Vidru Thilkwell's place of birth?"
+    assert r.answers == ["Lildale"] and r.facts == ["Vidru Thilkwell was born in Lildale."]
+    assert r.render_context() == (
+        "Document 1:\nMosrola Haano\nMosrola Haano has worked as a mechanic for many years. "
+        "Mosrola Haano, who plays the harmonica, performs at local weddings. Mosrola Haano, "
+        "who lives in Vimhaven, walks to the market every morning. Mosrola Haano joined "
+        "Treargai Mills and has worked there ever since.\n\n"
+        "Document 2:\nVidru Thilkwell\nVidru Thilkwell was born in Lildale. Vidru Thilkwell, "
+        "a plumber by profession, rarely takes a holiday.\n\n"
+        "Document 3:\nStigi Rartell\nStigi Rartell lives in Jeswold. Her trade is that of a "
+        "stonemason. Stigi Rartell's employer is Zabreirt Printers. Stigi Rartell was born in "
+        "1929."
+    )
+    assert [d.is_supporting for d in r.documents] == [False, True, False]
+
+
+# --- the vocabulary and the forms -------------------------------------------------------------
+
+
+def test_forms_and_questions_are_many_and_split_in_disjoint_halves():
+    assert len(KINDS) >= 5
+    for kind in KINDS:
+        train, held_out = FORMS[kind]["train"], FORMS[kind]["eval"]
+        assert len(train) + len(held_out) >= 8 and not set(train) & set(held_out)
+        for form in (*train, *held_out):
+            assert form.count("{v}") + form.count("{a}") == 1
+            assert form.count("{n}") + form.count("{p}") == 1
+        questions = QUESTIONS[kind]
+        assert len(questions["train"]) + len(questions["eval"]) >= 5
+        assert not set(questions["train"]) & set(questions["eval"])
+
+
+def test_values_are_open_and_none_contains_another():
+    vocab = vocabulary()
+    assert len(JOBS) >= 30 and len(INSTRUMENTS) >= 30
+    assert len(vocab.towns) >= 500 and len(vocab.companies) >= 500
+    for values in (JOBS, INSTRUMENTS, vocab.towns, vocab.companies):
+        # so a (sub-EM) prediction of another value never contains the gold one
+        assert not [(a, b) for a in values for b in values if a != b and a in b]
+
+
+def test_name_halves_are_disjoint_and_no_last_name_extends_another():
+    vocab = vocabulary()
+    for part in (vocab.first_names, vocab.last_names):
+        assert not set(part["train"]) & set(part["eval"])
+        for split in SPLITS:
+            assert len(part[split]) >= 1000
+            assert all(entity_split(w) == split for w in part[split])
+    lasts = sorted(vocab.last_names["train"] + vocab.last_names["eval"])
+    assert not [(a, b) for a, b in zip(lasts, lasts[1:]) if b.startswith(a)]
+    words = [*vocab.towns, *(c.split()[0] for c in vocab.companies)]
+    firsts = {*vocab.first_names["train"], *vocab.first_names["eval"]}
+    assert not (set(words) & (firsts | set(lasts))) and not (firsts & set(lasts))
+
+
+# --- properties of the records ----------------------------------------------------------------
+
+
+def check_record(r: QARecord, split: str, num_docs: int, hard_share: float) -> None:
+    (gold,) = [d for d in r.documents if d.is_supporting]
+    (fact,) = r.facts
+    (answer,) = r.answers
+    name = gold.title
+    first, last = name.split()
+    assert len(r.documents) == num_docs == r.num_docs
+    assert len({d.title for d in r.documents}) == num_docs
+    # the question: one of the split's paraphrases, about the gold paragraph's person
+    asked = [k for k in KINDS if r.question in {q.format(n=name) for q in QUESTIONS[k][split]}]
+    assert len(asked) == 1, r.question
+    kind = asked[0]
+    gold_facts = facts_of(gold.text, name, split)
+    assert gold_facts[kind] == (fact, answer)
+    assert name in fact and answer in fact and fact in gold.text
+    assert r.render_context().count(fact) == 1
+    people = [d.title.split() for d in r.documents]
+    assert all(entity_split(a) == split and entity_split(b) == split for a, b in people)
+    namesakes = 0
+    for d in r.documents:
+        if d is gold:
+            continue
+        assert name not in d.text and name not in d.title  # never a fact about the asked name
+        stated = facts_of(d.text, d.title, split)
+        f, la = d.title.split()
+        if f == first or la == last:
+            namesakes += 1
+            assert kind in stated and stated[kind][1] != answer
+    assert namesakes == namesake_count(num_docs - 1, hard_share)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), num_docs=st.integers(1, 40),
+       hard_share=st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]), split=st.sampled_from(SPLITS),
+       start=st.integers(0, 50))
+def test_every_record_is_answerable_only_from_its_gold_sentence(seed, num_docs, hard_share,
+                                                                 split, start):
+    records = make_biography_records(3, num_docs, seed, split=split, hard_share=hard_share,
+                                     start=start)
+    assert [r.id for r in records] == [f"bio-{split}-{seed}-{i}" for i in range(start, start + 3)]
+    assert len({r.question for r in records}) == 3  # the oracle finds records by question
+    for r in records:
+        check_record(r, split, num_docs, hard_share)
+    again = make_biography_records(3, num_docs, seed, split=split, hard_share=hard_share,
+                                   start=start)
+    assert again == records
+
+
+def test_seeds_differ_and_train_and_eval_people_are_disjoint():
+    train = make_biography_records(300, 8, seed=0, split="train")
+    held_out = make_biography_records(300, 8, seed=0, split="eval")
+    assert make_biography_records(5, 8, seed=1) != train[:5]
+    names = [{d.title for r in rs for d in r.documents} for rs in (train, held_out)]
+    firsts = [{n.split()[0] for n in ns} for ns in names]
+    lasts = [{n.split()[1] for n in ns} for ns in names]
+    assert not (firsts[0] & firsts[1]) and not (lasts[0] & lasts[1])
+    assert len({r.question for r in train}) == 300
+    assert {r.question.split(" ")[0] for r in train} >= {"In", "Where", "What", "Which", "Who"}
+
+
+def test_distractors_at_n_are_a_prefix_of_those_at_a_larger_n():
+    small, large = (biography_questions(4, n, seed=3, split="eval") for n in (8, 40))
+    for a, b in zip(small, large, strict=True):
+        assert (a.question, a.answer, a.fact, a.gold) == (b.question, b.answer, b.fact, b.gold)
+        assert b.distractors[:7] == a.distractors
+        assert a.namesakes(8) == 1 and b.namesakes(40) == 9
+
+
+def test_arguments_are_checked():
+    cases = [
+        (dict(num_questions=0, num_docs=4), "num_questions must be an integer of at least 1"),
+        (dict(num_questions=2, num_docs=0), "num_docs must be an integer of at least 1"),
+        (dict(num_questions=2, num_docs=4, split="test"), "split must be one of train, eval"),
+        (dict(num_questions=2, num_docs=4, hard_share=1.5), "hard_share must be a number"),
+        (dict(num_questions=2, num_docs=5000, hard_share=1.0), "namesakes per question"),
+        (dict(num_questions=2, num_docs=4, start=-1), "start must be an integer"),
+        (dict(num_questions=10**7, num_docs=4), "questions per split"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(MemrlInputError, match=message):
+            make_biography_records(**kwargs)
+
+
+# --- the evaluation files ---------------------------------------------------------------------
+
+
+def test_eval_files_hold_the_same_questions_at_every_n(tmp_path):
+    ns = [4, 16, 64]
+    paths = write_biography_eval(tmp_path, ns, num_questions=6, seed=2, hard_share=0.25)
+    assert [p.name for p in paths] == ["eval_4.json", "eval_16.json", "eval_64.json"]
+    loaded = load_ruler_hqa_dir(tmp_path, ns)
+    first = [(r.id, r.question, r.answers, r.facts) for r in loaded[4]]
+    assert len(first) == 6
+    positions = set()
+    for n in ns:
+        assert [(r.id, r.question, r.answers, r.facts) for r in loaded[n]] == first
+        items = json.loads((tmp_path / f"eval_{n}.json").read_text())
+        for r, item in zip(loaded[n], items, strict=True):
+            assert r.num_docs == n and item["namesakes"] == namesake_count(n - 1, 0.25)
+            assert item["kind"] == KINDS[int(r.id) % len(KINDS)]
+            titles = re.findall(r"Document \d+:\n([^\n]+)\n", r.context)
+            assert len(titles) == n and f"Document {n}:\n" in r.context
+            (fact,) = r.facts
+            assert r.context.count(fact) == 1 and r.answers[0] in fact
+            (gold,) = [t for t in titles if t in fact]
+            positions.add(titles.index(gold))
+    assert len(positions) > 3  # the gold paragraph is not always at the same place
+    again = tmp_path / "again"
+    write_biography_eval(again, ns, num_questions=6, seed=2, hard_share=0.25)
+    assert all((again / p.name).read_bytes() == p.read_bytes() for p in paths)
+
+
+def test_validation_questions_are_held_out_and_not_evaluation_questions(tmp_path):
+    paths = write_biographies(tmp_path, train_questions=20, train_docs=6, val_questions=8,
+                              eval_questions=10, eval_docs=[6, 12])
+    assert [p.name for p in paths] == ["train.jsonl", "val.jsonl", "eval_6.json",
+                                       "eval_12.json"]
+    train, val = load_hotpotqa(paths[0]), load_hotpotqa(paths[1])
+    assert [r.id for r in val] == [f"bio-eval-0-{VALIDATION_START + i}" for i in range(8)]
+    for r in val:
+        check_record(r, "eval", 6, 0.25)
+    evaluation = load_ruler_hqa_dir(tmp_path, [6])[6]
+    assert not {r.question for r in val} & {r.question for r in evaluation}
+    assert train == make_biography_records(20, 6, 0, split="train")
+
+
+# --- the oracle reads them --------------------------------------------------------------------
+
+
+AGENT = MemAgentConfig(chunk_size=64, max_memory_tokens=128, max_final_tokens=48,
+                       temperature=0)
+
+
+def test_the_oracle_keeps_the_gold_fact_and_answers_it(tiny_tokenizer, tmp_path):
+    train = make_biography_records(4, 8, seed=5, split="train")
+    write_biography_eval(tmp_path, [8], num_questions=4, seed=5)
+    held_out = load_ruler_hqa_dir(tmp_path, [8])[8]
+    for records in (train, held_out):
+        oracle = OracleGenerator(tiny_tokenizer, records, AGENT)
+        trajs = MemAgentQATask(AGENT).rollout(oracle, records, num_samples=1, seed=0)
+        for t, r in zip(trajs, records, strict=True):
+            assert t.info["num_chunks"] >= 3
+            assert t.info["memories"][-1] == r.facts[0]
+            assert t.info["final_response"] == f"\\boxed{{{r.answers[0]}}}"
+            assert t.answer == r.answers[0] and t.reward == 1.0
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def test_cli_writes_the_task_deterministically(tmp_path, capsys):
+    args = ["prepare", "biographies", "--out", str(tmp_path / "a"), "--train-questions", "12",
+            "--train-docs", "5", "--val-questions", "3", "--eval-questions", "4",
+            "--num-docs", "5", "10", "--seed", "7"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("wrote") == 4 and "eval_10.json" in out
+    assert load_hotpotqa(tmp_path / "a" / "train.jsonl") == \
+        make_biography_records(12, 5, 7, split="train")
+    assert len(load_ruler_hqa_dir(tmp_path / "a", [5, 10])[10]) == 4
+    args[3] = str(tmp_path / "b")
+    assert main(args) == 0
+    for name in ("train.jsonl", "val.jsonl", "eval_5.json", "eval_10.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert main(["prepare", "biographies", "--out", str(tmp_path / "c"), "--split", "eval",
+                 "--eval-questions", "2", "--num-docs", "3"]) == 0
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["eval_3.json"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--split", "dev"], "--split must be one of all, train, eval"),
+    (["--hard-share", "2"], "hard_share must be a number from 0 to 1"),
+    (["--split", "train", "--num-docs", "8"], "--num-docs: sets the evaluation files' N"),
+    (["--train-docs", "0"], "num_docs must be an integer of at least 1"),
+    (["--split", "eval", "--eval-questions", "0"], "num_questions must be an integer"),
+])
+def test_cli_bad_arguments_are_one_line_errors(tmp_path, capsys, extra, message):
+    assert main(["prepare", "biographies", "--out", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
