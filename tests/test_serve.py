@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers import stop_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,13 +156,7 @@ def server(tiny_model_dir, tmp_path_factory):
         assert time.time() < deadline, "the server did not start: " + log.read_text()
         time.sleep(0.2)
     yield {"base": base, "proc": proc, "log": log}
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc)
 
 
 def _client(server, **kw):
