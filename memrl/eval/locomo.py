@@ -38,7 +38,6 @@ judge, else a one-line error) skips the episodes already there and finishes the 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,16 +53,8 @@ from memrl.eval.memory_trace import (
     session_line,
     session_rows,
 )
-from memrl.eval.report import (
-    finish_header,
-    markdown_table,
-    progress_bars,
-    rich_table,
-    run_header,
-    write_json,
-    write_report,
-)
-from memrl.eval.resume import append_episodes, check_same_run, read_episodes
+from memrl.eval.report import markdown_table, progress_bars, rich_table, run_header, write_report
+from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
 from memrl.inference.base import Generator, derive_seed
 from memrl.memory.embedder import Embedder
 from memrl.rewards.locomo_metrics import bleu1, judge_prompt, parse_judge_label, token_set_f1
@@ -247,14 +238,47 @@ def evaluate_locomo(
     a local model or a remote server) adds the LLM-judge accuracy. Finished episodes in
     `out_dir` are reused; `resume=True` additionally requires that there are some.
     """
-    from rich.console import Console
-
     categories = check_categories([int(c) for c in categories])
-    for option, value in (("--limit", limit), ("--samples", num_samples),
-                          ("episodes_per_run", episodes_per_run)):
-        if value is not None and value < 1:
-            raise MemrlInputError(f"must be >= 1, got {value}", location=option)
+    check_counts(limit=limit, samples=num_samples, episodes_per_run=episodes_per_run)
     split_conversations([], split)  # validates the name
+    task, episodes = _setup(data, config, categories, split, limit, embedder)
+    judge_id = None if judge is None else (
+        judge_name or getattr(judge, "name_or_path", None) or type(judge).__name__)
+    run = open_run(out_dir, run_header(
+        "locomo", generator, model_name, task.config,
+        protocol=f"literature (judge: {judge_id})", data=str(data), split=split,
+        categories=categories, limit=limit, num_samples=num_samples,
+        num_episodes=len(episodes), embedder=task.embedder.name, judge=judge_id,
+        metric="f1_final",
+    ), resume=resume, console=console)
+
+    def add_literature(rows: list[dict[str, Any]]) -> None:
+        scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
+        verdicts = dict(zip((id(r) for r in scored),
+                            judge_rows(judge, scored, seed) if judge else [], strict=False))
+        for r in rows:
+            r["literature"] = literature_scores(r, verdicts.get(id(r)), judge is not None)
+
+    seed = task.config.seed or 0
+    with progress_bars(run.console, show_progress) as progress:
+        bar = progress.add_task("LoCoMo episodes", total=len(episodes))
+        rows, elapsed, _ = run_episodes(
+            task, generator, episodes, run.out / "trajectories.jsonl", num_samples=num_samples,
+            per_run=episodes_per_run, seed_of=lambda i: derive_seed(seed, "locomo", i),
+            progress=lambda done: progress.advance(bar, done), add_to_rows=add_literature,
+            console=run.console)
+    per_category = aggregate_categories(rows, categories)
+    run.results["results"] = per_category
+    run.results["timings"] = {"rollout_s": elapsed, "per_episode_s": elapsed / len(episodes)}
+    run.finish()
+    report(run, per_category, task, split, judge_id)
+    return run.results
+
+
+def _setup(data: str | Path, config: MemUpdateConfig, categories: Sequence[int], split: str,
+           limit: int | None, embedder: Embedder | None
+           ) -> tuple[MemoryUpdateTask, list[MemoryEpisode]]:
+    """The task and the episodes of the chosen categories and split (the first `limit`)."""
     data = Path(data)
     if not data.exists():
         raise MemrlInputError("LoCoMo data not found (build it with `memrl prepare locomo`)",
@@ -271,61 +295,12 @@ def evaluate_locomo(
             f"no episodes of categories {', '.join(map(str, categories))} in split {split}",
             location=str(data),
         )
+    return task, episodes
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise MemrlInputError("exists and is not a directory", location=f"--out {out}")
-    console = console or Console()
-    started = time.perf_counter()
-    judge_id = None if judge is None else (
-        judge_name or getattr(judge, "name_or_path", None) or type(judge).__name__)
-    results = run_header(
-        "locomo", generator, model_name, config, protocol=f"literature (judge: {judge_id})",
-        data=str(data), split=split, categories=categories, limit=limit,
-        num_samples=num_samples, num_episodes=len(episodes), embedder=task.embedder.name,
-        judge=judge_id, metric="f1_final",
-    )
-    previous = check_same_run(out / "results.json", results)
-    if resume and not previous:
-        raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
-    if previous:
-        results["started_at"] = previous.get("started_at", results["started_at"])
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", results)  # claims the directory before any episode
 
-    traj_path = out / "trajectories.jsonl"
-    finished = read_episodes(traj_path)
-    wanted = [(e.id, s) for e in episodes for s in range(num_samples)]
-    todo = sum(key not in finished for key in wanted)
-    if todo < len(wanted):
-        console.print(f"{len(wanted) - todo} of {len(wanted)} episodes already in "
-                      f"{traj_path.name}, running the other {todo}", soft_wrap=True)
-    by_id = {e.id: e for e in episodes}
-    with progress_bars(console, show_progress) as progress:
-        bar = progress.add_task("LoCoMo episodes", total=len(episodes))
-        for i in range(0, len(episodes), episodes_per_run):
-            batch = [e for e in episodes[i : i + episodes_per_run]
-                     if any((e.id, s) not in finished for s in range(num_samples))]
-            progress.advance(bar, min(episodes_per_run, len(episodes) - i) - len(batch))
-            if not batch:
-                continue
-            seed = derive_seed(config.seed or 0, "locomo", i)
-            trajectories = task.rollout(
-                generator, batch, num_samples=num_samples, seed=seed, keep_token_ids=False,
-                progress=lambda done: progress.advance(bar, done),
-            )
-            rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
-                    if (t.record_id, t.sample_index) not in finished]
-            scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
-            verdicts = dict(zip((id(r) for r in scored),
-                                judge_rows(judge, scored, seed) if judge else [], strict=False))
-            for r in rows:
-                r["literature"] = literature_scores(r, verdicts.get(id(r)), judge is not None)
-            append_episodes(traj_path, rows)
-            finished.update(((r["id"], r["sample_index"]), r) for r in rows)
-    elapsed = time.perf_counter() - started
-
-    rows = [finished[key] for key in wanted]
+def aggregate_categories(rows: Sequence[dict[str, Any]],
+                         categories: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """`aggregate` per category, and `all` over categories 1-4."""
     per_category: dict[str, dict[str, Any]] = {}
     for c in categories:
         group = [r for r in rows if r["category"] == c]
@@ -334,12 +309,13 @@ def evaluate_locomo(
     answerable = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
     if answerable:
         per_category["all"] = aggregate(answerable)
-    results["results"] = per_category
-    finish_header(results)
-    results["timings"] = {"total_s": elapsed,
-                          "per_episode_s": elapsed / len(episodes)}
-    write_json(out / "results.json", results)
+    return per_category
 
+
+def report(run: EvalRun, per_category: dict[str, dict[str, Any]], task: MemoryUpdateTask,
+           split: str, judge_id: str | None) -> None:
+    """results.md and the console tables: ours, the literature's, memory per session."""
+    config = task.config
     source = ("the llm answerer's answer" if config.answerer == "llm"
               else "the top retrieved memory (retrieval answerer: a proxy, not comparable "
               "with published numbers)")
@@ -355,11 +331,10 @@ def evaluate_locomo(
              + markdown_table(LITERATURE_COLUMNS, literature)
              + "\n## Memory per dialogue session read\n\n"
              + markdown_table(SESSION_COLUMNS, session_rows(per_category), digits=2))
-    title = f"LoCoMo · MemoryUpdate · {results['model']}"
-    write_report(out, title, TABLE_COLUMNS, table_rows(per_category), console, note)
-    console.print(rich_table(f"LoCoMo as the literature scores it · split {split}",
-                             LITERATURE_COLUMNS, literature))
+    title = f"LoCoMo · MemoryUpdate · {run.results['model']}"
+    write_report(run.out, title, TABLE_COLUMNS, table_rows(per_category), run.console, note)
+    run.console.print(rich_table(f"LoCoMo as the literature scores it · split {split}",
+                                 LITERATURE_COLUMNS, literature))
     for key, r in per_category.items():
         name = f"category {key}" if key.isdigit() else key
-        console.print(session_line(name, r["memory"]), soft_wrap=True)
-    return results
+        run.console.print(session_line(name, r["memory"]), soft_wrap=True)

@@ -45,15 +45,9 @@ from memrl.eval.memory_trace import (
     summary_line,
     write_diagnostics,
 )
-from memrl.eval.report import (
-    finish_header,
-    plot_scores,
-    progress_bars,
-    run_header,
-    write_json,
-    write_report,
-)
-from memrl.eval.resume import append_episodes, check_same_run, read_episodes, replace_surrogates
+from memrl.eval.report import plot_scores, progress_bars, run_header, write_report
+from memrl.eval.resume import replace_surrogates
+from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
 from memrl.inference.base import Generator, derive_seed
 from memrl.rewards.memagent import ProtocolScores, published_means
 from memrl.tasks.memagent_qa import PROTOCOLS, MemAgentQATask
@@ -198,21 +192,59 @@ def evaluate_ruler_hqa(
     files (N = 12,800 / 25,600) point into. Finished episodes in `out_dir` are always
     reused; `resume=True` additionally requires that there are some.
     """
-    from rich.console import Console
-
+    check_counts(limit=limit, records_per_run=records_per_run, samples=num_samples)
     if not num_docs_list:
         raise MemrlInputError("give at least one number of documents", location="--num-docs")
-    for option, value in (("--limit", limit), ("--records-per-run", records_per_run)):
-        if value is not None and value < 1:
-            raise MemrlInputError(f"must be >= 1, got {value}", location=option)
-    if num_samples < 1:
-        raise MemrlInputError(f"must be >= 1, got {num_samples}", location="--samples")
     task = MemAgentQATask(config, protocol=protocol, trace_evidence=True)
     num_docs_list = list(dict.fromkeys(int(n) for n in num_docs_list))
     data_dir = Path(data_dir)
+    check_ruler_files(data_dir, num_docs_list, pool)
+    run = open_run(out_dir, run_header(
+        "ruler_hqa", generator, model_name, config, protocol=protocol,
+        data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
+        records_per_run=records_per_run, metric="sub_em",
+    ), resume=resume, console=console)
+    results, previous = run.results, run.previous
+    per_n: dict[str, Any] = dict(previous.get("results") or {})
+    memory = read_diagnostics(run.out) if previous else {}
+    timings = dict((previous.get("timings") or {}).get("per_num_docs_s") or {})
+    if previous:
+        results["num_docs"] = sorted({*map(int, per_n), *num_docs_list})
+    results.update(results=per_n, timings={"per_num_docs_s": timings, "total_s": 0.0})
+    run.write()
+
+    shared_pool = LazyPool(pool) if pool is not None else None
+    with progress_bars(run.console, show_progress) as progress:
+        for n in num_docs_list:
+            records = [_clean(r) for r in load_ruler_hqa(
+                ruler_hqa_path(data_dir, n), pool=shared_pool, expected_num_docs=n)[:limit]]
+            rows, elapsed, resumed = run_episodes(
+                task, generator, records, run.out / f"trajectories_{n}.jsonl",
+                num_samples=num_samples, per_run=records_per_run,
+                seed_of=lambda i, n=n: batch_seed(config.seed, n, i),
+                progress=rich_progress_callback(progress, f"N={n}"), console=run.console,
+                label=f"N={n}: ")
+            timings[str(n)] = timings.get(str(n), 0.0) * resumed + elapsed
+            memory[str(n)] = aggregate_traces(rows)
+            per_n[str(n)] = {"num_docs": n, "num_records": len(records),
+                             "num_samples": num_samples, **aggregate(rows, protocol),
+                             "memory": memory[str(n)]["summary"], "seconds": timings[str(n)]}
+            results["timings"]["total_s"] = time.perf_counter() - run.started
+            run.write()
+
+    results["results"] = per_n = dict(sorted(per_n.items(), key=lambda kv: int(kv[0])))
+    run.finish()
+    report(run, per_n, memory, protocol)
+    return results
+
+
+def check_ruler_files(data_dir: Path, num_docs_list: Sequence[int],
+                      pool: str | Path | None) -> None:
+    """Fail before hours of generation, not in the middle: the data directory, every
+    `eval_{N}.json` and the pool file must exist."""
     if not data_dir.is_dir():
         raise MemrlInputError("RULER-HQA data directory not found", location=str(data_dir))
-    for n in num_docs_list:  # fail before hours of generation, not in the middle
+    for n in num_docs_list:
         if not ruler_hqa_path(data_dir, n).is_file():
             raise MemrlInputError(
                 f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
@@ -221,83 +253,16 @@ def evaluate_ruler_hqa(
     if pool is not None and not Path(pool).is_file():
         raise MemrlInputError("HotpotQA pool file not found", location=f"--pool {pool}")
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise MemrlInputError("exists and is not a directory", location=f"--out {out}")
-    console = console or Console()
-    started = time.perf_counter()
-    results = run_header(
-        "ruler_hqa", generator, model_name, config, protocol=protocol,
-        data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
-        records_per_run=records_per_run, metric="sub_em",
-    )
-    previous = check_same_run(out / "results.json", results)
-    if resume and not previous:
-        raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
-    per_n: dict[str, Any] = dict(previous.get("results") or {})
-    memory = read_diagnostics(out) if previous else {}
-    timings = dict((previous.get("timings") or {}).get("per_num_docs_s") or {})
-    if previous:
-        results["started_at"] = previous.get("started_at", results["started_at"])
-        results["num_docs"] = sorted({*map(int, per_n), *num_docs_list})
-    results.update(results=per_n, timings={"per_num_docs_s": timings, "total_s": 0.0})
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", results)  # claims the directory before any episode
 
-    shared_pool = LazyPool(pool) if pool is not None else None
-    with progress_bars(console, show_progress) as progress:
-        for n in num_docs_list:
-            path = ruler_hqa_path(data_dir, n)
-            records = [_clean(r) for r in
-                       load_ruler_hqa(path, pool=shared_pool, expected_num_docs=n)[:limit]]
-            traj_path = out / f"trajectories_{n}.jsonl"
-            finished = read_episodes(traj_path)
-            wanted = [(r.id, s) for r in records for s in range(num_samples)]
-            todo = sum(key not in finished for key in wanted)
-            if todo < len(wanted):
-                console.print(f"N={n}: {len(wanted) - todo} of {len(wanted)} episodes already "
-                              f"in {traj_path.name}, running the other {todo}", soft_wrap=True)
-            on_event = rich_progress_callback(progress, f"N={n}")
-            t0 = time.perf_counter()
-            for i in range(0, len(records), records_per_run):
-                batch = [r for r in records[i : i + records_per_run]
-                         if any((r.id, s) not in finished for s in range(num_samples))]
-                if not batch:
-                    continue
-                trajectories = task.rollout(
-                    generator, batch, num_samples=num_samples,
-                    seed=batch_seed(config.seed, n, i), keep_token_ids=False, progress=on_event,
-                )
-                by_id = {r.id: r for r in batch}
-                rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
-                        if (t.record_id, t.sample_index) not in finished]
-                append_episodes(traj_path, rows)
-                finished.update(((row["id"], row["sample_index"]), row) for row in rows)
-            elapsed = time.perf_counter() - t0
-
-            rows = [finished[key] for key in wanted]
-            timings[str(n)] = timings.get(str(n), 0.0) * (todo < len(wanted)) + elapsed
-            memory[str(n)] = aggregate_traces(rows)
-            per_n[str(n)] = {"num_docs": n, "num_records": len(records),
-                             "num_samples": num_samples, **aggregate(rows, protocol),
-                             "memory": memory[str(n)]["summary"], "seconds": timings[str(n)]}
-            results["timings"]["total_s"] = time.perf_counter() - started
-            write_json(out / "results.json", results)
-
-    per_n = dict(sorted(per_n.items(), key=lambda kv: int(kv[0])))
-    results["results"] = per_n
-    finish_header(results)
-    results["timings"]["total_s"] = time.perf_counter() - started
-    write_json(out / "results.json", results)
-
-    title = f"RULER-HQA · {results['model']} · protocol {protocol}"
-    write_report(out, title, table_columns(protocol), table_rows(per_n, protocol), console,
-                 protocol_note(protocol))
-    _plot(out / "plot.png", per_n, title, protocol)
-    write_diagnostics(out, memory, title)
+def report(run: EvalRun, per_n: dict[str, Any], memory: dict[str, Any], protocol: str) -> None:
+    """results.md and the console table, plot.png, the memory diagnostics."""
+    title = f"RULER-HQA · {run.results['model']} · protocol {protocol}"
+    write_report(run.out, title, table_columns(protocol), table_rows(per_n, protocol),
+                 run.console, protocol_note(protocol))
+    _plot(run.out / "plot.png", per_n, title, protocol)
+    write_diagnostics(run.out, memory, title)
     for key in sorted(memory, key=int):
-        console.print(summary_line(key, memory[key]), soft_wrap=True)
-    return results
+        run.console.print(summary_line(key, memory[key]), soft_wrap=True)
 
 
 def _plot(path: Path, per_n: dict[str, dict[str, Any]], title: str, protocol: str) -> None:

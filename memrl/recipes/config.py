@@ -1,21 +1,29 @@
 """The whole training config: every knob of `memrl train`, typed and validated.
 
 Sections map one-to-one to the objects they configure: `model` → the policy loader,
-`data` → the question stream, `rollout` → the engine that samples, `memagent` /
-`memupdate` → the task's agent, `rl` and `optim` → `memrl.rl` (advantages, losses, actor),
-`trainer` → the recipe's loop, logging and checkpoints. docs/configuration.md gives the
-verl key that each one corresponds to.
+`data` → the question stream, `rollout` → the engine that samples, the agent's own section
+(keyed by its task's name: `memagent`, `memupdate`, or a plug-in's) → the task's agent, `rl`
+and `optim` → `memrl.rl` (advantages, losses, actor), `trainer` → the recipe's loop, logging
+and checkpoints. docs/configuration.md gives the verl key that each one corresponds to.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from memrl.agents.memagent import MemAgentConfig
-from memrl.agents.memupdate import MemUpdateConfig
+from pydantic_core import PydanticCustomError
+
 from memrl.config import StrictModel
+from memrl.errors import MemrlInputError
 from memrl.inference.base import RolloutMode
 from memrl.inference.config import OpenAIConfig, VLLMConfig
 from memrl.rl.config import OptimConfig, RLConfig
@@ -243,18 +251,79 @@ class TrainerConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
+    """Every section of a training run. The agent's section is keyed by its task's `name`
+    and validated by the task's `config_class` (errors located as `<name>.<field>`); read it
+    as `config.agent_config`, or by its name (`config.memagent`)."""
+
     seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seeds everything: weights init of LoRA, data order, every sampling call."""
-    agent: Literal["memagent", "memupdate"] = "memagent"
-    """The task to train: memagent (long-document QA) or memupdate (LoCoMo tool memory)."""
+    agent: str = "memagent"
+    """The task to train: memagent (long-document QA), memupdate (LoCoMo tool memory), or a
+    Task class outside memrl by import path `package.module:Class` (memrl.tasks)."""
     model: ModelConfig
     data: DataConfig
-    memagent: MemAgentConfig = MemAgentConfig()
-    memupdate: MemUpdateConfig = MemUpdateConfig()
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
+    agent_config: Any = None
+    """The agent's section, an instance of its task's `config_class` (set from the section
+    keyed by the task's name; never a key of its own)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agent_section(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "agent_config" in data:
+            raise _located("agent_config", "unknown key", data["agent_config"])
+        agent = data.get("agent", "memagent")
+        from memrl.tasks import TASKS, task_class
+
+        try:
+            task = task_class(agent) if isinstance(agent, str) else None
+        except MemrlInputError as exc:
+            raise _located("agent", exc.message, agent) from None
+        if task is None:
+            return data  # the field's own validation reports a non-string agent
+        for other in TASKS:
+            if other != task.name and other in data:
+                raise _located(other, f"this section is agent {other}'s; this config trains "
+                               f"agent {agent}", data[other])
+        section = data.pop(task.name, None)
+        try:
+            data["agent_config"] = task.config_class.model_validate(
+                {} if section is None else section)
+        except ValidationError as exc:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {**err, "loc": (task.name, *err["loc"])} for err in exc.errors()]) from None
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump_agent_section(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The agent's section under its task's name, where `load_config` reads it back."""
+        out = handler(self)
+        section = out.pop("agent_config", None)
+        if isinstance(out, dict) and section is not None:
+            out[self.agent_name] = section
+        return out
+
+    @property
+    def agent_name(self) -> str:
+        """The task's name: the key of the agent's section."""
+        from memrl.tasks import task_class
+
+        return task_class(self.agent).name
+
+    def __getattr__(self, item: str) -> Any:
+        try:
+            return super().__getattr__(item)  # type: ignore[misc]
+        except AttributeError:
+            if not item.startswith("_") and "agent_config" in self.__dict__ \
+                    and item == self.agent_name:
+                return self.__dict__["agent_config"]
+            raise
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -275,12 +344,17 @@ class TrainConfig(StrictModel):
                 f"trainer.log_trajectories.max_rows_per_step ({logs.max_rows_per_step}) is "
                 f"below rl.rollout_n ({self.rl.rollout_n}): not one whole group fits"
             )
-        from memrl.tasks import task_class
+        from memrl.tasks import reward_weights, task_class
 
-        rewards = task_class(self.agent).rewards
-        if self.rl.reward is not None and self.rl.reward not in rewards:
-            raise ValueError(
-                f"rl.reward {self.rl.reward!r} has no meaning for agent {self.agent}; "
-                f"choose one of {', '.join(rewards)}"
-            )
+        try:
+            reward_weights(self.rl.reward, task_class(self.agent).rewards, agent=self.agent)
+        except MemrlInputError as exc:
+            raise _located("rl.reward", exc.message, self.rl.reward) from None
         return self
+
+
+def _located(key: str, message: str, value: Any) -> ValidationError:
+    """A validation error of the dotted `key` (validate_config prints `key: message`)."""
+    return ValidationError.from_exception_data("TrainConfig", [
+        {"type": PydanticCustomError("agent_section", message), "loc": tuple(key.split(".")),
+         "input": value}])

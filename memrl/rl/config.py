@@ -30,9 +30,11 @@ class RLConfig(StrictModel):
     generation_batch_size: int = Field(64, ge=1)
     """Prompts per forward pass of the in-process engine (a micro-batch of generation)."""
     # ---- rewards and advantages
-    reward: str | None = None
-    """The task's reward (memagent: sub_em, em, f1, memagent_em, context_overlap;
-    memupdate: memory_delta). None: the task's default (sub_em / memory_delta)."""
+    reward: str | dict[str, float] | None = None
+    """The task's reward: one of its named rewards (memagent: sub_em, em, f1, memagent_em,
+    context_overlap; memupdate: memory_delta), or a weighted sum `{name: weight, ...}`, each
+    part logged as `train/reward/<name>` (memrl.tasks.rewards). None: the task's first
+    (sub_em / memory_delta)."""
     adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline"] = "grpo"
     """verl algorithm.adv_estimator."""
     norm_adv_by_std: bool = False

@@ -97,6 +97,7 @@ class MemAgentQATask:
     """Reward: em / f1 / sub_em of the \\boxed{} answer, or the dense context_overlap."""
 
     name: ClassVar[str] = "memagent"
+    config_class: ClassVar[type] = MemAgentConfig
     rewards: ClassVar[tuple[str, ...]] = REWARDS
 
     def __init__(self, config: MemAgentConfig, reward: str = "sub_em",

@@ -132,6 +132,7 @@ class MemoryUpdateTask:
     """The Task the trainer runs for `agent: memupdate` (see memrl.tasks.base.Task)."""
 
     name: ClassVar[str] = "memupdate"
+    config_class: ClassVar[type] = MemUpdateConfig
     rewards: ClassVar[tuple[str, ...]] = ("memory_delta",)
 
     def __init__(

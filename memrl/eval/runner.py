@@ -1,0 +1,165 @@
+"""The one evaluation runner: what every benchmark shares, for any task.
+
+    run = open_run(out, header, resume=...)          # claim the directory (same model,
+                                                      # config, protocol, or a one-line error)
+    rows = run_episodes(task, engine, records, run.out / "trajectories.jsonl", ...)
+                                                      # skip finished episodes, roll out the
+                                                      # rest in slices, append their log rows
+    run.finish(results)                               # results.json, with timings
+
+A benchmark keeps only its setup (which records, which task settings), its aggregation of
+the rows and its report; `evaluate_task` is the benchmark of a task that has none of its
+own (`memrl eval agent --agent NAME`): the means of each row's reward and scores.
+
+A log row (`Task.log_row`) has at least `id`, `sample_index`, `reward` and `scores` (a
+mapping of numbers). Episodes are keyed by (id, sample index); slices are fixed, and each is
+seeded from its start, so a resumed run samples exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memrl.errors import MemrlInputError
+from memrl.eval.report import finish_header, progress_bars, write_json, write_report
+from memrl.eval.resume import append_episodes, check_same_run, read_episodes
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
+
+
+@dataclass
+class EvalRun:
+    """A claimed run directory and the results.json being built in it."""
+
+    out: Path
+    results: dict[str, Any]
+    previous: dict[str, Any] = field(default_factory=dict)
+    console: Any = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def write(self) -> None:
+        write_json(self.out / "results.json", self.results)
+
+    def finish(self) -> None:
+        """Stamp the end time and total seconds; write results.json."""
+        finish_header(self.results)
+        timings = self.results.setdefault("timings", {})
+        timings["total_s"] = time.perf_counter() - self.started
+        self.write()
+
+
+def open_run(out_dir: str | Path, header: dict[str, Any], *, resume: bool = False,
+             console: Any = None) -> EvalRun:
+    """Claim `out_dir` for the run `header` describes (`memrl.eval.report.run_header`):
+    a directory of another benchmark, model, protocol or config is a one-line error;
+    `resume` requires a previous run there. results.json is written before any episode."""
+    from rich.console import Console
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise MemrlInputError("exists and is not a directory", location=f"--out {out}")
+    previous = check_same_run(out / "results.json", header)
+    if resume and not previous:
+        raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
+    if previous:
+        header["started_at"] = previous.get("started_at", header["started_at"])
+    out.mkdir(parents=True, exist_ok=True)
+    run = EvalRun(out, header, previous, console or Console())
+    run.write()
+    return run
+
+
+def check_counts(**options: int | None) -> None:
+    """Each option (its flag's name with `_` for `-`) is None or >= 1."""
+    for name, value in options.items():
+        if value is not None and value < 1:
+            flag = "--" + name.replace("_", "-")
+            raise MemrlInputError(f"must be >= 1, got {value}", location=flag)
+
+
+def run_episodes(
+    task: Any,
+    engine: Any,
+    records: Sequence[Any],
+    path: Path,
+    *,
+    num_samples: int,
+    per_run: int,
+    seed_of: Callable[[int], int | None],
+    progress: Callable[[Any], None] | None = None,
+    add_to_rows: Callable[[list[dict[str, Any]]], None] | None = None,
+    console: Any = None,
+    label: str = "",
+) -> tuple[list[dict[str, Any]], float, bool]:
+    """Every (record, sample) episode's log row, in that order: those already in `path`,
+    and the others rolled out `per_run` records at a time (the slice starting at record i
+    seeded with `seed_of(i)`, no token ids kept) and appended to `path` after each slice.
+    `add_to_rows` may add fields to a slice's rows before they are written. Returns the
+    rows, the seconds spent rolling out, and whether any episode was already there."""
+    finished = read_episodes(path)
+    wanted = [(r.id, s) for r in records for s in range(num_samples)]
+    todo = sum(key not in finished for key in wanted)
+    if todo < len(wanted) and console is not None:
+        console.print(f"{label}{len(wanted) - todo} of {len(wanted)} episodes already in "
+                      f"{path.name}, running the other {todo}", soft_wrap=True)
+    t0 = time.perf_counter()
+    for i in range(0, len(records), per_run):
+        batch = [r for r in records[i : i + per_run]
+                 if any((r.id, s) not in finished for s in range(num_samples))]
+        if not batch:
+            continue
+        trajectories = task.rollout(engine, batch, num_samples=num_samples, seed=seed_of(i),
+                                    keep_token_ids=False, progress=progress)
+        by_id = {r.id: r for r in batch}
+        rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
+                if (t.record_id, t.sample_index) not in finished]
+        if add_to_rows is not None:
+            add_to_rows(rows)
+        append_episodes(path, rows)
+        finished.update(((row["id"], row["sample_index"]), row) for row in rows)
+    return [finished[key] for key in wanted], time.perf_counter() - t0, todo < len(wanted)
+
+
+def mean_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """`n`, the mean `reward` and the mean of every numeric score of the rows."""
+    out: dict[str, Any] = {"n": len(rows)}
+    rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
+    out["reward"] = sum(rewards) / len(rewards) if rewards else None
+    keys = dict.fromkeys(k for r in rows for k in (r.get("scores") or {}))
+    for key in keys:
+        values = [r["scores"][key] for r in rows if isinstance((r.get("scores") or {}).get(key),
+                                                               int | float)]
+        out[key] = sum(values) / len(values) if values else None
+    return out
+
+
+def evaluate_task(task: Any, engine: Any, records: Sequence[Any], *, out_dir: str | Path,
+                  header: dict[str, Any], num_samples: int = 1, per_run: int = 32,
+                  seed: int | None = None, resume: bool = False, console: Any = None,
+                  show_progress: bool = True) -> dict[str, Any]:
+    """Any task on `records`: trajectories.jsonl, and results.json / results.md with the
+    means of the rows' reward and scores (`mean_scores`)."""
+    from memrl.inference.base import derive_seed
+
+    check_counts(samples=num_samples, episodes_per_run=per_run)
+    run = open_run(out_dir, header, resume=resume, console=console)
+    with progress_bars(run.console, show_progress) as bars:
+        bar = bars.add_task(f"{task.name} episodes", total=len(records))
+        rows, seconds, _ = run_episodes(
+            task, engine, records, run.out / TRAJECTORIES_FILE, num_samples=num_samples,
+            per_run=per_run, seed_of=lambda i: None if seed is None else derive_seed(
+                seed, "eval", task.name, i),
+            progress=lambda *_: None, console=run.console,
+            add_to_rows=lambda rows: bars.advance(bar, len({r["id"] for r in rows})))
+    means = mean_scores(rows)
+    run.results.update(results=means, timings={"rollout_s": seconds})
+    run.finish()
+    table = [[key, value] for key, value in means.items()]
+    write_report(run.out, f"{task.name} · {run.results['model']}", ("metric", "mean"), table,
+                 run.console, f"\nMeans over {len(rows)} episodes ({len(records)} records x "
+                 f"{num_samples} samples).\n")
+    return run.results
