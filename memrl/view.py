@@ -33,7 +33,7 @@ import difflib
 import html
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,9 @@ from memrl.errors import MemrlInputError
 from memrl.recipes.trajectory_log import TRAJECTORY_DIR, read_step_files
 from memrl.rewards.evidence import answer_in_text, evidence_chunk
 from memrl.runrecord import RUN_FILE, read_record, summary_line
+
+Renderer = Callable[[dict[str, Any], str], str]
+"""(log row, its file relative to RUN_DIR) → the row's section of the page (HTML)."""
 
 PATTERNS = ("trajectories*.jsonl", "val_samples/step_*.jsonl")
 """Files (under RUN_DIR, at any depth) that the viewer reads."""
@@ -291,12 +294,71 @@ def render_training(run_dir: Path, steps: Sequence[int] | None = None,
     return "".join(sections)
 
 
+def render_generic(row: dict[str, Any], source: str) -> str:
+    """Any task's log row: its question, answer and scores, and the whole row folded."""
+    score = _score(row)
+    whole = html.escape(json.dumps(row, indent=2, ensure_ascii=False, default=str))
+    return (
+        _header(row, source, score, "task")
+        + '<div class="final"><b>answer:</b> <code class="answer">'
+        + f'{html.escape(str(row.get("answer")))}</code> <b>gold:</b> <code class="gold-answer">'
+        + f'{html.escape(" | ".join(_strs(row.get("answers"))))}</code> <b>scores:</b> '
+        + f'{html.escape(json.dumps(row.get("scores"), default=str))} <b>reward:</b> '
+        + f'{_num(row.get("reward"))}</div><details><summary>row</summary><pre>{whole}</pre>'
+        + '</details></section>'
+    )
+
+
+RENDERERS: dict[str, Renderer] = {"memagent": render_memagent, "memupdate": render_memupdate}
+"""The page section of a log row, by task name. A task class of another name may define
+`render_row(row, source) -> str` (HTML); without one its rows get `render_generic`."""
+
+BENCHMARK_AGENTS = {"ruler_hqa": "memagent", "locomo": "memupdate"}
+"""The agent of results.json files that name only their benchmark."""
+
+
+def agent_of(path: Path) -> str | None:
+    """The agent that wrote the trajectories file `path`: its run's `results.json`
+    (`agent`, else its benchmark) or training `config.yaml` (`agent`), in its folder or the
+    one above (val_samples/); None when neither says (a `memrl ask` trace: MemAgent)."""
+    import yaml
+
+    for folder in (path.parent, path.parent.parent):
+        try:
+            if (folder / "results.json").is_file():
+                results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+                return results.get("agent") or BENCHMARK_AGENTS.get(results.get("benchmark"))
+            if (folder / "config.yaml").is_file():
+                config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+                return config.get("agent", "memagent") if isinstance(config, dict) else None
+        except (OSError, ValueError, yaml.YAMLError, AttributeError):
+            return None
+    return None
+
+
+def renderer_for(agent: str | None) -> Renderer:
+    """The renderer of an agent's rows: its task's `render_row`, else `RENDERERS` by the
+    task's name, else `render_generic` (also for an agent that cannot be imported here)."""
+    if agent is None:
+        return render_memagent
+    from memrl.tasks import task_class
+
+    try:
+        cls = task_class(agent)
+    except MemrlInputError:
+        return render_generic
+    return getattr(cls, "render_row", None) or RENDERERS.get(cls.name, render_generic)
+
+
 def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str, *,
-                header: str = "") -> str:
-    """The whole page for (source, row) episodes; `header` (runs, training trajectories)
-    goes above them."""
-    sections = [render_memupdate(row, src) if "calls" in row or "memory_diff" in row
-                else render_memagent(row, src) for src, row in episodes]
+                header: str = "", agents: dict[str, str | None] | None = None) -> str:
+    """The whole page for (source, row) episodes, each rendered by the renderer of the agent
+    that wrote its source (`agents`: source → agent; a source not in it: MemAgent's);
+    `header` (runs, training trajectories) goes above them."""
+    agents = agents or {}
+    renderers = {src: renderer_for(agents.get(src)) for src in dict.fromkeys(s for s, _ in
+                                                                             episodes)}
+    sections = [renderers[src](row, src) for src, row in episodes]
     lengths = sorted({str(r.get("num_docs") or r.get("num_chunks") or 0) for _, r in episodes},
                      key=lambda v: (len(v), v))
     categories = sorted({str(r["category"]) for _, r in episodes if "category" in r})
@@ -328,15 +390,17 @@ def write_view(run_dir: str | Path, out: str | Path | None = None, *,
         raise MemrlInputError(
             "no trajectories file under it (trajectories*.jsonl, val_samples/step_*.jsonl, "
             f"{TRAJECTORY_DIR}/step_*.jsonl) and no {RUN_FILE}", location=str(run))
-    episodes = []
+    episodes, agents = [], {}
     for path in files:
+        source = str(path.relative_to(root))
+        agents[source] = agent_of(path)
         for line, value in iter_jsonl(path):
             row = dict(expect_object(value, f"{path}:{line}", "trajectory"))
-            episodes.append((str(path.relative_to(root)), row))
+            episodes.append((source, row))
     target = Path(out) if out is not None else default
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_page(episodes, f"memrl view · {run}", header=header),
-                      encoding="utf-8")
+    target.write_text(render_page(episodes, f"memrl view · {run}", header=header,
+                                  agents=agents), encoding="utf-8")
     return target
 
 

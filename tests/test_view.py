@@ -95,6 +95,9 @@ def run_dir(tmp_path) -> Path:
         (tmp_path / "eval" / f"trajectories_{n}.jsonl").write_text(json.dumps(row) + "\n")
     (tmp_path / "locomo").mkdir()
     (tmp_path / "locomo" / "trajectories.jsonl").write_text(json.dumps(memupdate_row()) + "\n")
+    # each evaluation's results.json says which agent wrote its trajectories
+    for folder, benchmark in (("eval", "ruler_hqa"), ("locomo", "locomo")):
+        (tmp_path / folder / "results.json").write_text(json.dumps({"benchmark": benchmark}))
     return tmp_path
 
 

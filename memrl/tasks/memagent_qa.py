@@ -7,7 +7,7 @@ score into the reward. Training and `memrl eval ruler-hqa` both roll out through
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,12 +21,18 @@ from memrl.rewards.evidence import locate_evidence
 from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
+from memrl.tasks.rewards import RewardFunction, reward_means, reward_weights, weighted_rewards
 
 REWARDS = ("sub_em", "em", "f1", "memagent_em", "context_overlap")
 """Rewards of the final answer; memagent_em is MemAgent's published training reward
 (`memrl.rewards.memagent.memagent_em` of the final response); context_overlap is a dense
 smoke-test reward for tiny random models (memrl.rewards.shaping), not a measure of answer
 quality."""
+
+
+REWARD_FUNCTIONS: dict[str, RewardFunction] = {
+    name: (lambda t, record, name=name: t.metrics[name]) for name in REWARDS}
+"""Each reward is the trajectory's score of that name (scored in `rollout`)."""
 
 
 PROTOCOLS = ("memagent-boxed", "memagent")
@@ -100,18 +106,13 @@ class MemAgentQATask:
     config_class: ClassVar[type] = MemAgentConfig
     rewards: ClassVar[tuple[str, ...]] = REWARDS
 
-    def __init__(self, config: MemAgentConfig, reward: str = "sub_em",
+    def __init__(self, config: MemAgentConfig, reward: str | Mapping[str, float] = "sub_em",
                  protocol: str = PROTOCOLS[0], *, trace_evidence: bool = False) -> None:
         """`trace_evidence`: also record in each trajectory (`info["evidence"]`, and its
         log row) the chunk where the gold answer and each supporting fact enter the context
         (`memrl.rewards.evidence.locate_evidence`), for the evaluation's memory diagnostics;
         it cuts each context into chunks a second time."""
-        if reward not in REWARDS:
-            raise MemrlInputError(
-                f"unknown reward {reward!r} for the memagent task; choose one of "
-                + ", ".join(REWARDS),
-                location="rl.reward",
-            )
+        self.weights = reward_weights(reward, REWARDS, agent="memagent")
         if protocol not in PROTOCOLS:
             raise MemrlInputError(
                 f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}",
@@ -120,7 +121,6 @@ class MemAgentQATask:
         if protocol in PROTOCOL_PROMPTS:
             config = config.model_copy(update={"prompts": PROTOCOL_PROMPTS[protocol]})
         self.config = config
-        self.reward = reward
         self.protocol = protocol
         self.trace_evidence = trace_evidence
         self._context_ids: dict[str, frozenset[int]] = {}
@@ -128,7 +128,7 @@ class MemAgentQATask:
     @classmethod
     def from_config(cls, config: Any) -> MemAgentQATask:
         """From a TrainConfig: its `memagent` section and `rl.reward`."""
-        return cls(config.memagent, reward=config.rl.reward or REWARDS[0])
+        return cls(config.agent_config, reward=config.rl.reward)
 
     @property
     def sampling_temperature(self) -> float:
@@ -182,15 +182,12 @@ class MemAgentQATask:
             record = by_id[t.record_id]
             if t.record_id in evidence:
                 t.info["evidence"] = evidence[t.record_id]
-            scores = (score_protocol_trajectory if published else score_trajectory)(t, record)
-            if self.reward == "context_overlap":
-                t.reward = self._overlap(t, record, generator.tokenizer)
-            elif self.reward == "memagent_em":
-                t.reward = memagent_em(t.info["final_response"], record.answers)
-                t.metrics["memagent_em"] = t.reward
-            else:
-                t.reward = scores[self.reward]
-        return trajectories
+            (score_protocol_trajectory if published else score_trajectory)(t, record)
+            if "memagent_em" in self.weights:
+                t.metrics["memagent_em"] = memagent_em(t.info["final_response"], record.answers)
+            if "context_overlap" in self.weights:
+                t.metrics["context_overlap"] = self._overlap(t, record, generator.tokenizer)
+        return weighted_rewards(trajectories, by_id, REWARD_FUNCTIONS, self.weights)
 
     def _overlap(self, trajectory: Trajectory, record: QARecord, tokenizer: Any) -> float:
         if record.id not in self._context_ids:
@@ -211,6 +208,7 @@ class MemAgentQATask:
             "chunks_per_episode": float(
                 np.mean([t.info.get("num_chunks", 0) for t in trajectories])
             ),
+            **(reward_means(trajectories) if len(self.weights) > 1 else {}),
         }
 
     def log_row(self, trajectory: Trajectory, record: QARecord) -> dict[str, Any]:

@@ -164,7 +164,7 @@ class MemoryUpdateTask:
     @classmethod
     def from_config(cls, config: Any) -> MemoryUpdateTask:
         """From a TrainConfig: its `memupdate` section (its reward is always memory_delta)."""
-        return cls(config.memupdate)
+        return cls(config.agent_config)
 
     @property
     def sampling_temperature(self) -> float:

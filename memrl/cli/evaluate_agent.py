@@ -1,0 +1,96 @@
+"""`memrl eval agent --agent NAME`: any task (a registered agent or a plug-in's import path)
+on its own data, through the one evaluation runner (no learning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memrl.cli.app import eval_app
+from memrl.cli.common import (
+    BaseUrlOption,
+    BatchSizeOption,
+    DeviceOption,
+    DtypeOption,
+    EngineOption,
+    GpuMemoryOption,
+    HealthCheckOption,
+    RequestTimeoutOption,
+    check_model_dir,
+    check_out_dir,
+    eval_interruptible,
+    load_generator,
+    record_eval,
+)
+from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
+
+
+@eval_app.command("agent")
+def agent(
+    agent: Annotated[str | None, typer.Option(
+        "--agent", help="memagent, memupdate, or a Task class by import path "
+        "package.module:Class (default: the --config's agent).")] = None,
+    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")] = ...,
+    data: Annotated[str, typer.Option("--data", help="Records the task's `load` reads.")] = ...,
+    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")] = ...,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="A training config (YAML): its agent section and reward are used; "
+        "its model and data are replaced by --model and --data.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="A dotted override of the config, as for `memrl train`, e.g. "
+        "--set memagent.temperature=0; repeat for several.")] = None,
+    data_format: Annotated[str, typer.Option("--format", help="data.format of the task's "
+                                             "loader.")] = "auto",
+    limit: Annotated[int | None, typer.Option(min=1, help="The first K records.")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
+    episodes_per_run: Annotated[int, typer.Option(
+        min=1, help="Records rolled out and saved together (a kill loses at most these).")] = 32,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the run in --out (an error if there is none); re-running "
+        "into the same --out resumes anyway.")] = False,
+    batch_size: BatchSizeOption = 32,
+    engine: EngineOption = "hf",
+    base_url: BaseUrlOption = None,
+    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
+    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
+    device: DeviceOption = None,
+    dtype: DtypeOption = None,
+    gpu_memory_utilization: GpuMemoryOption = None,
+    quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
+) -> None:
+    """Roll out any task on its records; write results.json (mean reward and scores),
+    results.md and trajectories.jsonl."""
+    from memrl.config import load_config
+    from memrl.eval.report import run_header
+    from memrl.eval.runner import evaluate_task
+    from memrl.recipes.config import TrainConfig
+    from memrl.tasks import build_task
+
+    check_model_dir(model)
+    check_out_dir(out)
+    sets = [f"model.path={model}", f"data.train_file={data}", f"data.format={data_format}",
+            *([f"agent={agent}"] if agent else []), *(overrides or [])]
+    cfg = load_config(TrainConfig, config, sets)
+    task = build_task(cfg)
+    records = task.load(data, data_format, what="evaluation")[:limit]
+    seed = cfg.agent_config.seed if getattr(cfg.agent_config, "seed", None) is not None \
+        else cfg.seed
+    settings = {"model": str(model), "data": data, "limit": limit, "samples": samples,
+                "engine": engine, "dtype": dtype, "agent": cfg.agent,
+                "config": cfg.agent_config.model_dump(mode="json"), "reward": cfg.rl.reward}
+    with record_eval(out, "eval agent", engine=engine, device=device, seed=seed,
+                     settings=settings), eval_interruptible(out):
+        generator = load_generator(
+            model, device=device, dtype=dtype, batch_size=batch_size, seed=seed, engine=engine,
+            base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
+            request_timeout=request_timeout, health_check=health_check,
+        )
+        header = run_header(f"agent {cfg.agent}", generator, str(model), cfg.agent_config,
+                            protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=cfg.agent,
+                            data=data, limit=limit, num_samples=samples)
+        evaluate_task(task, generator, records, out_dir=out, header=header, num_samples=samples,
+                      per_run=episodes_per_run, seed=seed, resume=resume,
+                      show_progress=not quiet)
+    typer.echo(f"results written to {out}")
