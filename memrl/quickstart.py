@@ -195,7 +195,7 @@ def run_quickstart(
     sft_cfg = load_config(SFTConfig, sft_config_path, [
         f"model.path={base_model}", f"data.train_file={cfg.data.train_file}",
         f"trainer.out_dir={warm_run}", f"seed={cfg.seed}", *sft_overrides,
-    ]).model_copy(update={"memagent": cfg.memagent})
+    ]).model_copy(update={"agent_config": cfg.agent_config})
 
     settings = {"train": cfg.model_dump(mode="json"), "sft": sft_cfg.model_dump(mode="json")}
     with recorded(root, "quickstart", config=settings, seed=cfg.seed,

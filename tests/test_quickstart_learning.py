@@ -36,7 +36,7 @@ def test_the_quickstart_warm_start_learns_the_task_on_unseen_people(tmp_path):
     sft_cfg = load_config(SFTConfig, "configs/quickstart_sft.yaml", [
         f"model.path={tmp_path / 'model'}", f"data.train_file={cfg.data.train_file}",
         f"trainer.out_dir={tmp_path / 'sft'}",
-    ]).model_copy(update={"memagent": cfg.memagent})
+    ]).model_copy(update={"agent_config": cfg.agent_config})
     sft.train(sft_cfg)
     export_checkpoint(latest_checkpoint(tmp_path / "sft" / "checkpoints"), tmp_path / "warm")
     after = evaluate(tmp_path / "warm", eval_dir, tmp_path / "eval_warm", cfg, console, plan)

@@ -250,22 +250,15 @@ class TrainerConfig(StrictModel):
         return {"enabled": value} if isinstance(value, bool) or value == "auto" else value
 
 
-class TrainConfig(StrictModel):
-    """Every section of a training run. The agent's section is keyed by its task's `name`
-    and validated by the task's `config_class` (errors located as `<name>.<field>`); read it
-    as `config.agent_config`, or by its name (`config.memagent`)."""
+class AgentSection(StrictModel):
+    """A config that names an agent (`agent`) and holds that agent's own section, keyed by its
+    task's `name` and validated by the task's `config_class` (errors located as
+    `<name>.<field>`). Read the section as `config.agent_config`, or by its name
+    (`config.memagent`). A section of another registered agent is an error."""
 
-    seed: int = Field(0, ge=0, le=2**63 - 1)
-    """Seeds everything: weights init of LoRA, data order, every sampling call."""
     agent: str = "memagent"
-    """The task to train: memagent (long-document QA), memupdate (LoCoMo tool memory), or a
-    Task class outside memrl by import path `package.module:Class` (memrl.tasks)."""
-    model: ModelConfig
-    data: DataConfig
-    rl: RLConfig = RLConfig()
-    optim: OptimConfig = OptimConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    trainer: TrainerConfig = TrainerConfig()
+    """The task: memagent (long-document QA), memupdate (LoCoMo tool memory), or a Task
+    class outside memrl by import path `package.module:Class` (memrl.tasks)."""
     agent_config: Any = None
     """The agent's section, an instance of its task's `config_class` (set from the section
     keyed by the task's name; never a key of its own)."""
@@ -324,6 +317,19 @@ class TrainConfig(StrictModel):
                     and item == self.agent_name:
                 return self.__dict__["agent_config"]
             raise
+
+
+class TrainConfig(AgentSection):
+    """Every section of a training run (the agent's own: see `AgentSection`)."""
+
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    """Seeds everything: weights init of LoRA, data order, every sampling call."""
+    model: ModelConfig
+    data: DataConfig
+    rl: RLConfig = RLConfig()
+    optim: OptimConfig = OptimConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -1,8 +1,9 @@
 """The warm-start config: every knob of `memrl sft`, typed and validated.
 
-Sections are those of `TrainConfig` where they mean the same (`model`, `memagent`, `optim`,
-`trainer`); `data` says where the teacher trajectories come from and `sft` how they are
-batched.
+Sections are those of `TrainConfig` where they mean the same (`agent` and the agent's own
+section, `model`, `optim`, `trainer`); `data` says where the teacher trajectories come from
+and `sft` how they are batched. Any task that provides an oracle (`Task.oracle`) can be
+warm-started; MemAgent's can also replay a trajectories file.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from memrl.agents.memagent import MemAgentConfig
 from memrl.config import StrictModel
-from memrl.recipes.config import ModelConfig, TrainerConfig
+from memrl.recipes.config import AgentSection, ModelConfig, TrainerConfig
 from memrl.rl.config import OptimConfig
 
 
@@ -30,8 +30,8 @@ class SFTDataConfig(StrictModel):
     min_score). None: the scripted oracle on train_file (needs supporting documents)."""
     min_score: float = 1.0
     """Keep a trajectories-file line only if its `scores[score_key]` reaches this."""
-    score_key: Literal["sub_em", "em", "f1"] = "sub_em"
-    """Which logged score min_score applies to."""
+    score_key: str = Field("sub_em", min_length=1)
+    """Which logged score min_score applies to (MemAgent: sub_em, em or f1)."""
     shuffle: bool = True
     """Shuffle the trajectories every epoch (by seed and epoch)."""
 
@@ -41,17 +41,19 @@ class SFTOptions(StrictModel):
     """Trajectories per optimizer step (all their conversations)."""
     micro_batch_size: int = Field(16, ge=1)
     """Conversations per forward/backward; the loss stays the step's exact token mean."""
-    turn_kinds: list[Literal["memory_update", "final"]] | None = None
-    """Train only on these turns of each trajectory (e.g. [final]); None: every turn."""
+    turn_kinds: list[str] | None = None
+    """Train only on these kinds of turn of each trajectory (MemAgent: memory_update, final;
+    e.g. [final]); None: every turn."""
 
 
-class SFTConfig(StrictModel):
+class SFTConfig(AgentSection):
+    """The agent's section (`AgentSection`) gives the conversations' chunking and prompts
+    (and the token limits of the oracle's)."""
+
     seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seeds the weights' RNG and the data order."""
     model: ModelConfig
     data: SFTDataConfig
-    memagent: MemAgentConfig = MemAgentConfig()
-    """Chunking and prompts of the conversations (and token limits of the oracle's)."""
     sft: SFTOptions = SFTOptions()
     optim: OptimConfig = OptimConfig(lr=1e-5)
     trainer: TrainerConfig = TrainerConfig(out_dir="runs/sft")
