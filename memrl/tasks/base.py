@@ -1,8 +1,15 @@
 """A Task is one agent workflow with its data and its reward, as training and evaluation see it.
 
-The recipe (`memrl.recipes`) and the evaluations (`memrl.eval`) only call these methods and
-read the Trajectories they return; `memrl.rl` never sees a task at all. Adding an agent means
-adding a Task and registering it in `memrl.tasks.TASKS`.
+The recipe (`memrl.recipes`), the evaluation runner (`memrl.eval.runner`) and the viewer
+only call these methods and read the Trajectories they return; `memrl.rl` never sees a task
+at all. Adding an agent means writing its agent module and a Task, then either one line in
+`memrl.tasks.TASKS` or nothing (name it by import path `package.module:Class`).
+
+Besides the protocol below a task class may define:
+- `render_row(row, source) -> str`: the HTML of one log row in `memrl view` (else the
+  generic renderer);
+- `oracle(tokenizer, records, config) -> Generator`: a scripted teacher whose rollouts
+  `memrl sft` imitates (the warm start), built only from the records it is given.
 """
 
 from __future__ import annotations
@@ -16,12 +23,18 @@ from memrl.inference.base import Generator, RolloutMode
 
 class Task(Protocol):
     name: ClassVar[str]
+    """The agent's name: the key of its config section (an identifier)."""
+    config_class: ClassVar[type]
+    """The pydantic model of its config section (`extra="forbid"`: unknown keys are errors)."""
     rewards: ClassVar[tuple[str, ...]]
-    """Reward names this task accepts for `rl.reward`; the first is its default."""
+    """Names of the rewards this task computes, for `rl.reward` (a name, or {name: weight});
+    the first is its default. `memrl.tasks.rewards.weighted_rewards` sums the chosen parts
+    and keeps each one in the trajectory's metrics as `reward/<name>`."""
 
     @classmethod
     def from_config(cls, config: Any) -> Task:
-        """Build from a training config: its `<name>` section and `rl.reward`."""
+        """Build from a training config: its section (`config.agent_config`) and
+        `config.rl.reward`."""
         ...
 
     @property
@@ -60,5 +73,7 @@ class Task(Protocol):
         ...
 
     def log_row(self, trajectory: Trajectory, record: Any) -> dict[str, Any]:
-        """One JSON-serialisable line describing a trajectory, for sample logs."""
+        """One JSON-serialisable line describing a trajectory (trajectories files, sample
+        logs): at least `id`, `sample_index`, `reward` and `scores` (name → number), which
+        the evaluation runner keys, resumes and averages by."""
         ...
