@@ -55,7 +55,7 @@ def sft(
     with record_training("sft", cfg, None), \
             exit_on_signals(f"during the warm start in {out_dir}", how):
         if cfg.trainer.launcher == "ray":
-            from memrl.ray_launcher import train_on_ray
+            from memrl.distributed import train_on_ray
 
             state = train_on_ray(cfg, sft_rank)
         else:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError, require
 from memrl.inference.hf import HFGenerator
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device

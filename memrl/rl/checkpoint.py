@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from memrl import modelfiles
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError, require
 from memrl.fileio import MIN_FREE_BYTES, check_output_dir, fsync_dir, write_atomic
 from memrl.rl.sharding import is_sharded
