@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 T = TypeVar("T")
@@ -80,7 +80,6 @@ class Generation:
     text: str
     finish_reason: str = "stop"
     """"stop" (EOS or a stop string) or "length" (hit max_new_tokens)."""
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
