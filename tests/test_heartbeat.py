@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as tdist
 
-from memrl.distributed import heartbeat
 from memrl.cli.train import resume_command
-from memrl.distributed import NPROC_ENV, collective_failed
+from memrl.distributed import NPROC_ENV, collective_failed, heartbeat
 from memrl.distributed.heartbeat import Beat, Heartbeat, Lost, Verdict, doing, process_state
 from memrl.interrupt import Interrupted, exit_on_signals
 

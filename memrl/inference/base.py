@@ -224,6 +224,15 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
             raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
 
 
+def checked_requests(
+    prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[SamplingParams]:
+    """Where every engine's `generate` starts: each prompt has a token (`check_prompts`),
+    and each gets its SamplingParams (`request_params`; none when there is no prompt)."""
+    check_prompts(prompts)
+    return request_params(prompts, params) if prompts else []
+
+
 def generate_checked(
     generator: Generator,
     prompts: Sequence[Sequence[int]],

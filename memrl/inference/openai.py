@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generation, SamplingParams, check_prompts, request_params
+from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.hf import first_stop_end
 from memrl.inference.http import Retryable, ServerError, http_json, wait_until_ready
@@ -149,10 +149,9 @@ class OpenAIGenerator(ServerPool):
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """One Generation per prompt, in input order; requests run concurrently."""
-        check_prompts(prompts)
-        if not prompts:
+        each = checked_requests(prompts, params)
+        if not each:
             return []
-        each = request_params(prompts, params)
 
         async def run() -> list[Generation]:
             return list(await asyncio.gather(

@@ -184,6 +184,24 @@ def _question_documents(plan: _Plan, index: int, num_docs: int, seed: int,
     return chosen
 
 
+def _checked_plans(records: Sequence[QARecord], num_questions: int | None, seed: int,
+                   include: str, sizes: Sequence[int]) -> tuple[list[_Plan], list[Document]]:
+    """The plans of the selected questions, each checked at every N of `sizes`, and the
+    pool of paragraphs the distractors come from."""
+    if not records:
+        raise MemrlInputError("no questions to build RULER-HQA from")
+    selected = select_questions(records, num_questions, seed)
+    pool = _pool(records)
+    pool_titles = Counter(d.title for d in pool)
+    plans = []
+    for record in selected:
+        plan = _plan(record, include)
+        for n in sizes:
+            _check_plan(plan, n, pool, pool_titles)
+        plans.append(plan)
+    return plans, pool
+
+
 def build_ruler_hqa(records: Sequence[QARecord], num_docs: int, *, seed: int = 42,
                     num_questions: int | None = None, include: str = "gold") -> list[dict]:
     """RULER-HQA items for one N: `{"index", "input", "answers", "context", "num_docs"}`,
@@ -195,14 +213,7 @@ def build_ruler_hqa(records: Sequence[QARecord], num_docs: int, *, seed: int = 4
     (a different version of a gold paragraph would leak or contradict it).
     """
     _check_args(num_docs, include)
-    if not records:
-        raise MemrlInputError("no questions to build RULER-HQA from")
-    selected = select_questions(records, num_questions, seed)
-    pool = _pool(records)
-    pool_titles = Counter(d.title for d in pool)
-    plans = [_plan(r, include) for r in selected]
-    for plan in plans:
-        _check_plan(plan, num_docs, pool, pool_titles)
+    plans, pool = _checked_plans(records, num_questions, seed, include, [num_docs])
     return [
         {
             "index": index,
@@ -228,14 +239,7 @@ def write_ruler_hqa(records: Sequence[QARecord], out_dir: str | Path,
     ns = list(dict.fromkeys(num_docs_list))
     for n in ns:
         _check_args(n, include)
-    if not records:
-        raise MemrlInputError("no questions to build RULER-HQA from")
-    selected = select_questions(records, num_questions, seed)
-    pool = _pool(records)
-    pool_titles = Counter(d.title for d in pool)
-    for plan in (_plan(r, include) for r in selected):
-        for n in (min(ns), max(ns)):
-            _check_plan(plan, n, pool, pool_titles)
+    _checked_plans(records, num_questions, seed, include, [min(ns), max(ns)])
     paths = []
     for n in ns:
         items = build_ruler_hqa(records, n, seed=seed, num_questions=num_questions,
