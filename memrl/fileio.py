@@ -152,20 +152,3 @@ def check_output_file(path: str | Path, *, location: str | None = None) -> Path:
         raise MemrlInputError("is a directory, but a file is needed here", location=location)
     _check_can_create_in(_nearest_existing(path.parent), location)
     return path
-
-
-def check_input_file(path: str | Path, *, location: str | None = None) -> Path:
-    """An existing, readable file (one line naming it otherwise)."""
-    path = Path(path)
-    location = location or str(path)
-    if not path.exists():
-        raise MemrlInputError("file not found", location=location)
-    if path.is_dir():
-        raise MemrlInputError("is a directory, but a file is needed here", location=location)
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise MemrlInputError(f"cannot read it: {reason}", location=location) from None
-    return path

@@ -149,21 +149,21 @@ def check_tokenizer_dir(directory: Path) -> None:
 
 def check_model_dir(directory: Path) -> None:
     """A loadable model directory: config.json (valid JSON) and complete weights."""
-    config = directory / "config.json"
-    if not config.is_file():
-        raise MemrlInputError("not a Hugging Face model directory: no config.json",
-                              location=str(config))
-    if not isinstance(read_json_file(config, "model config"), dict):
-        raise MemrlInputError("model config is not a JSON object", location=str(config))
+    _check_config(directory / "config.json", "model config",
+                  missing="not a Hugging Face model directory: no config.json")
     check_weights(directory)
 
 
 def check_adapter_dir(directory: Path) -> None:
     """A saved LoRA adapter: adapter_config.json (valid JSON) and complete adapter weights."""
-    config = directory / "adapter_config.json"
-    if not config.is_file():
-        raise MemrlInputError("LoRA checkpoint without its adapter_config.json",
-                              location=str(config))
-    if not isinstance(read_json_file(config, "adapter config"), dict):
-        raise MemrlInputError("adapter config is not a JSON object", location=str(config))
+    _check_config(directory / "adapter_config.json", "adapter config",
+                  missing="LoRA checkpoint without its adapter_config.json")
     check_weights(directory, ADAPTER_STEMS)
+
+
+def _check_config(file: Path, what: str, *, missing: str) -> None:
+    """`file` is there (else the error `missing`) and holds a JSON object (`what`: its name)."""
+    if not file.is_file():
+        raise MemrlInputError(missing, location=str(file))
+    if not isinstance(read_json_file(file, what), dict):
+        raise MemrlInputError(f"{what} is not a JSON object", location=str(file))

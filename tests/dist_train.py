@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from memrl.config import load_config
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.distributed import destroy_process_group
 from memrl.inference.base import derive_seed
 from memrl.recipes import grpo

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import dist_train
 
-from memrl import heartbeat
+from memrl.distributed import heartbeat
 from memrl.cli import main
 from memrl.recipes import grpo
 

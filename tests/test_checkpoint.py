@@ -13,7 +13,7 @@ import torch
 
 from memrl.cli import main
 from memrl.errors import MemrlInputError
-from memrl.rl import checkpoint as ckpt_mod
+from memrl.rl.checkpoint import save as ckpt_save
 from memrl.rl.checkpoint import (
     export_checkpoint,
     latest_checkpoint,
@@ -169,7 +169,7 @@ def test_exception_mid_save_keeps_previous_checkpoint(tmp_path, tiny_model_dir, 
     def killed(path):
         raise RuntimeError("killed mid-save")
 
-    monkeypatch.setattr(ckpt_mod, "_fsync_tree", killed)
+    monkeypatch.setattr(ckpt_save, "_fsync_tree", killed)
     with pytest.raises(RuntimeError, match="killed"):
         _save(tmp_path, 2, model)
     assert (tmp_path / "latest").read_text() == "step_00000001\n"
@@ -449,16 +449,16 @@ def test_failed_resave_of_the_same_step_puts_the_old_copy_back(
 ):
     model = _model(tiny_model_dir)
     good = _save(tmp_path, 1, model)
-    real_rename = ckpt_mod.os.rename
+    real_rename = ckpt_save.os.rename
 
     def rename(src, dst):
         if ".tmp-step_00000001" in str(src) and str(dst) == str(good):
             raise KeyboardInterrupt  # Ctrl-C between moving the old copy aside and the rename
         return real_rename(src, dst)
 
-    monkeypatch.setattr(ckpt_mod.os, "rename", rename)
+    monkeypatch.setattr(ckpt_save.os, "rename", rename)
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 1, model)
-    monkeypatch.setattr(ckpt_mod.os, "rename", real_rename)
+    monkeypatch.setattr(ckpt_save.os, "rename", real_rename)
     assert load_checkpoint(good, model=model)["step"] == 1
     assert latest_checkpoint(tmp_path) == good

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.distributed import torchrun_command
 from memrl.metrics import read_metrics
 from memrl.runrecord import read_record
@@ -179,7 +179,7 @@ def test_two_ray_workers_take_the_single_process_steps(ray_cluster, single, tiny
     import dist_train
 
     from memrl.config import load_config
-    from memrl.ray_launcher import train_on_ray
+    from memrl.distributed import train_on_ray
     from memrl.recipes.config import TrainConfig
 
     out = tmp_path / "ray"
@@ -203,7 +203,7 @@ def test_a_failing_ray_worker_ends_the_run_with_its_rank_named(ray_cluster, tiny
     import dist_train
 
     from memrl.config import load_config
-    from memrl.ray_launcher import RankFailedError, train_on_ray
+    from memrl.distributed import RankFailedError, train_on_ray
     from memrl.recipes.config import TrainConfig
 
     config = load_config(TrainConfig, None, overrides(
@@ -350,7 +350,7 @@ def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
     import pickle
 
     from memrl.errors import MemrlInputError, MissingDependencyError
-    from memrl.ray_launcher import RankFailedError, rank_error
+    from memrl.distributed import RankFailedError, rank_error
 
     err = rank_error({3: KeyError("k"), 1: ValueError("bad value\nmore detail"), 2: OSError()})
     assert isinstance(err, RankFailedError) and err.rank == 1
@@ -391,7 +391,7 @@ def test_ray_launcher_errors_are_one_line(tmp_path, monkeypatch, capsys):
 
 def test_a_local_ray_cluster_never_waits_for_gpus_it_lacks(monkeypatch):
     from memrl.errors import MemrlInputError
-    from memrl.ray_launcher import check_local_gpus
+    from memrl.distributed.ray import check_local_gpus
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -19,7 +19,7 @@ from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.metrics import read_metrics
 from memrl.recipes.config import TrainConfig

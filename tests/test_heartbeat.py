@@ -1,6 +1,6 @@
-"""The rank heartbeat's pieces (memrl.heartbeat), on an in-process store with a hand-driven
-clock; the resume command of each launcher; the signal hook. The real thing, under torchrun
-with a frozen and a killed rank, is tests/test_rank_failures.py."""
+"""The rank heartbeat's pieces (memrl.distributed.heartbeat), on an in-process store with a
+hand-driven clock; the resume command of each launcher; the signal hook. The real thing, under
+torchrun with a frozen and a killed rank, is tests/test_rank_failures.py."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as tdist
 
-from memrl import heartbeat
 from memrl.cli.train import resume_command
-from memrl.distributed import NPROC_ENV, collective_failed
-from memrl.heartbeat import Beat, Heartbeat, Lost, Verdict, doing, process_state
+from memrl.distributed import NPROC_ENV, collective_failed, heartbeat
+from memrl.distributed.heartbeat import Beat, Heartbeat, Lost, Verdict, doing, process_state
 from memrl.interrupt import Interrupted, exit_on_signals
 
 TIMEOUT = 10.0
@@ -266,7 +265,7 @@ def test_a_failed_peer_of_this_host_is_lost_once_it_exited_or_after_the_timeout(
 SIGTERM_IN_A_STORE_CALL = """
 import os, signal, subprocess, sys
 import torch.distributed as tdist
-from memrl.heartbeat import Beat, Heartbeat
+from memrl.distributed.heartbeat import Beat, Heartbeat
 from memrl.interrupt import Interrupted, exit_on_signals
 
 class Store:  # torchrun's SIGTERM arrives while the main thread is in a store call

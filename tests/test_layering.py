@@ -22,6 +22,9 @@ FORBIDDEN = {
     "data": {"agents", "rl", "rewards", "eval", "tasks", "recipes", "inference"},
     "memory": {"agents", "rl", "rewards", "eval", "tasks", "recipes", "inference"},
     "eval": {"rl", "recipes"},
+    "distributed": {
+        "agents", "rl", "rewards", "eval", "tasks", "recipes", "inference", "data", "memory",
+    },
 }
 ALLOWED = {
     # rl sees trajectories: the contract between agents and training.

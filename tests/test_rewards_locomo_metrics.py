@@ -22,7 +22,6 @@ from memrl.rewards.locomo_metrics import (
     bleu1_tokens,
     compression_reward,
     judge_prompt,
-    locomo_exact_match,
     parse_judge_label,
     simple_tokenize,
     token_set_f1,
@@ -53,12 +52,6 @@ def test_simple_tokenize_is_mem0s():
 )
 def test_token_set_f1(prediction, reference, expected):
     assert token_set_f1(prediction, reference) == pytest.approx(expected)
-
-
-def test_exact_match_is_stripped_and_case_blind():
-    assert locomo_exact_match(" Paris ", "paris") == 1.0
-    assert locomo_exact_match("Paris.", "paris") == 0.0
-    assert locomo_exact_match("", "") == 0.0
 
 
 # --- BLEU-1 ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 from memrl.cli.app import app
 from memrl.errors import InfrastructureError, MemrlInputError, MissingDependencyError
-from memrl.ray_launcher import RankFailedError
+from memrl.distributed import RankFailedError
 
 
 def _quiet_library_progress_bars() -> None:

@@ -45,10 +45,6 @@ def check_out_dir(out: Path) -> None:
     check_output_dir(out, location=f"--out {out}")
 
 
-ENGINES = ("hf", "vllm", "openai")
-"""Values of `memrl eval --engine` (the training config's `rollout.engine`)."""
-
-
 def load_generator(
     model: Path,
     *,
@@ -69,13 +65,14 @@ def load_generator(
     URLs)."""
     import torch
 
+    from memrl.inference.config import ENGINES
+    from memrl.inference.factory import build_engine
     from memrl.inference.loader import load_pretrained, load_tokenizer, resolve_device
 
     if engine not in ENGINES:
         raise MemrlInputError(f"choose one of {', '.join(ENGINES)}", location=f"--engine {engine}")
     if engine == "openai":
         from memrl.inference.config import OpenAIConfig
-        from memrl.inference.openai import OpenAIGenerator
 
         if not base_urls:
             raise MemrlInputError(
@@ -90,18 +87,17 @@ def load_generator(
             option, value = options.get(str(exc.errors()[0]["loc"][0]), ("--base-url", None))
             raise MemrlInputError(f"must be a finite number of seconds > 0, got {value}",
                                   location=option) from None
-        generator = OpenAIGenerator(config, load_tokenizer(model))
-        generator.check_servers(location="--base-url")
+        generator = build_engine("openai", load_tokenizer(model), openai=config,
+                                 location="--base-url")
         generator.name_or_path = str(model)
         return generator
     if engine == "vllm":
         from memrl.inference.config import VLLMConfig
-        from memrl.inference.vllm import VLLMGenerator
 
         share = {} if gpu_memory_utilization is None else {
             "gpu_memory_utilization": gpu_memory_utilization}
         try:
-            config = VLLMConfig(dtype=dtype or "auto", seed=seed or 0, **share)
+            vllm = VLLMConfig(dtype=dtype or "auto", seed=seed or 0, **share)
         except ValueError as exc:
             if "gpu_memory_utilization" in str(exc):
                 raise MemrlInputError("must be in (0, 1]", location=(
@@ -109,9 +105,7 @@ def load_generator(
             raise MemrlInputError(
                 "vLLM takes auto, float32, bfloat16 or float16", location=f"--dtype {dtype}"
             ) from None
-        return VLLMGenerator(model, load_tokenizer(model), config)
-    from memrl.inference.hf import HFGenerator
-
+        return build_engine("vllm", load_tokenizer(model), model_path=model, vllm=vllm)
     try:
         device = resolve_device(device)
     except MemrlInputError as exc:
@@ -119,7 +113,7 @@ def load_generator(
     if seed is not None:
         torch.manual_seed(seed)
     model_, tokenizer = load_pretrained(str(model), device=device, dtype=dtype)
-    generator = HFGenerator(model_, tokenizer, max_batch_size=batch_size)
+    generator = build_engine("hf", tokenizer, model=model_, max_batch_size=batch_size)
     generator.name_or_path = str(model)
     return generator
 

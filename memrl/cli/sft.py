@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from memrl.cli.app import app
+from memrl.cli.train import ResumeOption
 
 
 @app.command("sft")
@@ -16,9 +17,7 @@ def sft(
     overrides: list[str] = typer.Argument(
         None, help="Dotted overrides, e.g. data.trajectories=runs/eval/trajectories_50.jsonl"
     ),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue from the latest checkpoint (trainer.resume=auto)."
-    ),
+    resume: ResumeOption = False,
     min_score: float = typer.Option(
         None, "--min-score", help="Keep trajectories-file lines scoring at least this "
         "(data.min_score)."
@@ -55,7 +54,7 @@ def sft(
     with record_training("sft", cfg, None), \
             exit_on_signals(f"during the warm start in {out_dir}", how):
         if cfg.trainer.launcher == "ray":
-            from memrl.ray_launcher import train_on_ray
+            from memrl.distributed import train_on_ray
 
             state = train_on_ray(cfg, sft_rank)
         else:

@@ -6,11 +6,14 @@ import os
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from memrl.cli.app import app
+
+ResumeOption = Annotated[bool, typer.Option(
+    "--resume", help="Continue from the latest checkpoint (trainer.resume=auto).")]
 
 
 @app.command("train")
@@ -19,9 +22,7 @@ def train(
     overrides: list[str] = typer.Argument(
         None, help="Dotted overrides, e.g. rl.rollout_n=8 memagent.chunk_size=512"
     ),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue from the latest checkpoint (trainer.resume=auto)."
-    ),
+    resume: ResumeOption = False,
     nproc_per_node: int = typer.Option(
         1,
         "--nproc-per-node",
@@ -39,9 +40,8 @@ def train(
     """
     from rich.console import Console
 
-    from memrl import heartbeat
     from memrl.config import load_config
-    from memrl.distributed import destroy_process_group, launched, relaunch
+    from memrl.distributed import destroy_process_group, heartbeat, launched, relaunch
     from memrl.errors import InfrastructureError
     from memrl.fileio import check_output_dir
     from memrl.interrupt import exit_on_signals
@@ -73,7 +73,7 @@ def train(
         with record_training("train", cfg, cfg.rollout.engine), \
                 exit_on_signals(progress.describe, how, on_signal=rank_on_signal):
             if on_ray:
-                from memrl.ray_launcher import train_on_ray
+                from memrl.distributed import train_on_ray
 
                 state = train_on_ray(cfg, train_rank)
             else:
@@ -165,7 +165,7 @@ def rank_on_signal(signum: int) -> int | None:
     """SIGINT / SIGTERM on one rank of several: a lost peer is reported instead (torchrun
     sends SIGTERM to the survivors once a rank died: no interruption), and otherwise only
     the main rank says `interrupted` (the exit code of the others is the same)."""
-    from memrl import heartbeat
+    from memrl.distributed import heartbeat
     from memrl.interrupt import exit_code_for
 
     beat = heartbeat.current()
@@ -185,8 +185,7 @@ def end_if_a_rank_is_lost(exc: BaseException, dist_timeout_s: float) -> None:
     up to the heartbeat's bound for a peer on another machine to go stale) or every rank is
     alive but a collective failed (one is stuck), one line and exit 1 (typer.Exit); else mark
     this rank failed, for its peers to report, and return (the caller re-raises)."""
-    from memrl import heartbeat
-    from memrl.distributed import collective_failed
+    from memrl.distributed import collective_failed, heartbeat
 
     beat = heartbeat.current()
     if beat is None:

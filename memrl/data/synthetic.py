@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from memrl.data.records import Document, QARecord, render_documents
@@ -100,37 +100,34 @@ def _company_text(rng: random.Random, fact: str) -> str:
 _Template = Callable[[random.Random, _Names], tuple[list[Document], str, str]]
 
 
-def _born_in(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
-    person, city, country = names.person(), names.word(), rng.choice(COUNTRIES)
+def _person_and_city(rng: random.Random, names: _Names, values: Sequence[str], link: str,
+                     city_fact: str, question: str) -> tuple[list[Document], str, str]:
+    """A person `link` a city ("was born in"), and a fact of the city with the answer, one
+    of `values` (`city_fact` and `question` name them {city}, {answer} and {person})."""
+    person, city, answer = names.person(), names.word(), rng.choice(values)
     docs = [
-        Document(title=person, text=_person_text(rng, person, f"{person} was born in {city}."),
+        Document(title=person, text=_person_text(rng, person, f"{person} {link} {city}."),
                  is_supporting=True),
-        Document(title=city, text=_city_text(rng, f"{city} is a city in {country}."),
+        Document(title=city, text=_city_text(rng, city_fact.format(city=city, answer=answer)),
                  is_supporting=True),
     ]
-    return docs, f"In which country was {person} born?", country
+    return docs, question.format(person=person), answer
+
+
+def _born_in(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
+    return _person_and_city(rng, names, COUNTRIES, "was born in", "{city} is a city in {answer}.",
+                            "In which country was {person} born?")
 
 
 def _river(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
-    person, city, river = names.person(), names.word(), rng.choice(RIVERS)
-    docs = [
-        Document(title=person, text=_person_text(rng, person, f"{person} lives in {city}."),
-                 is_supporting=True),
-        Document(title=city, text=_city_text(rng, f"{city} lies on the {river} river."),
-                 is_supporting=True),
-    ]
-    return docs, f"On which river lies the city where {person} lives?", river
+    return _person_and_city(rng, names, RIVERS, "lives in", "{city} lies on the {answer} river.",
+                            "On which river lies the city where {person} lives?")
 
 
 def _language(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:
-    person, city, language = names.person(), names.word(), rng.choice(LANGUAGES)
-    docs = [
-        Document(title=person, text=_person_text(rng, person, f"{person} grew up in {city}."),
-                 is_supporting=True),
-        Document(title=city, text=_city_text(rng, f"The people of {city} speak {language}."),
-                 is_supporting=True),
-    ]
-    return docs, f"Which language is spoken in the city where {person} grew up?", language
+    return _person_and_city(rng, names, LANGUAGES, "grew up in",
+                            "The people of {city} speak {answer}.",
+                            "Which language is spoken in the city where {person} grew up?")
 
 
 def _employer_city(rng: random.Random, names: _Names) -> tuple[list[Document], str, str]:

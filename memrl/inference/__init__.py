@@ -15,14 +15,17 @@ from memrl.inference.base import (
     runs_async,
 )
 from memrl.inference.chat import encode_chat, encode_messages, render_chat
-from memrl.inference.config import OpenAIConfig, VLLMConfig
+from memrl.inference.config import ENGINES, EngineName, OpenAIConfig, VLLMConfig
+from memrl.inference.factory import build_engine
 from memrl.inference.hf import HFGenerator
 from memrl.inference.loader import load_model, load_pretrained, load_tokenizer
 from memrl.inference.openai import OpenAIGenerator
 from memrl.inference.vllm import VLLMGenerator
 
 __all__ = [
+    "ENGINES",
     "Engine",
+    "EngineName",
     "Generation",
     "Generator",
     "HFGenerator",
@@ -34,6 +37,7 @@ __all__ = [
     "VLLMConfig",
     "VLLMGenerator",
     "batch_params",
+    "build_engine",
     "derive_seed",
     "encode_chat",
     "encode_messages",

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar, get_args, runtime_checkable
 
 T = TypeVar("T")
@@ -80,7 +80,6 @@ class Generation:
     text: str
     finish_reason: str = "stop"
     """"stop" (EOS or a stop string) or "length" (hit max_new_tokens)."""
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -223,6 +222,15 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
     for i, prompt in enumerate(prompts):
         if len(prompt) == 0:
             raise ValueError(f"prompt {i} is empty: a causal LM needs at least one token")
+
+
+def checked_requests(
+    prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[SamplingParams]:
+    """Where every engine's `generate` starts: each prompt has a token (`check_prompts`),
+    and each gets its SamplingParams (`request_params`; none when there is no prompt)."""
+    check_prompts(prompts)
+    return request_params(prompts, params) if prompts else []
 
 
 def generate_checked(

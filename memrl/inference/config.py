@@ -8,11 +8,17 @@ them under `rollout.vllm` / `rollout.openai`; docs/configuration.md maps every f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from memrl.config import StrictModel
+
+EngineName = Literal["hf", "vllm", "openai"]
+"""The rollout engines (`rollout.engine`, `memrl eval --engine`; built by
+`memrl.inference.factory.build_engine`): hf, the model in-process; vllm, a colocated vLLM
+engine; openai, a pool of vLLM OpenAI-compatible servers."""
+ENGINES: tuple[str, ...] = get_args(EngineName)
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 """`rollout.openai.timeout_s` and `memrl eval --request-timeout` unless set."""

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError, require
-from memrl.inference.base import Generation, SamplingParams, check_prompts, request_params
+from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import VLLMConfig
 from memrl.inference.hf import first_stop_end
 
@@ -177,11 +177,10 @@ class VLLMGenerator:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Generation]:
         """One Generation per prompt, in input order (vLLM batches them continuously)."""
-        check_prompts(prompts)
-        if not prompts:
+        each = checked_requests(prompts, params)
+        if not each:
             return []
         self._check_awake()
-        each = request_params(prompts, params)
         outputs = self.llm.generate(
             [{"prompt_token_ids": [int(t) for t in p]} for p in prompts],
             [self.sampling_params(p) for p in each],

@@ -134,17 +134,11 @@ class RayMemoryStore:
 
     # ---- MemoryBackend ----------------------------------------------------------------
 
-    def create_namespace(
-        self,
-        ns: str,
-        texts: Sequence[str] = (),
-        *,
-        sources: Sequence[str] | None = None,
-        embeddings: np.ndarray | None = None,
-        step: int = 0,
-    ) -> list[str]:
+    def create_namespace(self, ns: str, texts: Sequence[str] = (), **options: Any) -> list[str]:
+        """`MemoryStore.create_namespace` in the actor (`options`: its sources, embeddings,
+        step)."""
         return self.call("create_namespace", ns, texts if isinstance(texts, str) else
-                         list(texts), sources=sources, embeddings=embeddings, step=step)
+                         list(texts), **options)
 
     def fork(self, base_ns: str, request_id: str) -> str:
         return self.call("fork", base_ns, request_id)

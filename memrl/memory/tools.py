@@ -350,23 +350,17 @@ def _result(ok: bool, content: str, op: str, max_length: int) -> ToolResult:
     return ToolResult(ok, truncate(content, max_length), op)
 
 
+_JSON_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (type(None), "null"), (bool, "a boolean"), (int, "an integer"), (float, "a number"),
+    (str, "a string"), (list, "an array"), (dict, "an object"),
+)
+"""JSON-ish type names, the first that fits (bool before int: a bool is an int too)."""
+
+
 def _json_type(value: object) -> str:
     """A JSON-ish type name for messages to the model."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)),
+                type(value).__name__)
 
 
 def _short(value: str, limit: int = 40) -> str:

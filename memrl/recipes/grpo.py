@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from memrl.config import config_to_yaml
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
-from memrl.heartbeat import note
+from memrl.distributed import note
 from memrl.inference.base import derive_seed
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
 from memrl.recipes import models

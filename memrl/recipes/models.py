@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError, require
-from memrl.inference.hf import HFGenerator
+from memrl.inference import factory
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
@@ -169,21 +169,16 @@ def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
     """The rollout engine of `rollout.engine`: the policy module itself (hf), a colocated vLLM
     engine (vllm) or a pool of servers (openai); the recipe syncs the policy into it."""
     rollout = config.rollout
-    if rollout.engine == "vllm":
-        from memrl.inference.vllm import VLLMGenerator
-
-        return VLLMGenerator(config.model.path, tokenizer, rollout.vllm)
-    if rollout.engine == "openai":
-        from memrl.inference.openai import OpenAIGenerator
-
-        engine = OpenAIGenerator(rollout.openai, tokenizer)
-        engine.check_servers(training=True, location="rollout.openai.base_urls")
-        return engine
-    if config.model.strategy == "fsdp":  # a full copy, synced from the shards every step
-        mcfg = config.model
+    mcfg = config.model
+    if rollout.engine == "hf" and mcfg.strategy == "fsdp":
+        # a full copy, synced from the shards every step
         policy = load_model(mcfg.path, device=resolve_device(mcfg.device),
                             dtype=fsdp_param_dtype(mcfg) or master_dtype(mcfg))
-    return HFGenerator(policy, tokenizer, max_batch_size=config.rl.generation_batch_size)
+    return factory.build_engine(
+        rollout.engine, tokenizer, model=policy, model_path=mcfg.path,
+        max_batch_size=config.rl.generation_batch_size, vllm=rollout.vllm,
+        openai=rollout.openai, training=True, location="rollout.openai.base_urls",
+    )
 
 
 def pad_token_id(tokenizer: Any) -> int:

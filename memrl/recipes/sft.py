@@ -28,7 +28,7 @@ from memrl.agents.oracle import OracleGenerator, replay_memagent
 from memrl.agents.trajectory import Trajectory
 from memrl.config import config_to_yaml
 from memrl.data.io import expect_object, iter_jsonl
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets

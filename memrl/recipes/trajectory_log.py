@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.rl.batch import RolloutBatch
 
 __all__ = [

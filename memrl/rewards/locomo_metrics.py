@@ -61,13 +61,6 @@ def token_set_f1(prediction: object, reference: object) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def locomo_exact_match(prediction: object, reference: object) -> float:
-    """The `exact_match` of mem0's `calculate_metrics`: stripped, lowercased equality."""
-    if not prediction or not reference:
-        return 0.0
-    return float(str(prediction).strip().lower() == str(reference).strip().lower())
-
-
 # ---------------------------------------------------------------------------------------------
 # BLEU-1
 

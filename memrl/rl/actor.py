@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.dist import Dist
+from memrl.distributed import Dist
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.correction import rollout_is_weights

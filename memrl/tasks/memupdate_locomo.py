@@ -148,7 +148,7 @@ class MemoryUpdateTask:
         self.embedder = embedder if embedder is not None else make_embedder(self.config.embedder)
         self.store: MemoryBackend
         if self.config.store == "ray":  # one actor for every rank, each under its own prefix
-            from memrl.dist import Dist
+            from memrl.distributed import Dist
             from memrl.memory.ray_store import shared_store
 
             rank = Dist.from_environment().rank

@@ -1,4 +1,4 @@
-"""Training on many processes: the process group, and the one-node launcher.
+"""Joining the launcher's process group, and the one-node launcher (torchrun).
 
     torchrun --nproc-per-node 2 -m memrl train CONFIG.yaml      any launcher that sets
                                                                 RANK, WORLD_SIZE, MASTER_ADDR
@@ -10,8 +10,8 @@ the group (gloo on CPU, nccl on CUDA, one GPU per process: cuda:LOCAL_RANK) with
 collective timeout of the config, and returns the `Dist` the recipe uses; without one it
 returns a single process's `Dist()` and starts nothing.
 
-Failures. Under torchrun every rank runs a heartbeat (`memrl.heartbeat`, started here when
-`heartbeat_s` is given): a rank that froze or died is found within 1.2 ×
+Failures. Under torchrun every rank runs a heartbeat (`memrl.distributed.heartbeat`, started
+here when `heartbeat_s` is given): a rank that froze or died is found within 1.2 ×
 `trainer.heartbeat_timeout_s` (at once for a dead rank on the same machine), and the run ends
 with one line naming it, its host and what it was doing. torchrun's agent also watches its
 workers: when one dies it stops the others (SIGTERM) and exits non-zero, printing the failed
@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
-from memrl.dist import Dist
+from memrl.distributed.dist import Dist
 
 __all__ = [
     "NPROC_ENV", "collective_failed", "destroy_process_group", "init_process_group", "launched",
@@ -59,7 +59,7 @@ def init_process_group(
     waits longer than `timeout_s` seconds raises on the waiting ranks.
 
     `heartbeat_s` (> 0): under torchrun, start this rank's heartbeat with that timeout
-    (`memrl.heartbeat`; `destroy_process_group` stops it).
+    (`memrl.distributed.heartbeat`; `destroy_process_group` stops it).
     """
     if not launched() and not always:
         return Dist()
@@ -92,7 +92,7 @@ def start_heartbeat(dist: Dist, timeout_s: float) -> bool:
         return False
     import torch.distributed as tdist
 
-    from memrl import heartbeat
+    from memrl.distributed import heartbeat
 
     try:
         store = tdist.TCPStore(
@@ -138,7 +138,7 @@ def destroy_process_group() -> None:
     global _joined
     import torch.distributed as tdist
 
-    from memrl import heartbeat
+    from memrl.distributed import heartbeat
 
     heartbeat.stop()
     if _joined and tdist.is_available() and tdist.is_initialized():

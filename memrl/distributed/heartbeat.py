@@ -88,8 +88,8 @@ _collectives = 0
 
 @contextmanager
 def collective() -> Iterator[None]:
-    """Around a collective (`memrl.dist.Dist` wraps its own): the beats sent meanwhile say
-    that this rank waits for the others, which tells a stuck rank from the ones waiting."""
+    """Around a collective (`memrl.distributed.Dist` wraps its own): the beats sent meanwhile
+    say that this rank waits for the others, which tells a stuck rank from the ones waiting."""
     global _collectives
     _collectives += 1
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.heartbeat import collective
+from memrl.distributed.heartbeat import collective
 
 
 @dataclass(frozen=True)
