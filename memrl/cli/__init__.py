@@ -35,8 +35,8 @@ def _register_commands() -> None:
     import importlib
 
     for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo",
-                 "evaluate_long_context", "evaluate_agent", "train", "export", "quickstart", "sft", "view", "ask",
-                 "serve"):
+                 "evaluate_long_context", "evaluate_agent", "train", "export", "quickstart",
+                 "sft", "view", "ask", "serve"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:
