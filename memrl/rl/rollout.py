@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from memrl.agents.trajectory import Trajectory
+from memrl.trajectory import Trajectory
 from memrl.dist import Dist
 from memrl.errors import MemrlInputError
 from memrl.rl.advantages import dynamic_sampling_keep
