@@ -54,7 +54,6 @@ from memrl.inference.base import (
     RolloutMode,
     Sampler,
     episode_keys,
-    response_text,
 )
 from memrl.inference.chat import encode_chat
 from memrl.inference.schedule import Episode, ModelCalls, arun_episodes, run_episodes
@@ -307,8 +306,8 @@ class MemAgent:
         self.generator = generator
         self.config = config or MemAgentConfig()
         self.prompts = self.config.resolved_prompts
-        self.sampler = Sampler(temperature=self.config.temperature, top_p=self.config.top_p,
-                               seed=self.config.seed)
+        self.sampler = Sampler(generator, temperature=self.config.temperature,
+                               top_p=self.config.top_p, seed=self.config.seed)
 
     @property
     def tokenizer(self) -> Any:
@@ -424,7 +423,7 @@ class MemAgent:
             turns.append(_turn("memory_update", prompt, gen, k, keep_ids))
             # Overwrite. An empty response leaves an empty memory (as in MemAgent, which
             # only uses "No previous memory" before the first chunk).
-            memory = response_text(self.tokenizer, gen)
+            memory = self.sampler.text(gen)
             memories.append(memory)
             report(ProgressEvent("chunks", chunks=1, turn=turns[-1]))
         prompt = self.final_prompt_ids(question, memory)
@@ -437,7 +436,7 @@ class MemAgent:
         details = MemAgentDetails(
             memories=tuple(memories), num_chunks=len(memories),
             context_tokens=episode.chunks.context_tokens, capped=episode.chunks.capped,
-            final_response=response_text(self.tokenizer, gen),
+            final_response=self.sampler.text(gen),
         )
         return Trajectory(record_id=episode.record_id, sample_index=episode.sample_index,
                           turns=tuple(turns), details=details)

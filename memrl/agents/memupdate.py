@@ -49,7 +49,6 @@ from memrl.inference.base import (
     RolloutMode,
     Sampler,
     episode_keys,
-    response_text,
 )
 from memrl.inference.chat import encode_messages
 from memrl.inference.schedule import ModelCalls, run_episodes
@@ -322,7 +321,7 @@ class MemoryUpdateAgent:
         `keep_token_ids=False` leaves the turns' token ids empty (evaluation needs none).
         """
         cfg = self.config
-        sampler = Sampler(temperature=cfg.temperature, top_p=cfg.top_p,
+        sampler = Sampler(self.generator, temperature=cfg.temperature, top_p=cfg.top_p,
                           seed=cfg.seed if seed is None else seed)
         states = self._start(episodes, num_samples)
         with self._trials(states):
@@ -340,7 +339,7 @@ class MemoryUpdateAgent:
         while not st.done:
             prompt = self.encode(st.messages)
             params = sampler.params(self.config.max_response_tokens, *st.key, len(st.turns))
-            self._step(st, prompt, await calls.generate(prompt, params), keep_ids)
+            self._step(st, prompt, await calls.generate(prompt, params), sampler, keep_ids)
         return self._trajectory(st, before)
 
     def _start(self, episodes: Sequence[MemoryEpisode], num_samples: int) -> list[_Episode]:
@@ -385,9 +384,10 @@ class MemoryUpdateAgent:
         ]
         st.turns_in_piece = 0
 
-    def _step(self, st: _Episode, prompt: list[int], gen: Generation, keep_ids: bool) -> None:
+    def _step(self, st: _Episode, prompt: list[int], gen: Generation, sampler: Sampler,
+              keep_ids: bool) -> None:
         cfg = self.config
-        text = response_text(self.tokenizer, gen)
+        text = sampler.text(gen)
         parsed = parse_tool_calls(text)
         calls = parsed.calls[: cfg.max_parallel_calls]
         error_kinds = list(parsed.error_kinds)

@@ -251,10 +251,14 @@ class Sampler:
     `params(max_new_tokens, *key)` is the SamplingParams of the request named `key` (an
     agent passes the episode key and the turn index): its seed is `derive_seed(seed, *key)`,
     the same whichever schedule sends it (`memrl.inference.schedule`). With `seed=None` the
-    requests are unseeded (the generator's own randomness).
+    requests are unseeded (the generator's own randomness). `text(generation)` is a reply
+    as the next prompt sees it (`response_text`).
     """
 
-    def __init__(self, *, temperature: float, top_p: float, seed: int | None) -> None:
+    def __init__(
+        self, generator: Generator, *, temperature: float, top_p: float, seed: int | None
+    ) -> None:
+        self.generator = generator
         self.temperature = temperature
         self.top_p = top_p
         self.seed = seed
@@ -266,6 +270,9 @@ class Sampler:
             top_p=self.top_p,
             seed=None if self.seed is None else derive_seed(self.seed, *key),
         )
+
+    def text(self, generation: Generation) -> str:
+        return response_text(self.generator.tokenizer, generation)
 
 
 def episode_keys(record_ids: Sequence[str], num_samples: int) -> list[tuple[str, int, int]]:
