@@ -299,15 +299,15 @@ def run_length(agent: Any, records: list[Any], timeout: float) -> dict[str, Any]
     updates = [t for t in turns if t.kind == "memory_update"]
     row: dict[str, Any] = {
         "status": "ok", "total_s": total,
-        "context_tokens": [traj.info["context_tokens"] for traj in trajs],
-        "chunks": [traj.info["num_chunks"] for traj in trajs],
+        "context_tokens": [traj.details.context_tokens for traj in trajs],
+        "chunks": [traj.details.num_chunks for traj in trajs],
         "chunk_step_s": spread(chunk_times),
         "chunk_step_s_after_first": spread(chunk_times[1:]) if len(chunk_times) > 1 else None,
         "final_step_s": final_times[0] if final_times else None,
-        "update_prompt_tokens_max": max(t.meta["prompt_tokens"] for t in updates),
-        "update_prompt_tokens_mean": statistics.fmean(t.meta["prompt_tokens"] for t in updates),
-        "update_response_tokens": sorted({t.meta["response_tokens"] for t in updates}),
-        "max_sequence_tokens": max(t.meta["prompt_tokens"] + t.meta["response_tokens"]
+        "update_prompt_tokens_max": max(t.prompt_tokens for t in updates),
+        "update_prompt_tokens_mean": statistics.fmean(t.prompt_tokens for t in updates),
+        "update_response_tokens": sorted({t.response_tokens for t in updates}),
+        "max_sequence_tokens": max(t.prompt_tokens + t.response_tokens
                                    for t in turns),
         "gpu_used_gib": gpu_memory_used_gib(),
     }

@@ -47,6 +47,7 @@ Choices that make a random-weight run measure what a real run would:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -261,9 +262,7 @@ def make_run(config, reward_seed: int):
     class RandomReward(MemAgentQATask):
         def rollout(self, *a: Any, **kw: Any):
             trajs = super().rollout(*a, **kw)
-            for t in trajs:
-                t.reward = float(rng.random() < 0.5)
-            return trajs
+            return [dataclasses.replace(t, reward=float(rng.random() < 0.5)) for t in trajs]
 
     run = grpo.setup(config, task=RandomReward(config.memagent))
     shapes: list[dict[str, Any]] = []
@@ -419,7 +418,7 @@ def synthetic_batch(args: argparse.Namespace, vocab: int):
     advantages: the shapes of MemAgent's memory-update and final turns, without a rollout."""
     import torch
 
-    from memrl.agents.trajectory import Trajectory, Turn
+    from memrl.trajectory import Trajectory, Turn
     from memrl.rl.batch import RolloutBatch
 
     rng = random.Random(args.seed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import importlib.util
 import json
@@ -157,10 +159,12 @@ class ScriptedAsyncEngine:
 
 
 def assert_same_trajectories(a: Sequence[Any], b: Sequence[Any], *,
-                             ignore_info: Sequence[str] = (), logprob_atol: float = 0.0) -> None:
-    """Trajectories equal turn by turn (prompt ids, response ids, log-probs, text, meta) and
-    in their ids and info (but the `ignore_info` keys). Log-probs exactly, or within
-    `logprob_atol` (a real engine's float sums change with the batch a request shares)."""
+                             ignore_details: Sequence[str] = (),
+                             logprob_atol: float = 0.0) -> None:
+    """Trajectories equal turn by turn (prompt ids, response ids, log-probs, text, token
+    counts, detail) and in their ids, details (but the `ignore_details` fields), answer,
+    reward, metrics and scoring. Log-probs exactly, or within `logprob_atol` (a real
+    engine's float sums change with the batch a request shares)."""
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
         assert (x.record_id, x.sample_index) == (y.record_id, y.sample_index)
@@ -174,11 +178,14 @@ def assert_same_trajectories(a: Sequence[Any], b: Sequence[Any], *,
                 assert max(gaps, default=0.0) <= logprob_atol, max(gaps)
             else:
                 assert s.response_logprobs == t.response_logprobs
-            assert (s.kind, s.response_text, s.finish_reason, s.meta) == (
-                t.kind, t.response_text, t.finish_reason, t.meta)
-        keep = lambda info: {k: v for k, v in info.items() if k not in ignore_info}  # noqa: E731
-        assert keep(x.info) == keep(y.info)
-        assert (x.answer, x.reward, x.metrics) == (y.answer, y.reward, y.metrics)
+            assert (s.kind, s.response_text, s.finish_reason, s.prompt_tokens,
+                    s.response_tokens, s.detail) == (
+                t.kind, t.response_text, t.finish_reason, t.prompt_tokens, t.response_tokens,
+                t.detail)
+        keep = lambda d: dataclasses.replace(d, **dict.fromkeys(ignore_details))  # noqa: E731
+        assert keep(x.details) == keep(y.details)
+        assert (x.answer, x.reward, x.metrics, x.scoring) == (
+            y.answer, y.reward, y.metrics, y.scoring)
 
 
 needs_vllm = pytest.mark.skipif(

@@ -11,7 +11,9 @@ from memrl.agents import (
     PROMPT_PRESETS,
     MemAgent,
     MemAgentConfig,
+    MemAgentDetails,
     MemAgentPrompts,
+    MemAgentTurn,
     ProgressEvent,
     chunk_context,
     resolve_prompts,
@@ -204,8 +206,9 @@ def test_memory_is_overwritten_and_prompts_match_the_preset(tiny_tokenizer):
         )
         assert tok.decode(turn.prompt_ids, skip_special_tokens=False) == expected
         assert turn.prompt_ids == tok.encode(expected, add_special_tokens=False)
-        assert turn.meta == {"chunk_index": k, "prompt_tokens": len(turn.prompt_ids),
-                             "response_tokens": len(turn.response_ids)}
+        assert turn.detail == MemAgentTurn(chunk_index=k)
+        assert (turn.prompt_tokens, turn.response_tokens) == (len(turn.prompt_ids),
+                                                              len(turn.response_ids))
         assert turn.response_text == f"memory {k + 1}"
         assert turn.response_ids == tok.encode(f"memory {k + 1}", add_special_tokens=False)
         assert len(turn.response_logprobs) == len(turn.response_ids)
@@ -218,13 +221,14 @@ def test_memory_is_overwritten_and_prompts_match_the_preset(tiny_tokenizer):
     assert "memory 3" in final_text and "memory 2" not in final_text
     assert not any(c in final_text for c in chunks.texts)
     assert traj.answer is None  # the agent does not extract answers: its task does
-    assert traj.info == {
-        "memories": ["memory 1", "memory 2", "memory 3"],
-        "num_chunks": 3,
-        "context_tokens": 12,
-        "capped": False,
-        "final_response": "The answer is \\boxed{Paris}.",
-    }
+    assert final.detail == MemAgentTurn(chunk_index=None)
+    assert traj.details == MemAgentDetails(
+        memories=("memory 1", "memory 2", "memory 3"),
+        num_chunks=3,
+        context_tokens=12,
+        capped=False,
+        final_response="The answer is \\boxed{Paris}.",
+    )
     assert traj.record_id == "r0" and traj.sample_index == 0 and traj.reward is None
 
 
@@ -234,11 +238,14 @@ def test_keep_token_ids_false_drops_ids_but_keeps_counts_and_texts(tiny_tokenize
     full = MemAgent(scripted(tok), MemAgentConfig(chunk_size=5)).run([rec])[0]
     agent = MemAgent(scripted(tok), MemAgentConfig(chunk_size=5))
     light = agent.run([rec], keep_token_ids=False)[0]
-    assert light.info == full.info and light.answer == full.answer
+    assert light.details == full.details and light.answer == full.answer
     for a, b in zip(full.turns, light.turns, strict=True):
         assert (b.prompt_ids, b.response_ids, b.response_logprobs) == ([], [], [])
-        assert a.meta == b.meta and a.response_text == b.response_text
-        assert b.meta["prompt_tokens"] == len(a.prompt_ids) > 0
+        assert (a.prompt_tokens, a.response_tokens, a.detail) == (
+            b.prompt_tokens, b.response_tokens, b.detail)
+        assert a.response_text == b.response_text
+        assert b.prompt_tokens == len(a.prompt_ids) > 0
+        assert b.response_tokens == len(a.response_ids) > 0
 
 
 def test_documents_are_rendered_and_braces_in_them_survive(tiny_tokenizer):
@@ -267,7 +274,7 @@ def test_lockstep_batching_one_call_per_step_then_one_final_call(tiny_tokenizer)
     ]
     assert [len(t.turns) for t in trajs] == [4, 4, 2, 2, 3, 3, 1, 1]
     empty = trajs[-1]
-    assert empty.info["memories"] == [] and empty.info["num_chunks"] == 0
+    assert empty.details.memories == () and empty.details.num_chunks == 0
     assert "<memory>\nNo previous memory\n</memory>" in tok.decode(empty.turns[0].prompt_ids)
 
 
@@ -277,8 +284,8 @@ def test_max_chunks_keeps_the_first_chunks_and_records_the_cap(tiny_tokenizer):
     gen = scripted(tok)
     [traj] = MemAgent(gen, MemAgentConfig(chunk_size=3, max_chunks=2)).run([rec])
     assert gen.calls == [1, 1, 1]
-    assert traj.info["num_chunks"] == 2 and traj.info["capped"] is True
-    assert traj.info["context_tokens"] == 10
+    assert traj.details.num_chunks == 2 and traj.details.capped is True
+    assert traj.details.context_tokens == 10
     chunks = chunk_context(tok, rec.context, 3)
     assert chunks.texts[1] in tok.decode(traj.turns[1].prompt_ids)
 
@@ -309,10 +316,10 @@ def test_sampling_params_per_turn_kind_and_truncation(tiny_tokenizer):
     assert {(p.temperature, p.top_p) for p in gen.params} == {(0.3, 0.9)}
     update = traj.turns[0]
     assert len(update.response_ids) == 5 and update.finish_reason == "length" and update.truncated
-    assert traj.info["memories"][0] == tok.decode(update.response_ids)
+    assert traj.details.memories[0] == tok.decode(update.response_ids)
     assert traj.turns[1].prompt_ids  # the truncated memory is what the next prompt carries
-    assert traj.info["memories"][0] in tok.decode(traj.turns[1].prompt_ids)
-    assert "\\boxed" not in traj.info["final_response"]  # the \boxed{} was cut off
+    assert traj.details.memories[0] in tok.decode(traj.turns[1].prompt_ids)
+    assert "\\boxed" not in traj.details.final_response  # the \boxed{} was cut off
 
 
 def test_empty_memory_stays_empty_and_special_tokens_are_stripped(tiny_tokenizer):
@@ -320,11 +327,11 @@ def test_empty_memory_stays_empty_and_special_tokens_are_stripped(tiny_tokenizer
     replies = iter(["", "kept<|im_end|>", "no box here"])
     gen = ScriptedGenerator(tok, lambda p: next(replies))
     [traj] = MemAgent(gen, MemAgentConfig(chunk_size=3)).run([record("r", context_of(tok, 6, "e"))])
-    assert traj.info["memories"] == ["", "kept"]
+    assert traj.details.memories == ("", "kept")
     assert "<memory>\n\n</memory>" in tok.decode(traj.turns[1].prompt_ids)
     assert traj.turns[1].response_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>")
     assert "<memory>\nkept\n</memory>" in tok.decode(traj.turns[2].prompt_ids)
-    assert traj.info["final_response"] == "no box here"
+    assert traj.details.final_response == "no box here"
 
 
 def test_progress_events_and_rich_bars(tiny_tokenizer):
@@ -334,12 +341,13 @@ def test_progress_events_and_rich_bars(tiny_tokenizer):
     records = [record("a", context_of(tok, 6, "a")), record("b", context_of(tok, 3, "b"))]
     events: list[ProgressEvent] = []
     MemAgent(scripted(tok), MemAgentConfig(chunk_size=3)).run(records, 2, events.append)
-    assert events == [
-        ProgressEvent("start", episodes=4, chunks=6),
-        ProgressEvent("chunks", chunks=4),
-        ProgressEvent("chunks", chunks=2),
-        ProgressEvent("final", episodes=4),
-    ]
+    # One event per turn, in the lockstep order: update 0 of the four episodes, update 1 of
+    # the two with a second chunk, then the four final answers.
+    assert events[0] == ProgressEvent("start", episodes=4, chunks=6)
+    assert [(e.kind, e.episodes, e.chunks) for e in events[1:]] == (
+        [("chunks", 0, 1)] * 6 + [("final", 1, 0)] * 4)
+    assert [e.turn.detail.chunk_index for e in events[1:7]] == [0, 0, 0, 0, 1, 1]
+    assert [e.turn.kind for e in events[7:]] == ["final"] * 4
     with Progress(disable=True) as progress:
         on_event = rich_progress_callback(progress, "N=1")
         for _ in range(2):  # totals grow across runs

@@ -120,8 +120,8 @@ def test_first_prompt_shows_dialogue_memory_and_tools_not_question(tiny_tokenize
     assert ep.question not in prompt
     # No tool call: the piece (here the whole dialogue) is done after one reply.
     assert len(traj.turns) == 1 and traj.turns[0].kind == "tool"
-    assert traj.info["turns"] == 1 and traj.info["format_error_turns"] == 0
-    store.release(traj.info["namespace"])
+    assert traj.details.turns == 1 and traj.details.format_error_turns == 0
+    store.release(traj.details.namespace)
 
 
 def test_tool_responses_are_prompt_tokens_not_response_tokens(tiny_tokenizer, store):
@@ -139,7 +139,7 @@ def test_tool_responses_are_prompt_tokens_not_response_tokens(tiny_tokenizer, st
 
     agent, _ = setup_agent(tiny_tokenizer, store, respond, [ep], max_turns=5)
     (traj,) = agent.run([ep])
-    assert [t.meta["turn_in_piece"] for t in traj.turns] == [0, 1, 2]
+    assert [t.detail.turn_in_piece for t in traj.turns] == [0, 1, 2]
     for turn in traj.turns:
         response = tiny_tokenizer.decode(turn.response_ids)
         assert response == turn.response_text
@@ -152,9 +152,9 @@ def test_tool_responses_are_prompt_tokens_not_response_tokens(tiny_tokenizer, st
         assert turn.response_text in after[len(before):]
     assert '<|im_start|>tool\n<tool_response>\n{"id": "m1", "result": "inserted"}' in texts[1]
     assert "Ann loves green tea." in texts[2].split("<tool_response>")[-1]  # search hit
-    assert traj.info["ops"] == {"insert": 1, "update": 0, "delete": 0, "search": 1}
-    assert traj.info["memory_before"]["count"] == 1 and traj.info["memory_after"]["count"] == 2
-    assert [c["name"] for c in traj.info["calls"]] == ["memory_insert", "memory_search"]
+    assert traj.details.ops == {"insert": 1, "update": 0, "delete": 0, "search": 1}
+    assert traj.details.memory_before["count"] == 1 and traj.details.memory_after["count"] == 2
+    assert [c["name"] for c in traj.details.calls] == ["memory_insert", "memory_search"]
     assert not store.get(ep.id, "m0").text.startswith("Ann loves")  # base untouched
     assert len(store.list(ep.id)) == 1
 
@@ -174,9 +174,9 @@ def test_lockstep_batches_every_active_episode(tiny_tokenizer, store):
         ("long", 0), ("long", 1), ("short", 0), ("short", 1)]
     assert gen.calls == [4, 4, 2, 2]
     assert [len(t.turns) for t in trajs] == [4, 4, 2, 2]
-    assert [t.meta["piece"] for t in trajs[0].turns] == [0, 0, 1, 1]
-    assert trajs[0].info["pieces"] == 2 and trajs[2].info["pieces"] == 1
-    assert len({t.info["namespace"] for t in trajs}) == 4
+    assert [t.detail.piece for t in trajs[0].turns] == [0, 0, 1, 1]
+    assert trajs[0].details.pieces == 2 and trajs[2].details.pieces == 1
+    assert len({t.details.namespace for t in trajs}) == 4
 
 
 def test_two_trials_of_one_base_never_see_each_other(tiny_tokenizer, store):
@@ -197,15 +197,15 @@ def test_two_trials_of_one_base_never_see_each_other(tiny_tokenizer, store):
     agent, gen = setup_agent(tiny_tokenizer, store, respond, [ep], max_turns=3)
     t0, t1 = agent.run([ep], num_samples=2)
     assert gen.calls == [2, 2, 2]  # the edits of the two trials interleave
-    texts0 = {r.text for r in store.list(t0.info["namespace"])}
-    texts1 = {r.text for r in store.list(t1.info["namespace"])}
+    texts0 = {r.text for r in store.list(t0.details.namespace)}
+    texts1 = {r.text for r in store.list(t1.details.namespace)}
     assert "secret number 0" in texts0 and "secret number 1" not in texts0
     assert "secret number 1" in texts1 and "secret number 0" not in texts1
     assert "secret number 0" in final_prompts[0] and "secret number 1" not in final_prompts[0]
     assert "secret number 1" in final_prompts[1] and "secret number 0" not in final_prompts[1]
     assert [r.text for r in store.list(ep.id)] == ["Ann likes tea."]
     # Ids continue the base's counter in each trial, independently.
-    assert store.list(t0.info["namespace"])[-1].id == store.list(t1.info["namespace"])[-1].id
+    assert store.list(t0.details.namespace)[-1].id == store.list(t1.details.namespace)[-1].id
 
 
 def test_extra_parallel_calls_are_skipped_and_counted(tiny_tokenizer, store):
@@ -220,12 +220,12 @@ def test_extra_parallel_calls_are_skipped_and_counted(tiny_tokenizer, store):
 
     agent, _ = setup_agent(tiny_tokenizer, store, respond, [ep], max_parallel_calls=2)
     (traj,) = agent.run([ep])
-    assert traj.info["ops"]["insert"] == 2
-    assert traj.info["format_errors"] == {"too_many_calls": 1}
-    assert traj.info["format_error_turns"] == 1
-    assert traj.turns[0].meta["format_errors"] == ["too_many_calls"]
+    assert traj.details.ops["insert"] == 2
+    assert traj.details.format_errors == {"too_many_calls": 1}
+    assert traj.details.format_error_turns == 1
+    assert traj.turns[0].detail.format_errors == ("too_many_calls",)
     assert "Error: 3 tool calls in one reply; only the first 2 were run, 1 skipped" in prompts[1]
-    assert [r.text for r in store.list(traj.info["namespace"])] == ["fact 0", "fact 1"]
+    assert [r.text for r in store.list(traj.details.namespace)] == ["fact 0", "fact 1"]
 
 
 def test_garbage_replies_cost_every_turn_and_change_nothing(tiny_tokenizer, store):
@@ -237,9 +237,9 @@ def test_garbage_replies_cost_every_turn_and_change_nothing(tiny_tokenizer, stor
     agent, gen = setup_agent(tiny_tokenizer, store, respond, [ep], max_turns=3)
     (traj,) = agent.run([ep])
     assert gen.calls == [1, 1, 1]  # errors are shown to the model, so it goes on
-    assert traj.info["format_error_turns"] == 3
-    assert traj.info["format_errors"] == {"invalid_json": 3, "unclosed": 3}
-    assert traj.info["memory_after"] == traj.info["memory_before"]
+    assert traj.details.format_error_turns == 3
+    assert traj.details.format_errors == {"invalid_json": 3, "unclosed": 3}
+    assert traj.details.memory_after == traj.details.memory_before
     assert "Error: tool call 1: not valid JSON" in tiny_tokenizer.decode(traj.turns[1].prompt_ids)
 
 
@@ -274,7 +274,7 @@ def test_keep_token_ids_false_and_seeds(tiny_tokenizer, store):
     agent = MemoryUpdateAgent(gen, store, MemUpdateConfig(max_turns=3, seed=5))
     (traj,) = agent.run([ep], keep_token_ids=False)
     assert all(t.prompt_ids == [] and t.response_ids == [] for t in traj.turns)
-    assert all(t.meta["prompt_tokens"] > 0 for t in traj.turns)
+    assert all(t.prompt_tokens > 0 for t in traj.turns)
     assert seeds == [derive_seed(5, "ids", 0, 0, t) for t in range(3)]  # reply t of the episode
     agent.run([ep], seed=100)
     assert seeds[3:] == [derive_seed(100, "ids", 0, 0, t) for t in range(3)]
@@ -330,6 +330,6 @@ def test_any_model_output_never_raises(tiny_tokenizer, replies):
     agent, _ = setup_agent(tiny_tokenizer, store, lambda p: next(it), [ep], max_turns=3,
                            max_parallel_calls=2)
     (traj,) = agent.run([ep])
-    assert 1 <= traj.info["turns"] <= 3
-    assert 0 <= traj.info["format_error_turns"] <= traj.info["turns"]
+    assert 1 <= traj.details.turns <= 3
+    assert 0 <= traj.details.format_error_turns <= traj.details.turns
     assert [r.text for r in store.list(ep.id)] == ["Ann likes tea."]

@@ -284,7 +284,7 @@ def test_ask_answers_with_memories_usage_and_a_trace_memrl_view_renders(tmp_path
     assert events[-1].done and events[-1].document_tokens_read == result.context_tokens
     assert result.memories[0].startswith("saw Document")
     turns = result.trajectory.turns
-    assert result.usage.prompt_tokens == sum(t.meta["prompt_tokens"] for t in turns)
+    assert result.usage.prompt_tokens == sum(t.prompt_tokens for t in turns)
     assert result.usage.total_tokens > result.context_tokens
     assert events[-1].usage == result.usage
     assert not any(t.prompt_ids for t in turns)  # no token ids kept
@@ -305,7 +305,7 @@ def test_ask_with_a_model_directory_loads_it_after_checking_the_input(tiny_model
         "chunk_size": 32, "max_memory_tokens": 3, "max_final_tokens": 3, "seed": 0})
     assert result.num_chunks == len(result.memories) == -(-result.context_tokens // 32)
     assert result.model == str(tiny_model_dir) and result.config.chunk_size == 32
-    assert all(t.meta["response_tokens"] <= 3 for t in result.trajectory.turns)
+    assert all(t.response_tokens <= 3 for t in result.trajectory.turns)
 
 
 def test_ask_checks_question_and_documents(tiny_tokenizer, tmp_path):

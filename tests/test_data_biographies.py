@@ -322,9 +322,9 @@ def test_the_oracle_keeps_the_gold_fact_and_answers_it(tiny_tokenizer, tmp_path)
         oracle = OracleGenerator(tiny_tokenizer, records, AGENT)
         trajs = MemAgentQATask(AGENT).rollout(oracle, records, num_samples=1, seed=0)
         for t, r in zip(trajs, records, strict=True):
-            assert t.info["num_chunks"] >= 3
-            assert t.info["memories"][-1] == r.facts[0]
-            assert t.info["final_response"] == f"\\boxed{{{r.answers[0]}}}"
+            assert t.details.num_chunks >= 3
+            assert t.details.memories[-1] == r.facts[0]
+            assert t.details.final_response == f"\\boxed{{{r.answers[0]}}}"
             assert t.answer == r.answers[0] and t.reward == 1.0
 
 

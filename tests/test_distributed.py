@@ -313,7 +313,7 @@ def test_an_empty_share_adds_zero_to_the_global_divisor():
 
 
 def test_collect_groups_records_the_order_of_the_kept_groups():
-    from memrl.agents.trajectory import Trajectory
+    from memrl.trajectory import Trajectory
 
     records = make_synthetic_records(6, num_docs=2, seed=0)
     rewards = {records[0].id: [0.0, 0.0], records[1].id: [0.0, 1.0], records[2].id: [1.0, 0.5]}

@@ -180,8 +180,8 @@ def agent_in_worker(store: MemoryBackend, model_dir: str, episode) -> list[dict]
     generator = ScriptedGenerator(AutoTokenizer.from_pretrained(model_dir), secrets_reply)
     agent = MemoryUpdateAgent(generator, store, MemUpdateConfig(embedder="hashing", max_turns=3))
     trajs = agent.run([episode], num_samples=2)
-    return [{"pid": os.getpid(), "namespace": t.info["namespace"], "ops": t.info["ops"],
-             "texts": sorted(r.text for r in store.list(t.info["namespace"]))} for t in trajs]
+    return [{"pid": os.getpid(), "namespace": t.details.namespace, "ops": t.details.ops,
+             "texts": sorted(r.text for r in store.list(t.details.namespace))} for t in trajs]
 
 
 @pytest.mark.slow

@@ -168,7 +168,7 @@ def test_hf_and_vllm_engines_agree_on_a_memagent_episode(converted, hf_model, to
             .tolist()
     assert len(gaps) >= 24
     assert max(gaps) < LOGPROB_ATOL
-    assert ours.info == theirs.info and ours.answer == theirs.answer
+    assert ours.details == theirs.details and ours.answer == theirs.answer
 
 
 # ----------------------------------------------------------------------------- bad inputs

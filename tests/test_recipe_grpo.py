@@ -7,6 +7,7 @@ would give every group equal rewards and nothing to learn from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import torch
 import yaml
 from helpers import TINY_MEMAGENT, kill_at_first_checkpoint
 
-from memrl.agents.trajectory import Trajectory
+from memrl.trajectory import Trajectory
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
@@ -101,8 +102,7 @@ def rollout_batch(run, records, n, seed=0, reward=None, overlong="keep"):
     trajs = run.task.rollout(run.engine, records, num_samples=n, seed=seed)
     if reward is not None:
         by_id = {r.id: r for r in records}
-        for t in trajs:
-            t.reward = reward(t, by_id[t.record_id])
+        trajs = [dataclasses.replace(t, reward=reward(t, by_id[t.record_id])) for t in trajs]
     batch = RolloutBatch.from_trajectories(trajs, overlong=overlong)
     return batch.with_logprobs(run.actor.logprobs(batch))
 
@@ -167,10 +167,10 @@ def test_dynamic_sampling_drops_equal_groups_and_refills(
     def rollout(records, seed):
         seeds.append(seed)
         trajs = run.task.rollout(run.engine, records, num_samples=2, seed=seed)
-        for t in trajs:  # odd-numbered questions have informative groups, even ones do not
-            odd = int(t.record_id.rsplit("-", 1)[-1]) % 2
-            t.reward = float(t.sample_index) if odd else 0.0
-        return trajs
+        # odd-numbered questions have informative groups, even ones do not
+        odd = lambda t: int(t.record_id.rsplit("-", 1)[-1]) % 2  # noqa: E731
+        return [dataclasses.replace(t, reward=float(t.sample_index) if odd(t) else 0.0)
+                for t in trajs]
 
     groups = collect_groups(rollout, run.stream, want=2, dynamic_sampling=True,
                             max_refill_rounds=3, round_seed=lambda r: 1000 + r)
@@ -350,9 +350,7 @@ class ScoredBy(MemAgentQATask):
 
     def rollout(self, *args, **kwargs):
         trajs = super().rollout(*args, **kwargs)
-        for t in trajs:
-            t.reward = self.score(t)
-        return trajs
+        return [dataclasses.replace(t, reward=self.score(t)) for t in trajs]
 
 
 class ShiftedLogprobs:
@@ -370,10 +368,13 @@ class ShiftedLogprobs:
         if kw.get("temperature") is None:  # a training rollout (validation sets it)
             self.calls += 1
             if self.calls >= 2:
-                for t in trajectories:
-                    for turn in t.turns:
-                        turn.response_logprobs = [x - self.shift for x in turn.response_logprobs]
+                return [self.shifted(t) for t in trajectories]
         return trajectories
+
+    def shifted(self, t):
+        return dataclasses.replace(t, turns=[
+            dataclasses.replace(u, response_logprobs=[x - self.shift for x in u.response_logprobs])
+            for u in t.turns])
 
 
 def test_a_mismatched_engine_stops_the_run_with_one_line(tiny_model_dir, data_dir, tmp_path,

@@ -78,9 +78,9 @@ def test_oracle_rollout_scores_full_marks_and_ends_turns_with_eos(tiny_tokenizer
     trajs = MemAgentQATask(AGENT).rollout(oracle, records, num_samples=1, seed=0)
     for t, r in zip(trajs, records, strict=True):
         assert t.reward == 1.0 and t.answer == r.answers[0]
-        assert t.info["memories"][-1] == needed_facts(r)[0]
+        assert t.details.memories[-1] == needed_facts(r)[0]
         assert all(turn.response_ids[-1] == tiny_tokenizer.eos_token_id for turn in t.turns)
-        assert t.info["num_chunks"] >= 2  # several memory updates per episode
+        assert t.details.num_chunks >= 2  # several memory updates per episode
 
 
 def test_oracle_refuses_records_without_supporting_documents(tiny_tokenizer):

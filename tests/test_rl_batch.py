@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.agents.trajectory import Trajectory, Turn
+from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.rl.batch import RolloutBatch, Sample, collate, pack_token_budget
 from memrl.rl.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
@@ -224,12 +224,13 @@ def test_loss_norm_of_a_mini_batch_by_hand():
 def test_packed_micro_batches_give_the_full_batch_loss(mode):
     """The trainer's recipe: weights over the mini-batch, then any packing, same loss."""
     trajs = [
-        Trajectory("q1", 0, [turn([1, 2, 3], [4, 5, 6, 7]), turn([1], [2], kind="final")]),
-        Trajectory("q1", 1, [turn([1, 2], [3, 4, 5], finish="length"), turn([9], [8, 7])]),
-        Trajectory("q2", 0, [turn([4] * 6, [5] * 5), turn([1], [3, 3, 3]), turn([2], [2])]),
+        Trajectory("q1", 0, [turn([1, 2, 3], [4, 5, 6, 7]), turn([1], [2], kind="final")],
+                   reward=1.0),
+        Trajectory("q1", 1, [turn([1, 2], [3, 4, 5], finish="length"), turn([9], [8, 7])],
+                   reward=0.0),
+        Trajectory("q2", 0, [turn([4] * 6, [5] * 5), turn([1], [3, 3, 3]), turn([2], [2])],
+                   reward=0.5),
     ]
-    for t, r in zip(trajs, (1.0, 0.0, 0.5), strict=True):
-        t.reward = r
     batch = RolloutBatch.from_trajectories(trajs)
     batch = batch.with_logprobs([torch.tensor(s.rollout_logprobs) for s in batch.samples])
     batch = batch.with_advantages(torch.tensor([1.0, -1.0, 0.25]))

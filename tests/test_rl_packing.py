@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memrl.agents.trajectory import Trajectory, Turn
+from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.inference.loader import load_model
 from memrl.rl.actor import Actor, Reference, build_optimizer, response_logprobs, warmup_schedule

@@ -131,7 +131,7 @@ def test_memagent_async_equals_lockstep(tiny_tokenizer):
 
     lockstep = agent.run(records, num_samples=3, mode="lockstep")
     assert engine.events == [] and len(engine.generate_calls) == 1 + max(
-        t.info["num_chunks"] for t in lockstep)
+        t.details.num_chunks for t in lockstep)
     calls = list(engine.generate_calls)
     asynchronous = agent.run(records, num_samples=3, mode="async")
     assert engine.generate_calls == calls  # the async path sent requests one by one
@@ -142,7 +142,7 @@ def test_memagent_async_equals_lockstep(tiny_tokenizer):
     assert_same_trajectories(lockstep, again.run(records, num_samples=3, mode="auto"))
 
     # samples of a group and the copy of a record differ; the answers were scored as text
-    finals = [t.info["final_response"] for t in lockstep]
+    finals = [t.details.final_response for t in lockstep]
     assert len(set(finals)) > len(records)
     copy, original = lockstep[-3:], lockstep[3:6]
     assert [t.record_id for t in copy] == [t.record_id for t in original]
@@ -156,7 +156,7 @@ def test_memagent_async_progress_events_add_up(tiny_tokenizer):
     trajectories = agent.run(records, num_samples=2, progress=events.append, mode="async")
     start = events[0]
     assert start.kind == "start" and start.episodes == 6
-    assert start.chunks == sum(t.info["num_chunks"] for t in trajectories)
+    assert start.chunks == sum(t.details.num_chunks for t in trajectories)
     assert sum(e.chunks for e in events if e.kind == "chunks") == start.chunks
     assert sum(e.episodes for e in events if e.kind == "final") == 6
 
@@ -257,12 +257,12 @@ def test_memupdate_async_equals_lockstep(tiny_tokenizer):
     asynchronous = agent.run(episodes, num_samples=2, mode="async")
     assert len(engine.prompts) == sum(len(t.turns) for t in lockstep)
     # the trial namespaces are named per run; everything else is equal
-    assert_same_trajectories(lockstep, asynchronous, ignore_info=("namespace",))
+    assert_same_trajectories(lockstep, asynchronous, ignore_details=("namespace",))
     turns = [len(t.turns) for t in lockstep]
     assert len(set(turns)) > 1  # episodes of different lengths: lockstep had stragglers
-    assert sum(t.info["ops"]["insert"] for t in lockstep) > 0  # the memory was edited
+    assert sum(t.details.ops["insert"] for t in lockstep) > 0  # the memory was edited
     for t in lockstep + asynchronous:
-        store.release(t.info["namespace"])
+        store.release(t.details.namespace)
     assert sorted(store.namespaces()) == ["e0", "e1", "e2"]
 
 

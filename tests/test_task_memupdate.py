@@ -128,7 +128,7 @@ def test_deleting_everything_has_negative_mean_reward(real_dir, tiny_tokenizer):
     rewards = [t.reward for t in trajectories]
     print(f"\ndelete everything: mean reward {np.mean(rewards):.4f}")
     assert gen.calls == [50, 50]  # lockstep: all episodes in each call
-    assert all(t.info["memory_after"]["count"] == 0 for t in trajectories)
+    assert all(t.details.memory_after["count"] == 0 for t in trajectories)
     assert all(t.metrics["score_final"] == 0.0 for t in trajectories)
     assert np.mean(rewards) < 0
 
@@ -244,7 +244,7 @@ def test_rollout_rewards_and_log_rows(tiny_tokenizer):
     assert good.reward == 1.0 and good.metrics["recall_final"] == 1.0
     assert bad.reward == 0.0 and bad.metrics["recall_final"] == 0.0
     assert good.metrics["inserts"] == 1.0 and good.metrics["memory_growth_tokens"] == 5.0
-    assert good.info["memory_diff"]["added_texts"] == [
+    assert good.scoring.memory_diff["added_texts"] == [
         {"id": "m2", "text": "The secret code is 4417."}]
     summary = task.summarize([good, bad])
     assert summary["score_final"] == 0.5 and summary["inserts"] == 1.0
@@ -288,7 +288,7 @@ def test_compression_reward_form_is_mem_alphas(tiny_tokenizer):
                 if is_first_reply(prompt) else "Done.")
 
     (t,) = task.rollout(ScriptedGenerator(tiny_tokenizer, respond), [ep], num_samples=1, seed=0)
-    memory_words = t.info["memory_after"]["tokens"]
+    memory_words = t.details.memory_after["tokens"]
     assert t.metrics["score_final"] == 1.0
     assert t.reward == pytest.approx(1.0 + 0.5 * (1 - memory_words / words))
 
@@ -322,7 +322,7 @@ def test_llm_answerer_uses_the_generator(tiny_tokenizer):
 
     (t,) = task.rollout(Recording(tiny_tokenizer, respond), [ep], num_samples=1, seed=0)
     assert t.metrics["score_initial"] == 0.0 and t.metrics["score_final"] == 1.0
-    assert t.info["prediction_initial"] == "unknown" and t.info["prediction_final"] == "4417"
+    assert t.scoring.initial.prediction == "unknown" and t.scoring.final.prediction == "4417"
     assert sizes[-2:] == [(1, 0.0), (1, 0.0)]  # initial and final answers, greedy
     assert task.log_row(t, ep)["prediction_final"] == "4417"
 

@@ -122,7 +122,7 @@ def test_memagent_em_is_a_reward_of_the_memagent_task(tiny_tokenizer, final, mem
     gen, task = scripted_task(tiny_tokenizer, final, "memagent_em")
     record = QARecord(id="q", question="Who?", answers=["Chief of Protocol"], context="ctx")
     (t,) = task.rollout(gen, [record], num_samples=1, seed=0)
-    assert t.info["final_response"] == final
+    assert t.details.final_response == final
     assert t.reward == memagent_em and t.metrics["memagent_em"] == memagent_em
     assert t.metrics["sub_em"] == sub_em
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from memrl.agents.trajectory import Trajectory, Turn
+from memrl.trajectory import Trajectory, Turn
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl

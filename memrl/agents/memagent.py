@@ -9,20 +9,21 @@ One episode (one record, one sample) is:
     answer = last \\boxed{...} in response
 
 Every model call is one independent conversation (a single user message through the chat
-template) and becomes one Turn. Two schedules run the same episodes:
+template) and becomes one Turn. The episode is written once, as a coroutine
+(`MemAgent._read_episode`), and `memrl.inference.schedule` runs many of them:
 
-- lockstep (`run(mode="lockstep")`, the HF engine's): step k of every episode that still
-  has a k-th chunk goes to the generator in ONE `generate` call, and the final turns of all
-  episodes go in one last call once every episode has read all its chunks (as MemAgent
-  does; the final turn has its own `max_new_tokens`). So a batch whose longest context has
-  K chunks makes K + 1 generate calls.
-- async (`arun`, or `run(mode="async")`; `auto` picks it on vLLM and the server pool): each
-  episode is a coroutine that sends its next turn with `agenerate` as soon as its previous
-  reply is back; the engine batches whatever is in flight.
+- lockstep (`run(mode="lockstep")`, the HF engine's): memory updates are stage 0 and final
+  answers stage 1, so update k of every episode that still has a k-th chunk goes to the
+  generator in ONE `generate` call, and the final turns of all episodes go in one last call
+  once every episode has read all its chunks (as MemAgent does; the final turn has its own
+  `max_new_tokens`). So a batch whose longest context has K chunks makes K + 1 calls.
+- async (`run(mode="async")`, `arun`; `auto` picks it on vLLM and the server pool): each
+  episode sends its next turn with `agenerate` as soon as its previous reply is back; the
+  engine batches whatever is in flight.
 
-`aread(question, chunks)` runs one such coroutine over any `ChunkSource`: chunk texts that
-may be produced while the episode runs (`memrl.ask` streams a document of any length into
-it, so its token ids are never all in memory), with the same per-turn code and seeds.
+`aread(question, chunks)` runs one episode over any `ChunkSource`: chunk texts that may be
+produced while the episode runs (`memrl.ask` streams a document of any length into it, so
+its token ids are never all in memory).
 
 Turn t of the episode of (record id, occurrence, sample index) is seeded with
 `derive_seed(seed, record id, occurrence, sample index, t)` (memory update k is turn k, the
@@ -31,20 +32,20 @@ its own (vLLM, the server pool) they give the same trajectories; the HF engine s
 `generate` call (`memrl.inference.base`).
 
 The agent does not score, nor extract the answer: its task reads the final response
-(`Trajectory.info["final_response"]`) and sets `Trajectory.answer` and the reward.
+(`MemAgentDetails.final_response`, the trajectory's `details`) and returns a copy with the
+answer and the reward.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memrl.agents.prompts import MemAgentPrompts, resolve_prompts
-from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord
 from memrl.inference.base import (
     SEED_MAX,
@@ -52,12 +53,11 @@ from memrl.inference.base import (
     Generator,
     RolloutMode,
     Sampler,
-    SamplingParams,
     episode_keys,
-    run_concurrently,
-    runs_async,
 )
 from memrl.inference.chat import encode_chat
+from memrl.inference.schedule import Episode, ModelCalls, arun_episodes, run_episodes
+from memrl.trajectory import Trajectory, Turn
 
 
 class MemAgentConfig(BaseModel):
@@ -215,10 +215,10 @@ class ProgressEvent:
     """What the agent reports while it runs, for progress bars.
 
     kind "start": `episodes` and `chunks` are the totals this run will process.
-    kind "chunks": `chunks` memory updates just finished (one lockstep step, or one turn).
-    kind "final": `episodes` episodes just finished (the final call, or one episode).
-    On the async schedule every event but "start" is one turn, given as `turn` (its text,
-    its token counts in `turn.meta`); the lockstep schedule's events carry none.
+    kind "chunks": one memory update just finished (`chunks` is 1).
+    kind "final": one episode just finished (`episodes` is 1).
+    Every event but "start" is one turn, on either schedule, given as `turn` (its text and
+    token counts).
     """
 
     kind: Literal["start", "chunks", "final"]
@@ -256,7 +256,35 @@ def _task_index(progress: Any, task_id: Any) -> int:
     return next(i for i, t in enumerate(progress.tasks) if t.id == task_id)
 
 
-@dataclass
+@dataclass(frozen=True)
+class MemAgentTurn:
+    """What MemAgent knows of one turn (`Turn.detail`)."""
+
+    chunk_index: int | None
+    """The chunk a memory update read; None for the final answer."""
+
+
+@dataclass(frozen=True)
+class MemAgentDetails:
+    """What MemAgent keeps of an episode (`Trajectory.details`)."""
+
+    memories: tuple[str, ...]
+    """The memory after each chunk."""
+    num_chunks: int
+    context_tokens: int
+    """Tokens in the whole context, including any chunks dropped by max_chunks."""
+    capped: bool
+    """True when max_chunks dropped part of the context."""
+    final_response: str
+    """The final reply as text (its task extracts the answer from it)."""
+
+
+FINAL_STAGE = 1
+"""The lockstep stage of the final answers (memory updates are stage 0): all of a run's
+final answers go in one last call (`memrl.inference.schedule`)."""
+
+
+@dataclass(frozen=True)
 class _Episode:
     record_id: str
     question: str
@@ -264,18 +292,22 @@ class _Episode:
     key: tuple[str, int, int]
     """(record id, occurrence, sample index): what seeds its requests (`episode_keys`)."""
     chunks: ChunkSource
-    memory: str
-    memories: list[str] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
+
+
+def _ignore(event: ProgressEvent) -> None:
+    """The progress callback of a run that asked for none."""
 
 
 class MemAgent:
-    """The recurrent memory agent, run over many episodes in lockstep or as coroutines."""
+    """The recurrent memory agent: one episode, written once (`_read_episode`), run over
+    many records in lockstep or as concurrent coroutines (`memrl.inference.schedule`)."""
 
     def __init__(self, generator: Generator, config: MemAgentConfig | None = None) -> None:
         self.generator = generator
         self.config = config or MemAgentConfig()
         self.prompts = self.config.resolved_prompts
+        self.sampler = Sampler(generator, temperature=self.config.temperature,
+                               top_p=self.config.top_p, seed=self.config.seed)
 
     @property
     def tokenizer(self) -> Any:
@@ -308,41 +340,18 @@ class MemAgent:
     ) -> list[Trajectory]:
         """One trajectory per (record, sample), ordered record by record, samples 0..n-1.
 
-        `mode` picks the schedule (`memrl.inference.base.RolloutMode`): `lockstep` (K + 1
-        `generate` calls), `async` (`arun`: every episode a coroutine over `agenerate`), or
-        `auto` (async on an engine with continuous batching, else lockstep). Both give the
-        same trajectories on an engine that seeds each request on its own.
+        `mode` picks the schedule (`memrl.inference.schedule`): `lockstep` (K + 1 batched
+        `generate` calls), `async` (every episode a coroutine over `agenerate`), or `auto`
+        (async on an engine with continuous batching, else lockstep). Both give the same
+        trajectories on an engine that seeds each request on its own.
         `keep_token_ids=False` leaves the turns' prompt_ids / response_ids / logprobs empty
-        (their lengths stay in `turn.meta`): evaluation over millions of context tokens does
-        not need them, and keeping every prompt would take gigabytes. Training needs them.
+        (their lengths stay in `prompt_tokens` / `response_tokens`): evaluation over
+        millions of context tokens does not need them, and keeping every prompt would take
+        gigabytes. Training needs them.
         """
-        if runs_async(self.generator, mode):
-            return asyncio.run(
-                self.arun(records, num_samples, progress, keep_token_ids=keep_token_ids)
-            )
-        episodes, sample, report = self._start(records, num_samples, progress)
-        if not episodes:
-            return []
-        # Memory updates: step k of every episode that has a k-th chunk, in one call.
-        num_steps = max(e.chunks.num_chunks for e in episodes)
-        texts = {id(e): iter(e.chunks) for e in episodes}
-        for k in range(num_steps):
-            active = [e for e in episodes if k < e.chunks.num_chunks]
-            prompts = [self._update_prompt(e, next(texts[id(e)])) for e in active]
-            generations = sample(prompts, [self._update_params(sample, e, k) for e in active])
-            for episode, prompt, gen in zip(active, prompts, generations, strict=True):
-                self._read_chunk(episode, k, prompt, gen, sample, keep_token_ids)
-            report(ProgressEvent("chunks", chunks=len(active)))
-
-        # Final answers for every episode, in one call.
-        prompts = [self._final_prompt(e) for e in episodes]
-        generations = sample(prompts, [self._final_params(sample, e) for e in episodes])
-        trajectories = [
-            self._answer(episode, prompt, gen, sample, keep_token_ids)
-            for episode, prompt, gen in zip(episodes, prompts, generations, strict=True)
-        ]
-        report(ProgressEvent("final", episodes=len(episodes)))
-        return trajectories
+        return run_episodes(
+            self.generator, self._episodes(records, num_samples, progress, keep_token_ids), mode
+        )
 
     async def arun(
         self,
@@ -352,14 +361,9 @@ class MemAgent:
         *,
         keep_token_ids: bool = True,
     ) -> list[Trajectory]:
-        """`run` with every episode an independent coroutine: its next turn is sent with
-        `agenerate` as soon as its own previous reply is back, so the engine batches
-        continuously and nobody waits for the slowest reply of a step. Progress comes per
-        turn ("chunks" of 1, "final" of 1). Same order and trajectories as the lockstep
-        `run` on an engine that seeds each request on its own (vLLM, the server pool)."""
-        episodes, sample, report = self._start(records, num_samples, progress)
-        return await run_concurrently(
-            self._episode_run(e, sample, report, keep_token_ids) for e in episodes
+        """`run` on the async schedule inside a running event loop."""
+        return await arun_episodes(
+            self.generator, self._episodes(records, num_samples, progress, keep_token_ids)
         )
 
     async def aread(
@@ -372,99 +376,70 @@ class MemAgent:
         keep_token_ids: bool = False,
     ) -> Trajectory:
         """One episode over `chunks` (any `ChunkSource`, e.g. a document streamed into
-        chunks while it is read): the memory updates, then the final answer, each turn sent
-        with `agenerate` (the engine batches concurrent episodes). Turn t is seeded with
-        `derive_seed(seed, episode_id, 0, 0, t)`, as `arun` seeds a record of that id.
-        Progress comes per turn, each event carrying its Turn."""
-        sample = self._sampler()
-        report = progress or (lambda event: None)
-        episode = _Episode(episode_id, question, 0, (episode_id, 0, 0), chunks,
-                           self.prompts.no_memory)
+        chunks while it is read) on the async schedule: the memory updates, then the final
+        answer, each turn sent with `agenerate` (the engine batches concurrent episodes).
+        Turn t is seeded with `derive_seed(seed, episode_id, 0, 0, t)`, as `run` seeds a
+        record of that id. Progress comes per turn, each event carrying its Turn."""
+        report = progress or _ignore
         report(ProgressEvent("start", episodes=1, chunks=chunks.num_chunks))
-        return await self._episode_run(episode, sample, report, keep_token_ids)
-
-    # ---- the steps both schedules share ------------------------------------------------
-
-    async def _episode_run(self, episode: _Episode, sample: Sampler, report: ProgressCallback,
-                           keep_ids: bool) -> Trajectory:
-        """One episode on the async schedule."""
-        for k, chunk in enumerate(episode.chunks):
-            prompt = self._update_prompt(episode, chunk)
-            gen = await sample.agenerate(prompt, self._update_params(sample, episode, k))
-            self._read_chunk(episode, k, prompt, gen, sample, keep_ids)
-            report(ProgressEvent("chunks", chunks=1, turn=episode.turns[-1]))
-        prompt = self._final_prompt(episode)
-        gen = await sample.agenerate(prompt, self._final_params(sample, episode))
-        trajectory = self._answer(episode, prompt, gen, sample, keep_ids)
-        report(ProgressEvent("final", episodes=1, turn=episode.turns[-1]))
+        episode = _Episode(episode_id, question, 0, (episode_id, 0, 0), chunks)
+        [trajectory] = await arun_episodes(
+            self.generator, [partial(self._read_episode, episode=episode, report=report,
+                                     keep_ids=keep_token_ids)]
+        )
         return trajectory
 
-    def _sampler(self) -> Sampler:
-        return Sampler(
-            self.generator,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
-            seed=self.config.seed,
-        )
-
-    def _start(
-        self, records: Sequence[QARecord], num_samples: int, progress: ProgressCallback | None
-    ) -> tuple[list[_Episode], Sampler, ProgressCallback]:
+    def _episodes(
+        self, records: Sequence[QARecord], num_samples: int, progress: ProgressCallback | None,
+        keep_ids: bool,
+    ) -> list[Episode[Trajectory]]:
+        """The run's episodes (record by record, samples 0..n-1), after the "start" event."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        report = progress or (lambda event: None)
-        sample = self._sampler()
+        report = progress or _ignore
         keys = iter(episode_keys([r.id for r in records], num_samples))
         episodes: list[_Episode] = []
         for record in records:
             chunks = self.chunk(record)
-            for s in range(num_samples):
-                episodes.append(_Episode(record.id, record.question, s, next(keys), chunks,
-                                         self.prompts.no_memory))
+            episodes += [_Episode(record.id, record.question, s, next(keys), chunks)
+                         for s in range(num_samples)]
         if episodes:
             report(ProgressEvent(
                 "start", episodes=len(episodes), chunks=sum(e.chunks.num_chunks for e in episodes)
             ))
-        return episodes, sample, report
+        return [partial(self._read_episode, episode=e, report=report, keep_ids=keep_ids)
+                for e in episodes]
 
-    def _update_prompt(self, episode: _Episode, chunk: str) -> list[int]:
-        return self.update_prompt_ids(episode.question, episode.memory, chunk)
-
-    def _final_prompt(self, episode: _Episode) -> list[int]:
-        return self.final_prompt_ids(episode.question, episode.memory)
-
-    def _update_params(self, sample: Sampler, episode: _Episode, k: int) -> SamplingParams:
-        """Turn k (memory update k) of the episode: seeded by (episode key, k)."""
-        return sample.params(self.config.max_memory_tokens, *episode.key, k)
-
-    def _final_params(self, sample: Sampler, episode: _Episode) -> SamplingParams:
-        """The final turn, turn num_chunks of the episode (= the chunks it has read)."""
-        return sample.params(self.config.max_final_tokens, *episode.key,
-                             len(episode.memories))
-
-    def _read_chunk(self, episode: _Episode, k: int, prompt: list[int], gen: Generation,
-                    sample: Sampler, keep_ids: bool) -> None:
-        episode.turns.append(_turn("memory_update", prompt, gen, k, keep_ids))
-        # Overwrite. An empty response leaves an empty memory (as in MemAgent, which only
-        # uses "No previous memory" before the first chunk).
-        episode.memory = sample.text(gen)
-        episode.memories.append(episode.memory)
-
-    def _answer(self, episode: _Episode, prompt: list[int], gen: Generation, sample: Sampler,
-                keep_ids: bool) -> Trajectory:
-        episode.turns.append(_turn("final", prompt, gen, None, keep_ids))
-        return Trajectory(
-            record_id=episode.record_id,
-            sample_index=episode.sample_index,
-            turns=episode.turns,
-            info={
-                "memories": episode.memories,
-                "num_chunks": len(episode.memories),
-                "context_tokens": episode.chunks.context_tokens,
-                "capped": episode.chunks.capped,
-                "final_response": sample.text(gen),
-            },
+    async def _read_episode(self, calls: ModelCalls, *, episode: _Episode,
+                           report: ProgressCallback, keep_ids: bool) -> Trajectory:
+        """One episode, whichever schedule runs it: memory update k (turn k, stage 0) per
+        chunk, then the final answer (turn num_chunks, stage 1); a progress event per turn."""
+        cfg, question = self.config, episode.question
+        memory, memories, turns = self.prompts.no_memory, [], []
+        for k, chunk in enumerate(episode.chunks):
+            prompt = self.update_prompt_ids(question, memory, chunk)
+            gen = await calls.generate(
+                prompt, self.sampler.params(cfg.max_memory_tokens, *episode.key, k))
+            turns.append(_turn("memory_update", prompt, gen, k, keep_ids))
+            # Overwrite. An empty response leaves an empty memory (as in MemAgent, which
+            # only uses "No previous memory" before the first chunk).
+            memory = self.sampler.text(gen)
+            memories.append(memory)
+            report(ProgressEvent("chunks", chunks=1, turn=turns[-1]))
+        prompt = self.final_prompt_ids(question, memory)
+        gen = await calls.generate(
+            prompt, self.sampler.params(cfg.max_final_tokens, *episode.key, len(memories)),
+            stage=FINAL_STAGE,
         )
+        turns.append(_turn("final", prompt, gen, None, keep_ids))
+        report(ProgressEvent("final", episodes=1, turn=turns[-1]))
+        details = MemAgentDetails(
+            memories=tuple(memories), num_chunks=len(memories),
+            context_tokens=episode.chunks.context_tokens, capped=episode.chunks.capped,
+            final_response=self.sampler.text(gen),
+        )
+        return Trajectory(record_id=episode.record_id, sample_index=episode.sample_index,
+                          turns=tuple(turns), details=details)
 
 
 def _turn(
@@ -477,9 +452,7 @@ def _turn(
         response_logprobs=list(gen.logprobs) if keep_ids else [],
         response_text=gen.text,
         finish_reason=gen.finish_reason,
-        meta={
-            "chunk_index": chunk_index,
-            "prompt_tokens": len(prompt),
-            "response_tokens": len(gen.token_ids),
-        },
+        prompt_tokens=len(prompt),
+        response_tokens=len(gen.token_ids),
+        detail=MemAgentTurn(chunk_index),
     )

@@ -17,30 +17,30 @@ prompt_ids are the whole conversation so far (system, dialogue, earlier replies 
 responses), so each turn is an independent training sample carrying the trajectory's
 advantage, and tool responses are prompt tokens, never response tokens.
 
-Two schedules run the same episodes, as in MemAgent: lockstep (`run(mode="lockstep")`, the
-HF engine's: the next reply of every unfinished episode goes to the generator in ONE
-`generate` call) and async (`arun`; `auto` picks it on vLLM and the server pool: each
-(episode, sample) is a coroutine that sends its next reply with `agenerate` as soon as its
-tool calls have run). Reply t of the episode (id, occurrence, sample index) is seeded with
+The episode is written once, as a coroutine, and `memrl.inference.schedule` runs many of
+them, as in MemAgent: lockstep (`run(mode="lockstep")`, the HF engine's: every request is
+stage 0, so each round is ONE `generate` call holding the next reply of every unfinished
+episode) or async (`run(mode="async")`; `auto` picks it on vLLM and the server pool: each
+(episode, sample) sends its next reply with `agenerate` as soon as its tool calls have run).
+Reply t of the episode (id, occurrence, sample index) is seeded with
 `derive_seed(seed, id, occurrence, sample index, t)` on both, so an engine that seeds each
 request on its own gives the same trajectories either way. The agent does not score; the reward
 (`memrl.rewards.memory_delta`) compares QA over the trial memory with QA over the base, and
-whoever scores releases the trial namespaces (`Trajectory.info["namespace"]`).
+whoever scores releases the trial namespaces (`MemoryUpdateDetails.namespace`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.locomo import DialogueTurn, EmbeddingIndex, MemoryEpisode
 from memrl.inference.base import (
     SEED_MAX,
@@ -48,12 +48,10 @@ from memrl.inference.base import (
     Generator,
     RolloutMode,
     Sampler,
-    SamplingParams,
     episode_keys,
-    run_concurrently,
-    runs_async,
 )
 from memrl.inference.chat import encode_messages
+from memrl.inference.schedule import ModelCalls, run_episodes
 from memrl.memory.embedder import Embedder, HashingEmbedder, default_embedder
 from memrl.memory.store import MemoryBackend
 from memrl.memory.tools import (
@@ -64,6 +62,7 @@ from memrl.memory.tools import (
     tools_prompt,
     truncate,
 )
+from memrl.trajectory import Trajectory, Turn
 
 
 class MemUpdateConfig(BaseModel):
@@ -211,6 +210,43 @@ def user_message(dialogue: str, piece: int, pieces: int, memory_view: str) -> st
     return f"Conversation{part}:\n{dialogue}\n\nMemory:\n{memory_view}"
 
 
+@dataclass(frozen=True)
+class ToolTurn:
+    """What the tool agent knows of one reply (`Turn.detail`)."""
+
+    piece: int
+    """The dialogue piece the reply works on."""
+    turn_in_piece: int
+    calls: int
+    """Tool calls run (at most max_parallel_calls)."""
+    format_errors: tuple[str, ...]
+    """The kinds of format error in the reply (`memrl.memory.tools.parse_tool_calls`)."""
+
+
+@dataclass(frozen=True)
+class MemoryUpdateDetails:
+    """What the tool agent keeps of an episode (`Trajectory.details`)."""
+
+    namespace: str
+    """The trial namespace the episode edited (whoever scores releases it)."""
+    base_namespace: str
+    pieces: int
+    turns: int
+    ops: dict[str, int]
+    """Calls per operation: insert, update, delete, search."""
+    invalid_calls: int
+    failed_calls: int
+    format_errors: dict[str, int]
+    """Format errors by kind, over the episode."""
+    format_error_turns: int
+    """Replies with at least one format error."""
+    memory_before: dict[str, int]
+    """count, tokens and chars of the memory before the episode."""
+    memory_after: dict[str, int]
+    calls: tuple[dict[str, Any], ...]
+    """Every call made: turn, name, arguments, ok, result (cut to 200 characters)."""
+
+
 @dataclass
 class _Episode:
     episode: MemoryEpisode
@@ -241,7 +277,6 @@ class MemoryUpdateAgent:
         self.generator = generator
         self.store = store
         self.config = config or MemUpdateConfig()
-        self._sample = self._sampler(self.config.seed)
         template = getattr(self.tokenizer, "chat_template", None) or ""
         # Qwen templates render `tools=` and wrap tool messages in <tool_response> tags
         # themselves; plain ChatML (the tiny test model) does neither, so we do it.
@@ -263,10 +298,6 @@ class MemoryUpdateAgent:
             self.tokenizer, messages, tools=TOOLS if self._template_tools else None
         )
 
-    def _sampler(self, seed: int | None) -> Sampler:
-        cfg = self.config
-        return Sampler(self.generator, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed)
-
     def run(
         self,
         episodes: Sequence[MemoryEpisode],
@@ -283,58 +314,38 @@ class MemoryUpdateAgent:
         `seed` (default: the config's) seeds reply t of the episode (id, occurrence, sample)
         with `derive_seed(seed, id, occurrence, sample, t)`.
         `mode`: `lockstep` (one `generate` call per round over the unfinished episodes),
-        `async` (`arun`), or `auto` (async on an engine with continuous batching).
+        `async` (each episode a coroutine over `agenerate`; each trial has its own
+        namespace, so the order of edits across trials is free), or `auto` (async on an
+        engine with continuous batching). Both give the same trajectories on an engine that
+        seeds each request on its own.
         `keep_token_ids=False` leaves the turns' token ids empty (evaluation needs none).
         """
-        if runs_async(self.generator, mode):
-            return asyncio.run(self.arun(
-                episodes, num_samples, seed=seed, keep_token_ids=keep_token_ids
-            ))
-        states = self._start(episodes, num_samples, seed)
+        cfg = self.config
+        sampler = Sampler(self.generator, temperature=cfg.temperature, top_p=cfg.top_p,
+                          seed=cfg.seed if seed is None else seed)
+        states = self._start(episodes, num_samples)
         with self._trials(states):
-            before = {st.namespace: self.store.stats(st.namespace) for st in states}
-            for st in states:
-                self._start_piece(st)
-            while active := [st for st in states if not st.done]:
-                prompts = [self.encode(st.messages) for st in active]
-                generations = self._sample(prompts, [self._params(st) for st in active])
-                for st, prompt, gen in zip(active, prompts, generations, strict=True):
-                    self._step(st, prompt, gen, keep_token_ids)
-            return [self._trajectory(st, before[st.namespace]) for st in states]
+            return run_episodes(self.generator, [
+                partial(self._episode, st=st, sampler=sampler, keep_ids=keep_token_ids)
+                for st in states
+            ], mode)
 
-    async def arun(
-        self,
-        episodes: Sequence[MemoryEpisode],
-        num_samples: int = 1,
-        *,
-        seed: int | None = None,
-        keep_token_ids: bool = True,
-    ) -> list[Trajectory]:
-        """`run` with every (episode, sample) an independent coroutine that sends its next
-        reply with `agenerate` as soon as its tool calls have run. Same order and
-        trajectories as the lockstep `run` on an engine that seeds each request on its own
-        (each trial has its own namespace, so the order of edits across trials is free)."""
-        states = self._start(episodes, num_samples, seed)
+    async def _episode(self, calls: ModelCalls, *, st: _Episode, sampler: Sampler,
+                       keep_ids: bool) -> Trajectory:
+        """One (episode, sample), whichever schedule runs it: reply t is stage 0, seeded by
+        (episode key, t)."""
+        before = self.store.stats(st.namespace)
+        self._start_piece(st)
+        while not st.done:
+            prompt = self.encode(st.messages)
+            params = sampler.params(self.config.max_response_tokens, *st.key, len(st.turns))
+            self._step(st, prompt, await calls.generate(prompt, params), sampler, keep_ids)
+        return self._trajectory(st, before)
 
-        async def episode_run(st: _Episode) -> Trajectory:
-            before = self.store.stats(st.namespace)
-            self._start_piece(st)
-            while not st.done:
-                prompt = self.encode(st.messages)
-                gen = await self._sample.agenerate(prompt, self._params(st))
-                self._step(st, prompt, gen, keep_token_ids)
-            return self._trajectory(st, before)
-
-        with self._trials(states):
-            return await run_concurrently(episode_run(st) for st in states)
-
-    def _start(
-        self, episodes: Sequence[MemoryEpisode], num_samples: int, seed: int | None
-    ) -> list[_Episode]:
+    def _start(self, episodes: Sequence[MemoryEpisode], num_samples: int) -> list[_Episode]:
         """The run's (episode, sample) states, each in a fresh trial namespace."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        self._sample = self._sampler(self.config.seed if seed is None else seed)
         run_id = next(_RUN_IDS)
         keys = iter(episode_keys([e.id for e in episodes], num_samples))
         states: list[_Episode] = []
@@ -356,10 +367,6 @@ class MemoryUpdateAgent:
                 self.store.release(st.namespace, missing_ok=True)
             raise
 
-    def _params(self, st: _Episode) -> SamplingParams:
-        """The episode's next reply, turn len(st.turns): seeded by (episode key, turn)."""
-        return self._sample.params(self.config.max_response_tokens, *st.key, len(st.turns))
-
     # ---- one piece, one reply -------------------------------------------------------------
 
     def _start_piece(self, st: _Episode) -> None:
@@ -377,9 +384,10 @@ class MemoryUpdateAgent:
         ]
         st.turns_in_piece = 0
 
-    def _step(self, st: _Episode, prompt: list[int], gen: Generation, keep_ids: bool) -> None:
+    def _step(self, st: _Episode, prompt: list[int], gen: Generation, sampler: Sampler,
+              keep_ids: bool) -> None:
         cfg = self.config
-        text = self._sample.text(gen)
+        text = sampler.text(gen)
         parsed = parse_tool_calls(text)
         calls = parsed.calls[: cfg.max_parallel_calls]
         error_kinds = list(parsed.error_kinds)
@@ -423,14 +431,9 @@ class MemoryUpdateAgent:
                 response_logprobs=list(gen.logprobs) if keep_ids else [],
                 response_text=gen.text,
                 finish_reason=gen.finish_reason,
-                meta={
-                    "piece": st.piece,
-                    "turn_in_piece": st.turns_in_piece,
-                    "prompt_tokens": len(prompt),
-                    "response_tokens": len(gen.token_ids),
-                    "calls": len(calls),
-                    "format_errors": error_kinds,
-                },
+                prompt_tokens=len(prompt),
+                response_tokens=len(gen.token_ids),
+                detail=ToolTurn(st.piece, st.turns_in_piece, len(calls), tuple(error_kinds)),
             )
         )
         st.turns_in_piece += 1
@@ -454,22 +457,21 @@ class MemoryUpdateAgent:
         return Trajectory(
             record_id=st.episode.id,
             sample_index=st.sample_index,
-            turns=st.turns,
-            answer=None,
-            info={
-                "namespace": st.namespace,
-                "base_namespace": st.episode.id,
-                "pieces": len(st.pieces),
-                "turns": len(st.turns),
-                "ops": {op: st.ops.get(op, 0) for op in ("insert", "update", "delete", "search")},
-                "invalid_calls": st.ops.get("invalid", 0),
-                "failed_calls": st.failed_calls,
-                "format_errors": dict(st.format_errors),
-                "format_error_turns": st.error_turns,
-                "memory_before": {k: before[k] for k in ("count", "tokens", "chars")},
-                "memory_after": {k: after[k] for k in ("count", "tokens", "chars")},
-                "calls": st.calls,
-            },
+            turns=tuple(st.turns),
+            details=MemoryUpdateDetails(
+                namespace=st.namespace,
+                base_namespace=st.episode.id,
+                pieces=len(st.pieces),
+                turns=len(st.turns),
+                ops={op: st.ops.get(op, 0) for op in ("insert", "update", "delete", "search")},
+                invalid_calls=st.ops.get("invalid", 0),
+                failed_calls=st.failed_calls,
+                format_errors=dict(st.format_errors),
+                format_error_turns=st.error_turns,
+                memory_before={k: before[k] for k in ("count", "tokens", "chars")},
+                memory_after={k: after[k] for k in ("count", "tokens", "chars")},
+                calls=tuple(st.calls),
+            ),
         )
 
 
@@ -502,6 +504,8 @@ __all__ = [
     "SYSTEM_PROMPT",
     "MemUpdateConfig",
     "MemoryUpdateAgent",
+    "MemoryUpdateDetails",
+    "ToolTurn",
     "create_base_namespace",
     "dialogue_pieces",
     "make_embedder",

@@ -29,12 +29,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from memrl.agents.memagent import MemAgent, MemAgentConfig
+from memrl.agents.memagent import MemAgent, MemAgentConfig, MemAgentDetails, MemAgentTurn
 from memrl.agents.prompts import MemAgentPrompts
-from memrl.agents.trajectory import Trajectory, Turn
 from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams, request_params
+from memrl.trajectory import Trajectory, Turn
 
 
 def needed_facts(record: QARecord) -> list[str]:
@@ -143,7 +143,8 @@ def replay_memagent(agent: MemAgent, record: QARecord, row: dict[str, Any]) -> T
     final = row.get("final_response")
     if not isinstance(memories, list) or not isinstance(final, str):
         raise MemrlInputError("needs 'memories' (a list) and 'final_response'", location=where)
-    chunks = agent.chunk(record).texts
+    context = agent.chunk(record)
+    chunks = context.texts
     if len(chunks) != len(memories):
         raise MemrlInputError(
             f"{len(memories)} logged memories but the record cuts into {len(chunks)} chunks: "
@@ -164,11 +165,13 @@ def replay_memagent(agent: MemAgent, record: QARecord, row: dict[str, Any]) -> T
     return Trajectory(
         record_id=record.id,
         sample_index=int(row.get("sample_index", 0)),
-        turns=turns,
+        turns=tuple(turns),
         answer=row.get("answer"),
         metrics={k: float(v) for k, v in (row.get("scores") or {}).items()},
-        info={"memories": [str(m) for m in memories], "final_response": final,
-              "num_chunks": len(chunks)},
+        details=MemAgentDetails(
+            memories=tuple(str(m) for m in memories), num_chunks=len(chunks),
+            context_tokens=context.context_tokens, capped=context.capped, final_response=final,
+        ),
     )
 
 
@@ -179,5 +182,4 @@ def _replayed(kind: str, prompt: list[int], tokenizer: Any, text: str, truncated
         ids.append(eos)
     return Turn(kind=kind, prompt_ids=prompt, response_ids=ids, response_logprobs=[0.0] * len(ids),
                 response_text=text, finish_reason="length" if truncated else "stop",
-                meta={"chunk_index": chunk_index, "prompt_tokens": len(prompt),
-                      "response_tokens": len(ids)})
+                detail=MemAgentTurn(chunk_index))

@@ -14,6 +14,7 @@ grows linearly with the documents and the memory used does not grow at all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig, ProgressEvent
-from memrl.agents.trajectory import Trajectory
+from memrl.trajectory import Trajectory
 from memrl.ask.chunking import DocumentChunks
 from memrl.ask.documents import Document, open_document
 from memrl.ask.settings import agent_config, stored_settings
@@ -81,7 +82,7 @@ class AskResult:
     memories: list[str]
     """The memory after each chunk."""
     trajectory: Trajectory
-    """The episode's turns (token counts in each `turn.meta`; ids are not kept)."""
+    """The episode's turns (their token counts; ids are not kept)."""
     documents: list[str]
     num_chunks: int
     context_tokens: int
@@ -110,7 +111,7 @@ class AskResult:
             "documents": self.documents,
             "model": self.model,
             "memories": self.memories,
-            "memory_tokens": [t.meta["response_tokens"] for t in updates],
+            "memory_tokens": [t.response_tokens for t in updates],
             "memory_truncated": [t.truncated for t in updates],
             "final_response": self.response,
             "final_truncated": final.truncated,
@@ -250,12 +251,12 @@ async def read(
         turn = event.turn
         if turn is None:
             return
-        state["prompt"] += turn.meta["prompt_tokens"]
-        state["completion"] += turn.meta["response_tokens"]
+        state["prompt"] += turn.prompt_tokens
+        state["completion"] += turn.response_tokens
         if event.kind == "chunks":
             state["chunks"] += 1
             state["memory"], state["memory_tokens"] = (turn.response_text,
-                                                       turn.meta["response_tokens"])
+                                                       turn.response_tokens)
         if progress is not None:
             progress(AskProgress(
                 state["chunks"], chunks.num_chunks, min(state["chunks"] * chunks.chunk_size, kept),
@@ -265,21 +266,21 @@ async def read(
             ))
 
     trajectory = await agent.aread(question, chunks, episode_id=episode_id, progress=on_event)
-    response = trajectory.info["final_response"]
-    trajectory.answer = extract_answer(response)
+    response = trajectory.details.final_response
+    trajectory = dataclasses.replace(trajectory, answer=extract_answer(response))
     turns = trajectory.turns
     return AskResult(
         question=question,
         answer=trajectory.answer,
         response=response,
-        memories=list(trajectory.info["memories"]),
+        memories=list(trajectory.details.memories),
         trajectory=trajectory,
         documents=[d.name for d in chunks.documents],
-        num_chunks=trajectory.info["num_chunks"],
+        num_chunks=trajectory.details.num_chunks,
         context_tokens=chunks.context_tokens,
         capped=chunks.capped,
-        usage=Usage(sum(t.meta["prompt_tokens"] for t in turns),
-                    sum(t.meta["response_tokens"] for t in turns)),
+        usage=Usage(sum(t.prompt_tokens for t in turns),
+                    sum(t.response_tokens for t in turns)),
         elapsed_s=time.perf_counter() - start,
         config=config,
         model=str(getattr(generator, "name_or_path", "")),

@@ -94,7 +94,7 @@ def ask(
     if not quiet:
         tokens = result.context_tokens
         rate = tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0
-        longest = max((t.meta["response_tokens"] for t in result.trajectory.turns[:-1]),
+        longest = max((t.response_tokens for t in result.trajectory.turns[:-1]),
                       default=0)
         print(f"read {tokens:,} tokens of {len(result.documents)} document(s) in "
               f"{result.num_chunks:,} chunks in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s); "

@@ -7,8 +7,9 @@
   `sync_weights(policy, step)` before each rollout, `sleep()` during the update, `wake()`
   before the next rollout. The in-process Hugging Face engine generates with the module being
   trained, so for it these are no-ops.
-- `Sampler`: the requests of one agent run, each with its own reproducible seed, which both
-  agents use (one place for seeding, batching checks and decoding).
+- `Sampler`: the sampling settings of one agent run, each request with its own
+  reproducible seed (one place for seeding). How an agent's episodes are scheduled onto
+  these protocols is `memrl.inference.schedule`.
 
 Seeds. A request is a prompt with its `SamplingParams`, and samples with `params.seed`:
 `agenerate(prompt, params)` is one request, and so is prompt i of
@@ -24,9 +25,9 @@ which requests share the call.
 Agents key their requests by what they are, not by when they run: the Sampler gives the
 request of turn t of episode (record id, occurrence, sample index) the seed
 `derive_seed(agent seed, record id, occurrence, sample index, t)`. The lockstep schedule
-(one `generate` call per step over every episode still running) and the async one (each
-episode a coroutine awaiting `agenerate`) therefore send every request with the same seed,
-and on a per-request-seeded engine give the same trajectories.
+(batched `generate` calls over every episode waiting on the engine) and the async one (each
+episode awaiting `agenerate`) therefore send every request with the same seed, and on a
+per-request-seeded engine give the same trajectories (`memrl.inference.schedule`).
 """
 
 from __future__ import annotations
@@ -253,13 +254,13 @@ def response_text(tokenizer: Any, generation: Generation) -> str:
 
 
 class Sampler:
-    """The requests of one agent run: settings shared, a seed per request.
+    """The sampling settings of one agent run, and a seed per request.
 
     `params(max_new_tokens, *key)` is the SamplingParams of the request named `key` (an
     agent passes the episode key and the turn index): its seed is `derive_seed(seed, *key)`,
-    the same whichever schedule sends it. `__call__` sends a lockstep batch in one
-    `generate` call; `agenerate` sends one request. With `seed=None` the requests are
-    unseeded (the generator's own randomness).
+    the same whichever schedule sends it (`memrl.inference.schedule`). With `seed=None` the
+    requests are unseeded (the generator's own randomness). `text(generation)` is a reply
+    as the next prompt sees it (`response_text`).
     """
 
     def __init__(
@@ -277,14 +278,6 @@ class Sampler:
             top_p=self.top_p,
             seed=None if self.seed is None else derive_seed(self.seed, *key),
         )
-
-    def __call__(
-        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
-    ) -> list[Generation]:
-        return generate_checked(self.generator, prompts, params)
-
-    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        return await self.generator.agenerate(prompt, params)  # type: ignore[attr-defined]
 
     def text(self, generation: Generation) -> str:
         return response_text(self.generator.tokenizer, generation)

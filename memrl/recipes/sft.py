@@ -15,6 +15,7 @@ and its checkpoint is a policy `memrl train` can start from (`memrl export` firs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 from memrl.agents.oracle import OracleGenerator, replay_memagent
-from memrl.agents.trajectory import Trajectory
+from memrl.trajectory import Trajectory
 from memrl.config import config_to_yaml
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.distributed import Dist
@@ -176,8 +177,7 @@ def teacher_trajectories(config: SFTConfig, tokenizer: Any, file: str, *, what: 
         score = float((row.get("scores") or {}).get(dcfg.score_key, 0.0))
         if score >= dcfg.min_score:
             traj = replay_memagent(oracle.agent, by_id[str(row["id"])], row)
-            traj.reward = score
-            kept.append(traj)
+            kept.append(dataclasses.replace(traj, reward=score))
     if not kept:
         raise MemrlInputError(f"no trajectory scores {dcfg.score_key} >= {dcfg.min_score}",
                               location=replay)
@@ -203,7 +203,7 @@ def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -
                             scheduler=scheduler, dist=dist, console=console)
     kinds = config.sft.turn_kinds
     if kinds is not None:
-        for t in [*trajs, *val]:
-            t.turns = [turn for turn in t.turns if turn.kind in kinds]
+        trajs, val = ([dataclasses.replace(t, turns=[u for u in t.turns if u.kind in kinds])
+                       for t in part] for part in (trajs, val))
     stream = QuestionStream(trajs, config.seed, config.data.shuffle, state)
     return SFTRun(config, model, tokenizer, optimizer, scheduler, stream, state, val, dist)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from memrl.agents.trajectory import Trajectory
+from memrl.trajectory import Trajectory
 from memrl.errors import MemrlInputError
 from memrl.rl.losses import LossNorm, kl_penalty, loss_norm
 

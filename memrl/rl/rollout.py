@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from memrl.agents.trajectory import Trajectory
 from memrl.distributed import Dist
+from memrl.trajectory import Trajectory
 from memrl.errors import MemrlInputError
 from memrl.rl.advantages import dynamic_sampling_keep
 

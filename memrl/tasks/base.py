@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
-from memrl.agents.trajectory import Trajectory
+from memrl.trajectory import Trajectory
 from memrl.inference.base import Generator, RolloutMode
 
 

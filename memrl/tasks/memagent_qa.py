@@ -7,13 +7,14 @@ score into the reward. Training and `memrl eval ruler-hqa` both roll out through
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig
-from memrl.agents.trajectory import Trajectory
 from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator, RolloutMode
@@ -22,6 +23,7 @@ from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
 from memrl.tasks.rewards import RewardFunction, reward_means, reward_weights, weighted_rewards
+from memrl.trajectory import Trajectory
 
 REWARDS = ("sub_em", "em", "f1", "memagent_em", "context_overlap")
 """Rewards of the final answer; memagent_em is MemAgent's published training reward
@@ -53,49 +55,57 @@ SCORE_KEYS = ("em", "f1", "sub_em", "strict_sub_em", "f1_unrounded", "prediction
 """Per-trajectory scores a trajectories file keeps (the last five: protocol `memagent` only)."""
 
 
-def score_protocol_trajectory(trajectory: Trajectory, record: QARecord) -> dict[str, float]:
-    """Protocol `memagent`: set the answer (`extract_answer_is`) and the published scores
-    plus their strict companions and flags (as 0.0 / 1.0) in `trajectory.metrics`."""
-    s = memagent_protocol_scores(trajectory.info["final_response"], record.answers)
-    trajectory.answer = s.prediction
+@dataclass(frozen=True)
+class EvidenceTrace:
+    """What the task found while scoring with `trace_evidence` (`Trajectory.scoring`)."""
+
+    evidence: dict[str, Any]
+    """Where the gold answer and each supporting fact enter the chunked context
+    (`memrl.rewards.evidence.locate_evidence`)."""
+
+
+def score_protocol_trajectory(trajectory: Trajectory, record: QARecord) -> Trajectory:
+    """Protocol `memagent`: a copy with the answer (`extract_answer_is`) and the published
+    scores plus their strict companions and flags (as 0.0 / 1.0) in `metrics`."""
+    s = memagent_protocol_scores(trajectory.details.final_response, record.answers)
     scores = {"em": s.em, "f1": s.f1, "sub_em": s.sub_em, "strict_sub_em": s.strict_sub_em,
               "f1_unrounded": s.f1_unrounded, "prediction_empty": float(s.prediction_empty),
               "empty_credited": float(s.empty_credited),
               "dropped_by_published_mean": float(s.dropped_by_published_mean)}
-    trajectory.metrics.update(scores)
-    return scores
+    return dataclasses.replace(trajectory, answer=s.prediction,
+                               metrics={**trajectory.metrics, **scores})
 
 
-def score_trajectory(trajectory: Trajectory, record: QARecord) -> dict[str, float]:
-    """Set the trajectory's answer (last \\boxed{} of the final response) and its QA scores
-    (`trajectory.metrics`); return the scores."""
-    trajectory.answer = extract_boxed(trajectory.info["final_response"])
-    scores = qa_scores(trajectory.answer, record.answers)
-    trajectory.metrics.update(scores)
-    return scores
+def score_trajectory(trajectory: Trajectory, record: QARecord) -> Trajectory:
+    """A copy with the answer (last \\boxed{} of the final response) and its QA scores in
+    `metrics`."""
+    answer = extract_boxed(trajectory.details.final_response)
+    return dataclasses.replace(trajectory, answer=answer,
+                               metrics={**trajectory.metrics, **qa_scores(answer, record.answers)})
 
 
 def trajectory_row(t: Trajectory, record: QARecord) -> dict[str, Any]:
     """One line of a trajectories file (no context: it is in the data file)."""
     updates = [turn for turn in t.turns if turn.kind == "memory_update"]
     final = next(turn for turn in t.turns if turn.kind == "final")
+    details = t.details
     return {
         "id": t.record_id,
         "sample_index": t.sample_index,
         "num_docs": record.num_docs or 0,
         "question": record.question,
         "answers": record.answers,
-        "memories": t.info["memories"],
-        "memory_tokens": [turn.meta["response_tokens"] for turn in updates],
+        "memories": list(details.memories),
+        "memory_tokens": [turn.response_tokens for turn in updates],
         "memory_truncated": [turn.truncated for turn in updates],
-        "final_response": t.info["final_response"],
+        "final_response": details.final_response,
         "final_truncated": final.truncated,
         "answer": t.answer,
         "scores": {k: t.metrics[k] for k in SCORE_KEYS if k in t.metrics},
-        "num_chunks": t.info["num_chunks"],
-        "context_tokens": t.info["context_tokens"],
-        "capped": t.info["capped"],
-        **({"evidence": t.info["evidence"]} if "evidence" in t.info else {}),
+        "num_chunks": details.num_chunks,
+        "context_tokens": details.context_tokens,
+        "capped": details.capped,
+        **({"evidence": t.scoring.evidence} if isinstance(t.scoring, EvidenceTrace) else {}),
     }
 
 
@@ -108,8 +118,8 @@ class MemAgentQATask:
 
     def __init__(self, config: MemAgentConfig, reward: str | Mapping[str, float] = "sub_em",
                  protocol: str = PROTOCOLS[0], *, trace_evidence: bool = False) -> None:
-        """`trace_evidence`: also record in each trajectory (`info["evidence"]`, and its
-        log row) the chunk where the gold answer and each supporting fact enter the context
+        """`trace_evidence`: also record in each trajectory (`scoring`, an EvidenceTrace,
+        and its log row) the chunk where the gold answer and each supporting fact enter the context
         (`memrl.rewards.evidence.locate_evidence`), for the evaluation's memory diagnostics;
         it cuts each context into chunks a second time."""
         self.weights = reward_weights(reward, REWARDS, agent="memagent")
@@ -176,18 +186,25 @@ class MemAgentQATask:
             mode=mode,
         )
         by_id = {r.id: r for r in records}
-        evidence = {r.id: locate_evidence(agent.chunk(r).texts, r.answers, supporting_facts(r))
+        evidence = {r.id: EvidenceTrace(locate_evidence(agent.chunk(r).texts, r.answers,
+                                                        supporting_facts(r)))
                     for r in records} if self.trace_evidence else {}
-        for t in trajectories:
-            record = by_id[t.record_id]
-            if t.record_id in evidence:
-                t.info["evidence"] = evidence[t.record_id]
-            (score_protocol_trajectory if published else score_trajectory)(t, record)
-            if "memagent_em" in self.weights:
-                t.metrics["memagent_em"] = memagent_em(t.info["final_response"], record.answers)
-            if "context_overlap" in self.weights:
-                t.metrics["context_overlap"] = self._overlap(t, record, generator.tokenizer)
-        return weighted_rewards(trajectories, by_id, REWARD_FUNCTIONS, self.weights)
+        score = score_protocol_trajectory if published else score_trajectory
+        scored = [self._scored(score(t, by_id[t.record_id]), by_id[t.record_id],
+                               generator.tokenizer, evidence.get(t.record_id))
+                  for t in trajectories]
+        return weighted_rewards(scored, by_id, REWARD_FUNCTIONS, self.weights)
+
+    def _scored(self, t: Trajectory, record: QARecord, tokenizer: Any,
+                evidence: EvidenceTrace | None) -> Trajectory:
+        """The scored trajectory `t` with the scores its rewards need (and `evidence`, when
+        traced)."""
+        metrics = dict(t.metrics)
+        if "memagent_em" in self.weights:
+            metrics["memagent_em"] = memagent_em(t.details.final_response, record.answers)
+        if "context_overlap" in self.weights:
+            metrics["context_overlap"] = self._overlap(t, record, tokenizer)
+        return dataclasses.replace(t, metrics=metrics, scoring=evidence)
 
     def _overlap(self, trajectory: Trajectory, record: QARecord, tokenizer: Any) -> float:
         if record.id not in self._context_ids:
@@ -206,7 +223,7 @@ class MemAgentQATask:
             "f1": mean("f1"),
             "no_answer": float(np.mean([t.answer is None for t in trajectories])),
             "chunks_per_episode": float(
-                np.mean([t.info.get("num_chunks", 0) for t in trajectories])
+                np.mean([t.details.num_chunks for t in trajectories])
             ),
             **(reward_means(trajectories) if len(self.weights) > 1 else {}),
         }

@@ -10,6 +10,7 @@ trials. Category-5 (adversarial) episodes are left out of `load` unless
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -27,7 +28,6 @@ from memrl.agents.memupdate import (
     memory_diff,
     memory_texts,
 )
-from memrl.agents.trajectory import Trajectory
 from memrl.data.locomo import (
     EPISODES_FILE,
     META_FILE,
@@ -50,6 +50,7 @@ from memrl.rewards.memory_delta import (
     memory_delta_reward,
     retrieval_answer_score,
 )
+from memrl.trajectory import Trajectory
 
 FORMATS = ("auto", "locomo")
 _OP_METRICS = {"insert": "inserts", "update": "updates", "delete": "deletes",
@@ -70,6 +71,20 @@ class MemoryScore:
     """1.0 if a hit covers an evidence turn (`evidence_recall`)."""
     prediction: str | None = None
     """The llm answerer's answer (None for the retrieval answerer)."""
+
+
+@dataclass(frozen=True)
+class MemoryScoring:
+    """What the task found while scoring a trajectory (`Trajectory.scoring`)."""
+
+    memory_diff: dict[str, Any]
+    """What changed between the base memory and the trial's (`memory_diff`)."""
+    initial: MemoryScore
+    """The answerer over the base memory."""
+    final: MemoryScore
+    """The answerer over the trial memory."""
+    llm_answerer: bool
+    """Whether the answerer is the policy (then its predictions are logged)."""
 
 
 def evidence_texts(episode: MemoryEpisode) -> list[str]:
@@ -269,13 +284,13 @@ class MemoryUpdateTask:
             records, num_samples, seed=seed, keep_token_ids=keep_token_ids, mode=mode
         )
         try:
-            self._score(trajectories, records, generator, seed)
+            scored = self._score(trajectories, records, generator, seed)
         finally:
             for t in trajectories:
-                self.store.release(t.info["namespace"], missing_ok=True)
+                self.store.release(t.details.namespace, missing_ok=True)
         if progress is not None:
             progress(len(records))
-        return trajectories
+        return scored
 
     def _initial_scores(
         self, episodes: Sequence[MemoryEpisode], generator: Generator, seed: int
@@ -298,57 +313,57 @@ class MemoryUpdateTask:
         records: Sequence[MemoryEpisode],
         generator: Generator,
         seed: int,
-    ) -> None:
+    ) -> list[Trajectory]:
+        """Scored copies of `trajectories` (reward, metrics, `MemoryScoring`)."""
         cfg = self.config
         by_id = {r.id: r for r in records}
         unique = list({r.id: r for r in records}.values())
         initial = self._initial_scores(unique, generator, seed)
         episodes = [by_id[t.record_id] for t in trajectories]
         finals = score_memories(
-            self.store, [t.info["namespace"] for t in trajectories], episodes, cfg, generator,
+            self.store, [t.details.namespace for t in trajectories], episodes, cfg, generator,
             seed=seed,
         )
         base_texts: dict[str, dict[str, str]] = {}
+        scored = []
         for t, ep, final in zip(trajectories, episodes, finals, strict=True):
-            init = initial[ep.id]
             if ep.id not in base_texts:
                 base_texts[ep.id] = memory_texts(self.store, ep.id)
-            t.info["memory_diff"] = memory_diff(
-                base_texts[ep.id], memory_texts(self.store, t.info["namespace"])
-            )
-            t.info["hits_initial"] = init.hits
-            t.info["hits_final"] = final.hits
-            if cfg.answerer == "llm":
-                t.info["prediction_initial"] = init.prediction
-                t.info["prediction_final"] = final.prediction
-                t.answer = final.prediction
-            growth = t.info["memory_after"]["tokens"] - t.info["memory_before"]["tokens"]
-            eff = efficiency_factor(growth, cfg.efficiency_budget, cfg.efficiency_scale)
-            rate = error_rate(t.info["format_error_turns"], t.info["turns"])
-            if cfg.reward_form == "compression":
-                words = sum(len(turn.text.split()) for turn in ep.dialogue)
-                t.reward = compression_reward(
-                    final.score, t.info["memory_after"]["tokens"], max(words, 1),
-                    cfg.compression_beta,
-                ) - cfg.format_penalty * rate
-            else:
-                t.reward = memory_delta_reward(
-                    init.score, final.score, eff, rate, cfg.format_penalty
-                )
-            ops = t.info["ops"]
-            t.metrics = {
-                "score_initial": init.score,
-                "score_final": final.score,
-                "delta": final.score - init.score,
-                "efficiency": eff,
-                "format_errors": float(sum(t.info["format_errors"].values())),
-                "format_error_rate": rate,
-                "recall_initial": init.recall,
-                "recall_final": final.recall,
-                "memory_growth_tokens": float(growth),
-                "turns": float(t.info["turns"]),
-                **{_OP_METRICS[op]: float(n) for op, n in ops.items()},
-            }
+            diff = memory_diff(base_texts[ep.id], memory_texts(self.store, t.details.namespace))
+            scoring = MemoryScoring(diff, initial[ep.id], final, cfg.answerer == "llm")
+            scored.append(self._rewarded(t, ep, scoring))
+        return scored
+
+    def _rewarded(self, t: Trajectory, ep: MemoryEpisode, scoring: MemoryScoring) -> Trajectory:
+        """`t` with its reward and metrics from the answerer's scores."""
+        cfg, d = self.config, t.details
+        init, final = scoring.initial, scoring.final
+        growth = d.memory_after["tokens"] - d.memory_before["tokens"]
+        eff = efficiency_factor(growth, cfg.efficiency_budget, cfg.efficiency_scale)
+        rate = error_rate(d.format_error_turns, d.turns)
+        if cfg.reward_form == "compression":
+            words = sum(len(turn.text.split()) for turn in ep.dialogue)
+            reward = compression_reward(
+                final.score, d.memory_after["tokens"], max(words, 1), cfg.compression_beta,
+            ) - cfg.format_penalty * rate
+        else:
+            reward = memory_delta_reward(init.score, final.score, eff, rate, cfg.format_penalty)
+        metrics = {
+            "score_initial": init.score,
+            "score_final": final.score,
+            "delta": final.score - init.score,
+            "efficiency": eff,
+            "format_errors": float(sum(d.format_errors.values())),
+            "format_error_rate": rate,
+            "recall_initial": init.recall,
+            "recall_final": final.recall,
+            "memory_growth_tokens": float(growth),
+            "turns": float(d.turns),
+            **{_OP_METRICS[op]: float(n) for op, n in d.ops.items()},
+        }
+        answer = final.prediction if scoring.llm_answerer else t.answer
+        return dataclasses.replace(t, answer=answer, reward=reward, metrics=metrics,
+                                   scoring=scoring)
 
     # ---- reporting ----------------------------------------------------------------------
 
@@ -367,7 +382,7 @@ class MemoryUpdateTask:
 
     def log_row(self, trajectory: Trajectory, record: MemoryEpisode) -> dict[str, Any]:
         """Question, gold, the calls made, what changed in memory, scores and reward."""
-        info = trajectory.info
+        d, scoring = trajectory.details, trajectory.scoring
         return {
             "id": trajectory.record_id,
             "sample_index": trajectory.sample_index,
@@ -377,18 +392,18 @@ class MemoryUpdateTask:
             "evidence": record.evidence,
             "reward": trajectory.reward,
             "scores": trajectory.metrics,
-            "turns": info.get("turns"),
-            "ops": info.get("ops"),
-            "format_errors": info.get("format_errors"),
-            "failed_calls": info.get("failed_calls"),
-            "calls": info.get("calls", [])[:50],
-            "memory_before": info.get("memory_before"),
-            "memory_after": info.get("memory_after"),
-            "memory_diff": info.get("memory_diff"),
-            "hits_initial": info.get("hits_initial"),
-            "hits_final": info.get("hits_final"),
-            **({"prediction_initial": info["prediction_initial"],
-                "prediction_final": info["prediction_final"]}
-               if "prediction_final" in info else {}),
+            "turns": d.turns,
+            "ops": d.ops,
+            "format_errors": d.format_errors,
+            "failed_calls": d.failed_calls,
+            "calls": list(d.calls[:50]),
+            "memory_before": d.memory_before,
+            "memory_after": d.memory_after,
+            "memory_diff": scoring.memory_diff if scoring else None,
+            "hits_initial": scoring.initial.hits if scoring else None,
+            "hits_final": scoring.final.hits if scoring else None,
+            **({"prediction_initial": scoring.initial.prediction,
+                "prediction_final": scoring.final.prediction}
+               if scoring and scoring.llm_answerer else {}),
             "responses": [turn.response_text for turn in trajectory.turns],
         }
