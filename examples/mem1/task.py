@@ -96,7 +96,7 @@ class Mem1Task:
         if not trajectories:
             return {}
         return {"accuracy": float(np.mean([t.metrics["em"] for t in trajectories])),
-                "turns": float(np.mean([len(t.turns) for t in trajectories])),
+                "turns": float(np.mean([len(t.details.states) for t in trajectories])),
                 **reward_means(trajectories)}
 
     def log_row(self, trajectory: Trajectory, record: QARecord) -> dict[str, Any]:

@@ -69,7 +69,9 @@ class Task(Protocol):
         ...
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """Task metrics averaged over trajectories (e.g. accuracy, f1), without prefix."""
+        """Task metrics averaged over trajectories (e.g. accuracy, f1), without prefix.
+        Training passes the step's trajectories without their turns (gathered from every
+        rank): read answers, metrics and details, not turns."""
         ...
 
     def log_row(self, trajectory: Trajectory, record: Any) -> dict[str, Any]:
