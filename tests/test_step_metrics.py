@@ -116,14 +116,17 @@ def test_step_metrics_keys_in_the_order_of_the_log_line():
 
 
 def test_optimizer_step_clips_skips_non_finite_and_steps_the_schedule():
-    w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+    model = torch.nn.Linear(2, 1, bias=False)
+    model.weight.requires_grad_(False)  # frozen: neither clipped nor stepped
+    model.w = w = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
     opt = torch.optim.SGD([w], lr=1.0)
     sched = warmup_schedule(opt, 0)
+    model.weight.grad = torch.full((1, 2), 100.0)  # not a trainable parameter's: ignored
     w.grad = torch.tensor([3.0, 4.0])  # norm 5, clipped to 1: the step moves w by (0.6, 0.8)
-    assert optimizer_step([w], opt, 1.0, scheduler=sched) == pytest.approx(5.0)
+    assert optimizer_step(model, opt, 1.0, scheduler=sched) == pytest.approx(5.0)
     assert torch.allclose(w.detach(), torch.tensor([0.4, 0.2])) and w.grad is None
     w.grad = torch.tensor([float("nan"), 1.0])  # skipped: w unchanged, the schedule goes on
-    assert math.isnan(optimizer_step([w], opt, 1.0, scheduler=sched))
+    assert math.isnan(optimizer_step(model, opt, 1.0, scheduler=sched))
     assert torch.allclose(w.detach(), torch.tensor([0.4, 0.2])) and w.grad is None
     assert sched.last_epoch == 2
 

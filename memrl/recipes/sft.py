@@ -97,8 +97,7 @@ def train_step(run: SFTRun) -> dict[str, float]:
         part = sft_loss(logprobs, tensors["loss_mask"].to(logprobs.device), max(tokens, 1))
         part.backward()
         loss += float(part.detach())
-    params = [p for p in run.model.parameters() if p.requires_grad]
-    grad_norm = optimizer_step(params, run.optimizer, run.config.optim.grad_clip,
+    grad_norm = optimizer_step(run.model, run.optimizer, run.config.optim.grad_clip,
                                scheduler=run.scheduler)
     return {
         "train/nll": run.dist.all_reduce_sum(loss),

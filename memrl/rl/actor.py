@@ -403,7 +403,7 @@ class Actor(_PolicyModel):
                     (lp.sum() * 0.0).backward()  # zero gradients, same collectives
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
                     dist.sum_gradients(params)
-                grad_norm = optimizer_step(params, self.optimizer, self.grad_clip)
+                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip)
                 for name, value in zip(loss_names, dist.all_reduce_sum(losses).tolist(),
                                        strict=True):
                     avg.add(name, value)

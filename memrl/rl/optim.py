@@ -2,7 +2,7 @@
 start): AdamW over the trainable parameters, verl's learning-rate schedules, and one
 optimizer step.
 
-    grad_norm = optimizer_step(params, optimizer, grad_clip, scheduler=...)
+    grad_norm = optimizer_step(model, optimizer, grad_clip, scheduler=...)
         clip the gradients' global norm; step unless that norm is NaN/inf (the step is
         skipped, as verl skips it); clear the gradients; step the schedule if given
 """
@@ -10,7 +10,6 @@ optimizer step.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -63,13 +62,17 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, *,
 
 
 def optimizer_step(
-    params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer, grad_clip: float, *,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, *,
     scheduler: Any = None,
 ) -> float:
-    """Clip the gradients of `params` to global norm `grad_clip`, step the optimizer unless
-    that norm is not finite, clear the gradients, then step `scheduler` (when given).
+    """Clip the gradients of the model's trainable parameters to global norm `grad_clip`,
+    step the optimizer unless that norm is not finite, clear the gradients, then step
+    `scheduler` (when given).
 
-    Returns the norm before clipping; with FSDP (a DTensor) the norm over every shard."""
+    The parameters are read from the model here, at the step: an FSDP model registers its
+    sharded parameters (those holding the gradients) again only after backward. Returns the
+    norm before clipping; with FSDP (a DTensor) the norm over every shard."""
+    params = [p for p in model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, reduced over the shards
         norm = norm.full_tensor()
