@@ -498,7 +498,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
                 old = actor.logprobs(batch)
                 sync()
                 t1 = time.perf_counter()
-                metrics = actor.update(batch.with_logprobs(old).with_advantages(advantages))
+                stats = actor.update(batch.with_logprobs(old).with_advantages(advantages))
                 sync()
                 times.append((t1 - t0, time.perf_counter() - t1))
         except torch.OutOfMemoryError:  # a budget too large for the GPU: say so, go on
@@ -511,8 +511,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
         update_s = statistics.fmean(u for _, u in times[args.warmup:])
         row: dict[str, Any] = {
             "budget": budget, "micro_batches": len(micro),
-            "tokens_per_micro_batch": metrics["perf/tokens_per_micro_batch"],
-            "padding_waste": metrics["perf/padding_waste"],
+            "tokens_per_micro_batch": stats.tokens_per_micro_batch,
+            "padding_waste": stats.padding_waste,
             "logprob_s": logprob_s, "update_s": update_s,
             "logprob_tokens_per_s": tokens / logprob_s, "update_tokens_per_s": tokens / update_s,
             "update_model_tflops_per_s": flops / update_s / 1e12,

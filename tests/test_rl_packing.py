@@ -102,11 +102,11 @@ def test_actor_update_with_remove_padding_equals_the_padded_update(tiny_model_di
     assert all(sum(sizes[i] for i in m) <= 48 or len(m) == 1 for m in micro1)
     assert all(len(m) * max(sizes[i] for i in m) <= 48 or len(m) == 1 for m in micro0)
     assert len(micro1) < len(micro0)
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
-        assert m1[key] == pytest.approx(m0[key], rel=1e-4, abs=1e-6), key
-    assert m1["perf/padding_waste"] == 0.0 and m0["perf/padding_waste"] > 0.0
-    assert m1["perf/tokens_per_micro_batch"] > m0["perf/tokens_per_micro_batch"] * (1 - 1e-9)
-    assert m1["perf/mfu"] == pytest.approx(m1["perf/update_tflops_per_s"] * 1e12 / 1e9)
+    for key in ("pg_loss", "kl_loss", "grad_norm", "ppo_kl"):
+        assert getattr(m1, key) == pytest.approx(getattr(m0, key), rel=1e-4, abs=1e-6), key
+    assert m1.padding_waste == 0.0 and m0.padding_waste > 0.0
+    assert m1.tokens_per_micro_batch > m0.tokens_per_micro_batch * (1 - 1e-9)
+    assert m1.mfu == pytest.approx(m1.update_tflops_per_s * 1e12 / 1e9)
 
 
 def test_padding_waste_and_micro_batch_tokens_by_hand(tiny_model_dir):
@@ -119,8 +119,8 @@ def test_padding_waste_and_micro_batch_tokens_by_hand(tiny_model_dir):
         torch.tensor([-1.0, 1.0]))
     for packed, waste, tokens in ((False, 2 / 10, 10.0), (True, 0.0, 8.0)):
         m = make_actor(tiny_model_dir, remove_padding=packed, use_kl_loss=False).update(b)
-        assert m["perf/padding_waste"] == pytest.approx(waste)
-        assert m["perf/tokens_per_micro_batch"] == tokens
+        assert m.padding_waste == pytest.approx(waste)
+        assert m.tokens_per_micro_batch == tokens
 
 
 class IgnoresPackedPositions(torch.nn.Module):

@@ -1,46 +1,51 @@
 """GRPO-family RL for memory agents: the training recipe, top to bottom.
 
-    for each step:
+    for each step (`train_step`):
         engine.sync_weights(policy)                  the engine samples the current policy
         groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
         batch  = RolloutBatch.from_trajectories(...)  one typed batch, one sample per turn
-        batch  = batch.with_logprobs(actor.logprobs(batch), reference.logprobs(batch))
-        batch  = batch.with_advantages(compute_advantages(...))   one per trajectory
-        metrics = actor.update(batch, dist)          PPO over mini/micro-batches
-        if dist.is_main: log, validate, checkpoint
+        batch  = with_logprobs(run, batch)           old (actor) and reference log-probs
+        batch  = with_advantages(batch, rl)          one advantage per trajectory
+        stats  = actor.update(batch, dist)           PPO over mini/micro-batches
+        return step_metrics(...)                     recipes/step_metrics.py
 
-The task (agent + data + reward), the engine and the models come from the config
-(`setup`); `memrl.rl` holds the maths and the actor. docs/architecture.md traces one step.
+The loop around it (resume, validate, log, checkpoint) is `recipes/scaffold.py`, shared
+with the SFT warm start. The task (agent + data + reward), the engine and the models come
+from the config (`setup`); `memrl.rl` holds the maths and the actor.
+docs/architecture.md traces one step.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from memrl.config import config_to_yaml
-from memrl.distributed import Dist
+from memrl.distributed import Dist, note
 from memrl.errors import MemrlInputError
-from memrl.fileio import write_atomic
-from memrl.distributed import note
 from memrl.inference.base import derive_seed
-from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
 from memrl.recipes import models
 from memrl.recipes.config import TrainConfig
-from memrl.recipes.trajectory_log import TrajectoryLog, remove_steps_after
+from memrl.recipes.scaffold import (
+    planned_steps,
+    resume_or_start,
+    run_loop,
+    save_run,
+    seed_everything,
+    warn_on_stderr,
+)
+from memrl.recipes.step_metrics import Phases, StepView, step_metrics
+from memrl.recipes.trajectory_log import TrajectoryLog
 from memrl.rl.actor import Actor, Reference
 from memrl.rl.advantages import compute_advantages
 from memrl.rl.batch import RolloutBatch
-from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memrl.rl.config import RLConfig
 from memrl.rl.correction import check_logprob_mismatch, logprob_mismatch
-from memrl.rl.rollout import QuestionStream, TrainState, collect_groups, informative_groups
+from memrl.rl.rollout import Groups, QuestionStream, TrainState, collect_groups
 from memrl.tasks import Task, build_task
 
 
@@ -93,102 +98,60 @@ def train(
     run = setup(config, task=task, dist=dist, console=console)
     if on_start is not None:
         on_start(run)
-    tcfg, total = config.trainer, total_steps(config, len(run.stream.records))
-    if run.dist.is_main:
-        run.out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(run.out_dir / "config.yaml", scrub_env_secrets(config_to_yaml(config)))
-    with MetricsLogger(
-        run.out_dir,
-        tcfg.log_sinks if run.dist.is_main else [],
-        run_config=config.model_dump(mode="json"),
-        wandb_project=tcfg.wandb_project,
-    ) as logger:
-        if run.state.step == 0 and tcfg.val_before_train and run.val_records:
-            note("validation")
-            logger.log(0, validate(run))
-        while run.state.step < total:
-            metrics = train_step(run)
-            run.state.step += 1
-            step = run.state.step
-            if run.val_records and ((tcfg.test_freq and step % tcfg.test_freq == 0)
-                                    or step == total):
-                note("validation", step)
-                metrics.update(validate(run))
-            logger.log(step, metrics)
-            if (tcfg.save_freq and step % tcfg.save_freq == 0) or step == total:
-                note("checkpoint", step)
-                save(run)
-    if run.dist.is_main:
-        plot_training_curves(run.out_dir / "metrics.jsonl", run.out_dir / "training.png")
+    run_loop(config, run.state, run.dist, total=total_steps(config, len(run.stream.records)),
+             step=lambda: train_step(run), validate=(lambda: validate(run)) if run.val_records
+             else None, save=lambda: save(run))
     run.engine.close()
     return run.state
 
 
-@dataclass
-class StepView:
-    """What the step's metrics are computed from: per trajectory (in the order one process
-    would hold them) and per sample, gathered from every data-parallel rank."""
-
-    trajectories: list[Any]
-    """The step's trajectories without their turns (summaries only need scores and info)."""
-    task_rewards: Any
-    rewards: Any
-    advantages: Any
-    sample_lengths: list[tuple[str, int]]
-    """(turn kind, response tokens) of every sample."""
-    truncated: list[bool]
-    response_tokens: float
-    train_tokens: float
-
-    @classmethod
-    def of(cls, trajectories: list[Any], batch: RolloutBatch, task_rewards: Any) -> StepView:
-        import dataclasses
-
-        return cls(
-            [dataclasses.replace(t, turns=[]) for t in trajectories],
-            task_rewards, batch.rewards, batch.advantages,
-            [(s.turn_kind, len(s.response_ids)) for s in batch.samples],
-            [s.truncated for s in batch.samples],
-            float(batch.response_tokens.sum()),
-            float(sum(s.num_tokens for s in batch.samples)),
-        )
-
-    def gathered(self, dist: Dist, group_order: list[str]) -> StepView:
-        """Every rank's view in one, trajectories in `group_order` (as on one process)."""
-        if dist.world_size == 1:
-            return self
-        import torch
-
-        parts = dist.all_gather(self)
-        rows = [(t, p.task_rewards[i], p.rewards[i], p.advantages[i])
-                for p in parts for i, t in enumerate(p.trajectories)]
-        where = {g: i for i, g in enumerate(group_order)}
-        rows.sort(key=lambda r: (where[r[0].record_id], r[0].sample_index))
-        column = lambda k: torch.stack([r[k] for r in rows])  # noqa: E731
-        return StepView(
-            [r[0] for r in rows], column(1), column(2), column(3),
-            [x for p in parts for x in p.sample_lengths],
-            [x for p in parts for x in p.truncated],
-            sum(p.response_tokens for p in parts),
-            sum(p.train_tokens for p in parts),
-        )
-
-
 def train_step(run: Run) -> dict[str, float]:
     """One step of the algorithm; returns its metrics."""
+    rl = run.config.rl
+    phases = Phases(run.state.step + 1)  # heartbeat (what this rank is doing) and timings
+
+    with phases("sync"):  # 1. The engine samples from the current weights.
+        run.engine.wake()
+        run.engine.sync_weights(run.actor.model, run.state.step)
+
+    with phases("rollout"):  # 2. Rollout groups (+ DAPO dynamic sampling, refilled).
+        groups = rollout_groups(run)
+        run.engine.sleep()
+
+    # 3. One typed batch: a sample per conversation, a reward per trajectory.
+    batch = RolloutBatch.from_trajectories(
+        groups.trajectories, overlong=rl.overlong,
+        group_order=groups.group_order if run.dist.world_size > 1 else None,
+    )
+
+    with phases("logprobs"):  # 4. Old and reference log-probs (no grad).
+        batch, entropy, mismatch = with_logprobs(run, batch)
+
+    # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
+    task_rewards = batch.rewards
+    batch = with_advantages(batch, rl)
+
+    # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights.
+    lr = run.actor.lr
+    with phases("update"):
+        update = run.actor.update(batch, run.dist)
+
+    with phases("metrics"):  # 7. Metrics (over every rank's share of the step).
+        view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
+            run.dist, groups.group_order)
+        if run.trajectory_log is not None:  # a row per trajectory, gathered on the main rank
+            run.trajectory_log.write(phases.step, groups.trajectories, batch, task_rewards,
+                                     groups.group_order, entropy)
+        return step_metrics(view, run.task, phases, groups_generated=groups.generated, lr=lr,
+                            mismatch=mismatch, update=update, ppo_epochs=rl.ppo_epochs)
+
+
+def rollout_groups(run: Run) -> Groups:
+    """`data.train_batch_size` groups of `rl.rollout_n` scored trajectories, one group per
+    question of the stream; with rl.dynamic_sampling, groups whose rewards are all equal are
+    dropped and refilled from the next questions (DAPO)."""
     cfg, rl = run.config, run.config.rl
-    t0 = time.perf_counter()
-    step = run.state.step + 1  # what the heartbeat says this rank is doing (`note`)
-
-    # 1. The engine samples from the current weights.
-    note("weight sync", step)
-    run.engine.wake()
-    run.engine.sync_weights(run.actor.model, run.state.step)
-    t_sync = time.perf_counter() - t0
-
-    # 2. Rollout groups (+ DAPO dynamic sampling with refill from the next questions).
-    note("rollout", step)
-    groups = collect_groups(
+    return collect_groups(
         lambda records, seed: run.task.rollout(
             run.engine, records, num_samples=rl.rollout_n, seed=seed, mode=cfg.rollout.mode
         ),
@@ -199,40 +162,35 @@ def train_step(run: Run) -> dict[str, float]:
         round_seed=lambda r: derive_seed(cfg.seed, "train", run.state.step, r),
         dist=run.dist,
     )
-    run.engine.sleep()
-    t_rollout = time.perf_counter() - t0 - t_sync
 
-    # 3. One typed batch: a sample per conversation, a reward per trajectory.
-    batch = RolloutBatch.from_trajectories(
-        groups.trajectories, overlong=rl.overlong,
-        group_order=groups.group_order if run.dist.world_size > 1 else None,
-    )
 
-    # 4. Old and reference log-probs (no grad); the old ones recomputed by the trainer, or
-    #    taken from the engine (rl.use_rollout_logprobs). Mismatch: |engine − trainer|.
-    t1 = time.perf_counter()
-    note("log-probs", step)
+def with_logprobs(run: Run, batch: RolloutBatch
+                  ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
+    """The batch with its old and reference log-probs; the entropies of the old pass (None
+    when the old log-probs are the engine's: rl.use_rollout_logprobs); and the engine's
+    mismatch with the trainer (|engine − trainer| log-probs: `rollout/logprob_diff_*`), which
+    stops the run past rollout.max_logprob_diff (on every rank, or none)."""
+    cfg = run.config
     ref = run.reference.logprobs(batch) if run.reference is not None else None
     engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
-    mismatch, entropy = {}, None
-    if rl.use_rollout_logprobs:
-        batch = batch.with_logprobs(engine_lp, ref)
-    else:
-        old, entropy = run.actor.logprobs_and_entropy(batch)
-        batch = batch.with_logprobs(old, ref)
-        diff = logprob_mismatch(engine_lp, batch.old_logprobs)
-        worst = max(run.dist.all_gather(diff["max"]))  # every rank stops, or none
-        check_logprob_mismatch(worst, cfg.rollout.max_logprob_diff, engine=cfg.rollout.engine,
-                               step=run.state.step + 1)
-        mismatch = {"rollout/logprob_diff_mean": diff["mean"],
-                    "rollout/logprob_diff_max": worst}
-    t_logprobs = time.perf_counter() - t1
+    if cfg.rl.use_rollout_logprobs:
+        return batch.with_logprobs(engine_lp, ref), None, {}
+    old, entropy = run.actor.logprobs_and_entropy(batch)
+    batch = batch.with_logprobs(old, ref)
+    diff = logprob_mismatch(engine_lp, batch.old_logprobs)
+    worst = max(run.dist.all_gather(diff["max"]))  # every rank stops, or none
+    check_logprob_mismatch(worst, cfg.rollout.max_logprob_diff, engine=cfg.rollout.engine,
+                           step=run.state.step + 1)
+    return batch, entropy, {"rollout/logprob_diff_mean": diff["mean"],
+                            "rollout/logprob_diff_max": worst}
 
-    # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
-    task_rewards = batch.rewards
+
+def with_advantages(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:
+    """The batch's rewards less the KL penalty (rl.use_kl_in_reward), and one advantage per
+    trajectory from them (rl.adv_estimator)."""
     if rl.use_kl_in_reward and rl.kl_reward_coef > 0:
-        batch = batch.with_rewards(task_rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
-    batch = batch.with_advantages(
+        batch = batch.with_rewards(batch.rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
+    return batch.with_advantages(
         compute_advantages(
             rl.adv_estimator,
             batch.rewards,
@@ -242,49 +200,6 @@ def train_step(run: Run) -> dict[str, float]:
             size1=rl.size1_group_advantage,
         )
     )
-
-    # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights.
-    lr = run.actor.lr
-    t2 = time.perf_counter()
-    note("update", step)
-    update = run.actor.update(batch, run.dist)
-    t_update = time.perf_counter() - t2
-
-    # 7. Metrics (over every rank's share of the step).
-    note("metrics", step)
-    view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
-        run.dist, groups.group_order
-    )
-    trajs = view.trajectories
-    lengths: dict[str, list[int]] = {}
-    for kind, n in view.sample_lengths:
-        lengths.setdefault(kind, []).append(n)
-    if run.trajectory_log is not None:  # one row per trajectory, gathered on the main rank
-        run.trajectory_log.write(run.state.step + 1, groups.trajectories, batch, task_rewards,
-                                 groups.group_order, entropy)
-    return {
-        "train/reward_mean": float(view.task_rewards.mean()),
-        "train/reward_std": float(view.task_rewards.std(unbiased=False)),
-        **{f"train/{k}": v for k, v in run.task.summarize(trajs).items()},
-        "train/groups": float(len({t.record_id for t in trajs})),
-        "train/informative_groups": float(informative_groups(trajs)),
-        "train/groups_generated": float(groups.generated),
-        "train/samples": float(len(view.sample_lengths)),
-        **{f"train/{k}_response_len": float(np.mean(v)) for k, v in lengths.items()},
-        "train/truncated_frac": float(np.mean(view.truncated)),
-        "train/advantage_abs_mean": float(view.advantages.abs().mean()),
-        "train/kl_reward_penalty": float((view.task_rewards - view.rewards).mean()),
-        "train/lr": lr,
-        **mismatch,
-        **update,
-        "perf/rollout_tokens_per_s": view.response_tokens / max(t_rollout, 1e-9),
-        "perf/train_tokens_per_s": view.train_tokens * rl.ppo_epochs / max(t_update, 1e-9),
-        "perf/sync_s": t_sync,
-        "perf/rollout_s": t_rollout,
-        "perf/logprobs_s": t_logprobs,
-        "perf/update_s": t_update,
-        "perf/step_time_s": time.perf_counter() - t0,
-    }
 
 
 def validate(run: Run) -> dict[str, float]:
@@ -324,25 +239,12 @@ def validate(run: Run) -> dict[str, float]:
 def save(run: Run) -> Path | None:
     """A checkpoint of the policy, optimizer, schedule, RNG and data cursor (every rank
     takes part; the next step starts once it is complete)."""
-    return save_checkpoint(
-        run.out_dir / "checkpoints",
-        run.state.step,
-        model=run.actor.model,
-        optimizer=run.actor.optimizer,
-        scheduler=run.actor.scheduler,
-        tokenizer=run.tokenizer,
-        trainer_state=asdict(run.state),
-        config_yaml=config_to_yaml(run.config),
-        keep_last=run.config.trainer.keep_last,
-        dist=run.dist,
-    )
+    return save_run(run.config, run.state, model=run.actor.model, optimizer=run.actor.optimizer,
+                    scheduler=run.actor.scheduler, tokenizer=run.tokenizer, dist=run.dist)
 
 
 def total_steps(config: TrainConfig, num_records: int) -> int:
-    if config.trainer.total_steps is not None:
-        return config.trainer.total_steps
-    per_epoch = max(1, num_records // config.data.train_batch_size)
-    return per_epoch * config.trainer.total_epochs
+    return planned_steps(config.trainer, num_records, config.data.train_batch_size)
 
 
 def setup(
@@ -382,52 +284,3 @@ def setup(
         warn=warn_on_stderr(dist))
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
                val_records, dist, console, log)
-
-
-def warn_on_stderr(dist: Dist) -> Callable[[str], None]:
-    """One `warning: ...` line on stderr (main rank only)."""
-
-    def warn(text: str) -> None:
-        if dist.is_main:
-            print(f"warning: {text}", file=sys.stderr, flush=True)
-
-    return warn
-
-
-def seed_everything(seed: int) -> None:
-    import random
-
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def resume_or_start(
-    out_dir: Path, resume: str, *, model: Any, optimizer: Any, scheduler: Any, dist: Dist,
-    console: Any = None,
-) -> TrainState:
-    """The state to start from: the latest checkpoint's (loaded into the live objects) when
-    resuming, else a fresh one; a fresh run refuses a directory that holds checkpoints."""
-    latest = latest_checkpoint(out_dir / "checkpoints", warn=warn_on_stderr(dist))
-    if resume == "auto" and latest is not None:
-        saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler,
-                                dist=dist)
-        if dist.is_main:
-            truncate_metrics(out_dir / "metrics.jsonl", saved["step"])
-            remove_steps_after(out_dir, saved["step"])
-            if console is not None:
-                console.print(f"resumed from {latest} at step {saved['step']}")
-        return TrainState(**{k: saved[k] for k in ("step", "epoch", "cursor")})
-    if latest is not None:
-        raise MemrlInputError(
-            f"{out_dir / 'checkpoints'} already holds checkpoints: pass --resume "
-            "(trainer.resume=auto) to continue, or choose another trainer.out_dir",
-            location="trainer.out_dir",
-        )
-    if dist.is_main:  # a fresh run in a used directory
-        if (out_dir / "metrics.jsonl").exists():
-            truncate_metrics(out_dir / "metrics.jsonl", -1)
-        remove_steps_after(out_dir, -1)
-    return TrainState()

@@ -5,20 +5,20 @@
     for each step:
         batch = RolloutBatch.from_trajectories(stream.take(batch_size))   as in RL
         loss  = sft_loss(response log-probs, mask, response tokens of the step)
-        optimizer step (grad clip), warmup schedule step
+        optimizer_step(...)                        grad clip, skip non-finite, schedule
         if dist.is_main: log, validate (val/nll), checkpoint
 
-The batch, the log-probs, the optimizer, the schedule, the checkpoints and the data cursor
-are those of `memrl.recipes.grpo`, so `memrl sft --resume` continues a killed run exactly
+The batch, the log-probs, the optimizer step (`memrl.rl.optim`), the schedule, the run
+loop, the checkpoints and resuming (`memrl.recipes.scaffold`) and the data cursor are
+those of `memrl.recipes.grpo`, so `memrl sft --resume` continues a killed run exactly
 and its checkpoint is a policy `memrl train` can start from (`memrl export` first).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +27,21 @@ from torch import Tensor
 
 from memrl.agents.oracle import OracleGenerator, replay_memagent
 from memrl.trajectory import Trajectory
-from memrl.config import config_to_yaml
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
-from memrl.fileio import write_atomic
-from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets
 from memrl.recipes import models
-from memrl.recipes.grpo import resume_or_start, seed_everything
+from memrl.recipes.scaffold import (
+    planned_steps,
+    resume_or_start,
+    run_loop,
+    save_run,
+    seed_everything,
+)
 from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.actor import build_optimizer, response_logprobs
+from memrl.rl.actor import response_logprobs
 from memrl.rl.batch import RolloutBatch
-from memrl.rl.checkpoint import save_checkpoint
+from memrl.rl.optim import build_optimizer, optimizer_step
 from memrl.rl.rollout import QuestionStream, TrainState
 from memrl.tasks.memagent_qa import MemAgentQATask
 
@@ -65,35 +68,16 @@ class SFTRun:
 
 def sft_total_steps(config: SFTConfig, num_trajectories: int) -> int:
     """The run's training steps: `trainer.total_steps`, else its epochs over the trajectories."""
-    per_epoch = max(1, num_trajectories // config.sft.batch_size)
-    return config.trainer.total_steps or per_epoch * config.trainer.total_epochs
+    return planned_steps(config.trainer, num_trajectories, config.sft.batch_size)
 
 
 def train(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -> TrainState:
     """Fine-tune to `trainer.total_steps` (or epochs) on the teacher's trajectories."""
     run = setup(config, dist=dist, console=console)
-    tcfg, out = config.trainer, Path(config.trainer.out_dir)
-    total = sft_total_steps(config, len(run.stream.records))
-    main = run.dist.is_main
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "config.yaml", scrub_env_secrets(config_to_yaml(config)))
-    with MetricsLogger(out, tcfg.log_sinks if main else [], console=console,
-                       run_config=config.model_dump(mode="json"),
-                       wandb_project=tcfg.wandb_project) as logger:
-        if run.state.step == 0 and tcfg.val_before_train and run.val:
-            logger.log(0, {"val/nll": validate(run)})
-        while run.state.step < total:
-            metrics = train_step(run)
-            run.state.step += 1
-            step = run.state.step
-            if run.val and ((tcfg.test_freq and step % tcfg.test_freq == 0) or step == total):
-                metrics["val/nll"] = validate(run)
-            logger.log(step, metrics)
-            if (tcfg.save_freq and step % tcfg.save_freq == 0) or step == total:
-                save(run)
-    if main:
-        plot_training_curves(out / "metrics.jsonl", out / "training.png")
+    run_loop(config, run.state, run.dist, total=sft_total_steps(config, len(run.stream.records)),
+             step=lambda: train_step(run),
+             validate=(lambda: {"val/nll": validate(run)}) if run.val else None,
+             save=lambda: save(run), console=console)
     return run.state
 
 
@@ -114,12 +98,8 @@ def train_step(run: SFTRun) -> dict[str, float]:
         part = sft_loss(logprobs, tensors["loss_mask"].to(logprobs.device), max(tokens, 1))
         part.backward()
         loss += float(part.detach())
-    params = [p for p in run.model.parameters() if p.requires_grad]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, run.config.optim.grad_clip))
-    if math.isfinite(grad_norm):
-        run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
+    grad_norm = optimizer_step(run.model, run.optimizer, run.config.optim.grad_clip,
+                               scheduler=run.scheduler)
     return {
         "train/nll": run.dist.all_reduce_sum(loss),
         "train/tokens": float(tokens),
@@ -148,14 +128,12 @@ def validate(run: SFTRun) -> float:
 
 
 def save(run: SFTRun) -> Path | None:
+    """A checkpoint of the run, written by the main rank alone (SFT's weights are never
+    sharded); the other ranks return None at once."""
     if not run.dist.is_main:
         return None
-    return save_checkpoint(
-        Path(run.config.trainer.out_dir) / "checkpoints", run.state.step, model=run.model,
-        optimizer=run.optimizer, scheduler=run.scheduler, tokenizer=run.tokenizer,
-        trainer_state=asdict(run.state), config_yaml=config_to_yaml(run.config),
-        keep_last=run.config.trainer.keep_last,
-    )
+    return save_run(run.config, run.state, model=run.model, optimizer=run.optimizer,
+                    scheduler=run.scheduler, tokenizer=run.tokenizer, dist=Dist())
 
 
 def teacher_trajectories(config: SFTConfig, tokenizer: Any, file: str, *, what: str,

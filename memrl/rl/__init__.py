@@ -2,7 +2,8 @@
 
 - `advantages`, `losses`: pure functions over tensors (verl's formulas, with tests).
 - `batch`: `RolloutBatch`, the typed batch of one step; `collate`, `pack_token_budget`.
-- `actor`: `Actor` (log-probs + PPO update) and `Reference`.
+- `actor`: `Actor` (log-probs + PPO update, its `UpdateStats`) and `Reference`.
+- `optim`: AdamW, verl's lr schedules, `optimizer_step` (clip, skip non-finite, step).
 - `packing`: padding-free micro-batches (`packed_inputs`, rl.remove_padding).
 - `flops`: training FLOPs, MFU and padding waste (`train_flops`, `mfu`, `padding_waste`).
 - `rollout`: the question stream and dynamic sampling (`collect_groups`).

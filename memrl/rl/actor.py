@@ -27,6 +27,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -46,54 +47,12 @@ from memrl.rl.losses import (
     logprobs_from_logits,
     policy_loss,
 )
-from memrl.rl.sharding import run_as_forward
+from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
 from memrl.rl.packing import check_packed_attention, packed_inputs
+from memrl.rl.sharding import run_as_forward
 
-__all__ = ["Actor", "Reference", "build_optimizer", "response_logprobs", "warmup_schedule"]
-
-
-def build_optimizer(model: torch.nn.Module, *, lr: float, betas, weight_decay: float):
-    """AdamW over the trainable parameters (all of them, or the LoRA adapters)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-
-
-# verl `get_constant_schedule_with_warmup`: the lr multiplier of optimizer step s (0-based)
-# is s / W while s < W, then 1; so with W = 3 steps the first steps use lr x 0, 1/3, 2/3, 1.
-def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, *,
-                    kind: str = "constant", total_steps: int | None = None,
-                    min_lr_ratio: float = 0.0):
-    """The learning-rate schedule, stepped once per training step, as verl's.
-
-    "constant": linear warmup over `warmup_steps` (step s uses lr · s / W), then lr.
-    "cosine" (verl get_cosine_schedule_with_warmup, half a cycle): warmup from
-    lr · min_lr_ratio to lr, then lr · max(m, (1 + m)/2 + (1 - m)/2 · cos(π · p)) with m the
-    min_lr_ratio and p = (s - W) / (total_steps - W), reaching lr · m at total_steps and
-    staying there (verl's would rise again past total_steps).
-    """
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    w, m = warmup_steps, min_lr_ratio
-    if kind == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: float(s) / float(max(1, w)) if s < w else 1.0
-        )
-    if kind != "cosine":
-        raise ValueError(f"unknown lr schedule {kind!r}: constant or cosine")
-    if total_steps is None or total_steps < 1:
-        raise ValueError(f"the cosine schedule needs total_steps >= 1, got {total_steps}")
-    if not 0.0 <= m <= 1.0:
-        raise ValueError(f"min_lr_ratio must be in [0, 1], got {m}")
-
-    def cosine(s: int) -> float:
-        if s < w:
-            return m + (1.0 - m) * float(s) / float(max(1, w))
-        progress = min(1.0, float(s - w) / float(max(1, total_steps - w)))
-        return max(m, (1.0 + m) / 2 + (1.0 - m) / 2 * math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine)
+__all__ = ["Actor", "Reference", "UpdateStats", "build_optimizer", "response_logprobs",
+           "warmup_schedule"]
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
@@ -327,6 +286,55 @@ _REPLICATED = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "act
 """Metrics every rank computes from all-reduced values, so they agree on every rank."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class UpdateStats:
+    """What one `Actor.update` measured, over every rank's share of it. Losses, grad norms
+    and skipped steps are means over its optimizer steps; the policy-loss diagnostics and
+    the IS weights means over its loss tokens; padding waste is weighted by computed tokens
+    and tokens_per_micro_batch is a mean over micro-batches. None: not measured (no KL
+    loss, no rollout IS, no loss token, no micro-batch, an unknown model shape or peak)."""
+
+    padding_waste: float | None = None
+    """Padded tokens / computed tokens of the forward passes (`memrl.rl.flops`)."""
+    tokens_per_micro_batch: float | None = None
+    """Computed tokens (with padding, unless packed) per micro-batch."""
+    rollout_is_weight: float | None = None
+    """Mean truncated importance weight π_old / π_rollout (rl.rollout_is)."""
+    pg_clipfrac: float | None = None
+    """Fraction of loss tokens whose ratio was clipped (above)."""
+    pg_clipfrac_lower: float | None = None
+    """Fraction of loss tokens clipped by the dual-clip bound (negative advantages)."""
+    ppo_kl: float | None = None
+    """Approximate KL(π_old ‖ π) over the loss tokens."""
+    pg_loss: float
+    entropy: float
+    kl_loss: float | None = None
+    """The KL loss term (rl.use_kl_loss) before its coefficient."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    skipped_nonfinite_steps: float
+    """Fraction of optimizer steps skipped for a NaN/inf gradient norm."""
+    update_tflops_per_s: float | None = None
+    """Model FLOPs of the update per second of it (`memrl.rl.flops`), in TFLOP/s."""
+    mfu: float | None = None
+    """Model FLOPs utilisation, given the accelerator's peak."""
+
+    PERF = frozenset({"padding_waste", "tokens_per_micro_batch", "update_tflops_per_s", "mfu"})
+    """Fields logged under `perf/`; the others under `actor/`."""
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, float]) -> UpdateStats:
+        """The stats of a `{"actor/pg_loss": ..., "perf/mfu": ...}` dict (`metrics`' inverse)."""
+        return cls(**{key.split("/", 1)[1]: value for key, value in metrics.items()})
+
+    def metrics(self) -> dict[str, float]:
+        """The `actor/*` and `perf/*` metrics of the step's log, measured ones only."""
+        return {
+            f"{'perf' if f.name in self.PERF else 'actor'}/{f.name}": value
+            for f in fields(self) if (value := getattr(self, f.name)) is not None
+        }
+
+
 class Actor(_PolicyModel):
     """The policy being trained: its optimizer, lr schedule and PPO update."""
 
@@ -353,13 +361,13 @@ class Actor(_PolicyModel):
         """The learning rate the next optimizer step uses."""
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def update(self, batch: RolloutBatch, dist: Dist = Dist()) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, dist: Dist = Dist()) -> UpdateStats:
         """PPO epochs over mini-batches; one optimizer step each; then one lr-schedule step.
 
-        Returns `actor/*` metrics: losses are mini-batch values averaged over optimizer steps;
-        clip fractions and PPO-KL are means over every loss token of the update. And `perf/*`:
-        padding_waste (padded / computed tokens), tokens_per_micro_batch (computed),
-        update_tflops_per_s (model FLOPs, `memrl.rl.flops`) and, with a peak, mfu.
+        Returns what it measured (`UpdateStats`; `.metrics()`: the `actor/*` and `perf/*`
+        keys of the step's log): losses are mini-batch values averaged over optimizer steps;
+        clip fractions and PPO-KL are means over every loss token of the update; padding
+        waste, tokens per micro-batch, model TFLOP/s and, with a peak, MFU.
         """
         cfg = self.config
         if batch.old_logprobs is None or batch.advantages is None:
@@ -371,11 +379,14 @@ class Actor(_PolicyModel):
         loss_names = ["actor/pg_loss", "actor/entropy"] + (["actor/kl_loss"] if use_kl else [])
         params = [p for p in self.model.parameters() if p.requires_grad]
         shape, flops, t_start = ModelShape.of(self.model), 0.0, time.perf_counter()
+        # With data parallelism every rank walks the same global mini-batches (its share of
+        # each may be empty) and takes the same optimizer steps.
+        minis = batch.mini_batches(cfg.ppo_mini_batch_size)
+        if not minis:
+            raise ValueError("update needs at least one sample")
         self.model.train()
         for _ in range(cfg.ppo_epochs):
-            # With data parallelism every rank walks the same global mini-batches (its share
-            # of each may be empty) and takes the same optimizer steps.
-            for mini in batch.mini_batches(cfg.ppo_mini_batch_size):
+            for mini in minis:
                 norm = batch.loss_norm(mini, cfg.loss_agg_mode, scale_factor=cfg.loss_scale_factor)
                 norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -392,7 +403,7 @@ class Actor(_PolicyModel):
                     (lp.sum() * 0.0).backward()  # zero gradients, same collectives
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
                     dist.sum_gradients(params)
-                grad_norm = self._optimizer_step()
+                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip)
                 for name, value in zip(loss_names, dist.all_reduce_sum(losses).tolist(),
                                        strict=True):
                     avg.add(name, value)
@@ -404,7 +415,7 @@ class Actor(_PolicyModel):
             avg.add("perf/update_tflops_per_s", flops / elapsed / 1e12)
             if self.peak_flops:
                 avg.add("perf/mfu", mfu(flops, elapsed, self.peak_flops))
-        return avg.reduced(dist)
+        return UpdateStats.from_metrics(avg.reduced(dist))
 
     def _account(
         self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None, avg: _Averages
@@ -470,14 +481,3 @@ class Actor(_PolicyModel):
         for name, value in pg_metrics.items():
             avg.add(f"actor/{name}", float(value), tokens)
         return terms
-
-    def _optimizer_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
-        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, reduced over the shards
-            norm = norm.full_tensor()
-        grad_norm = float(norm)
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
