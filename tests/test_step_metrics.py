@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memrl import heartbeat
+from memrl.distributed import heartbeat
 from memrl.distributed import Dist
 from memrl.recipes.config import ModelConfig, TrainerConfig
 from memrl.recipes.scaffold import planned_steps, run_loop

@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from memrl.config import config_to_yaml
-from memrl.distributed import Dist
+from memrl.distributed import Dist, note
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
-from memrl.distributed import note
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
 from memrl.recipes.trajectory_log import remove_steps_after
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint

@@ -24,15 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from memrl.distributed import Dist
-from memrl.distributed import note
+from memrl.distributed import Dist, note
 from memrl.rl.actor import UpdateStats
 from memrl.rl.batch import RolloutBatch
 from memrl.rl.rollout import informative_groups
 
 HEARTBEAT_PHASES = {"sync": "weight sync", "rollout": "rollout", "logprobs": "log-probs",
                     "update": "update", "metrics": "metrics"}
-"""A step's phases, as the heartbeat names them (`memrl.heartbeat.note`)."""
+"""A step's phases, as the heartbeat names them (`memrl.distributed.note`)."""
 TIMED = ("sync", "rollout", "logprobs", "update")
 """The phases logged as `perf/{phase}_s`."""
 
