@@ -83,6 +83,32 @@ def test_an_outside_agent_trains_and_is_evaluated_by_import_path(tiny_model_dir,
     assert page.count('<section class="episode') == 8 and "data-kind=\"task\"" in page
 
 
+def test_an_outside_agent_with_an_oracle_is_warm_started(tiny_model_dir, questions, tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"agent: {TASK}\nmem1:\n  max_turn_tokens: 64\nsft:\n  batch_size: 2\n")
+    run = tmp_path / "sft"
+    done = memrl("sft", str(config), f"model.path={tiny_model_dir}",
+                 f"data.train_file={questions}", f"data.val_file={questions}",
+                 f"trainer.out_dir={run}", "trainer.total_steps=3", "trainer.log_sinks=[jsonl]",
+                 "optim.lr=1e-3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    nll = [m["val/nll"] for m in metrics if "val/nll" in m]
+    assert len(nll) == 2 and nll[-1] < nll[0]  # it learns the oracle's replies
+    assert [m["train/tokens"] > 0 for m in metrics if "train/nll" in m] == [True] * 3
+
+
+def test_a_warm_start_without_an_oracle_is_one_line(tiny_model_dir, questions, tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text("agent: memupdate\n")
+    done = memrl("sft", str(config), f"model.path={tiny_model_dir}",
+                 f"data.train_file={questions}", f"trainer.out_dir={tmp_path / 'sft'}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: agent: agent memupdate has no oracle to warm-start from (Task.oracle); give "
+        "data.trajectories, a trajectories file to imitate"], done.stderr
+
+
 def test_a_bad_import_path_is_one_line(tmp_path, questions, tiny_model_dir):
     for agent, says in (("mem1.task:Nope", "has no class 'Nope'"),
                         ("nowhere.at.all:Task", "cannot import 'nowhere.at.all'"),

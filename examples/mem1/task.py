@@ -18,14 +18,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from memrl.data.hotpotqa import load_hotpotqa
-from memrl.data.records import QARecord
+from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
+from memrl.inference.scripted import ScriptedGenerator
 from memrl.rewards.qa import qa_scores
-from memrl.tasks import reward_weights, weighted_rewards
+from memrl.tasks import reward_of, reward_weights, weighted_rewards
 from memrl.tasks.rewards import reward_means
 from memrl.trajectory import Trajectory
 
-from mem1.agent import Mem1Agent, parse_reply
+from mem1.agent import LAST_OBSERVATION, Mem1Agent, parse_reply
 
 
 class Mem1Config(BaseModel):
@@ -65,7 +66,7 @@ class Mem1Task:
 
     @classmethod
     def from_config(cls, config: Any) -> Mem1Task:
-        return cls(config.agent_config, config.rl.reward)
+        return cls(config.agent_config, reward_of(config))
 
     @property
     def sampling_temperature(self) -> float:
@@ -91,6 +92,22 @@ class Mem1Task:
             scores = qa_scores(answer, by_id[t.record_id].answers)
             scored.append(dataclasses.replace(t, answer=answer, metrics=scores))
         return weighted_rewards(scored, by_id, self.reward_functions, self.weights)
+
+    def oracle(self, tokenizer: Any, records: Sequence[QARecord]) -> ScriptedGenerator:
+        """The warm start's teacher (`memrl sft`): it keeps the facts the question needs as
+        their documents are read and answers the gold as soon as it holds them all."""
+        needs = {r.question: (supporting_facts(r), r.answers[0]) for r in records}
+
+        def respond(prompt: str) -> str:
+            question = prompt.split("Question: ", 1)[1].split("\n\n", 1)[0]
+            kept = prompt.split("What you have kept so far: ", 1)[1].split("\n\n", 1)[0]
+            facts, gold = needs[question]
+            held = [f for f in facts if f in kept or f in prompt]
+            state = " ".join(held) or "nothing yet"
+            done = len(held) == len(facts) or LAST_OBSERVATION in prompt
+            return f"<IS>{state}</IS>" + (f"<answer>{gold}</answer>" if done else "")
+
+        return ScriptedGenerator(tokenizer, respond, end_with_eos=True)
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if not trajectories:

@@ -15,9 +15,14 @@ from memrl.inference.base import Generation, SamplingParams, request_params
 class ScriptedGenerator:
     """Respond to each prompt with `respond(prompt_text)`, truncated to max_new_tokens."""
 
-    def __init__(self, tokenizer: Any, respond: Callable[[str], str]) -> None:
+    def __init__(self, tokenizer: Any, respond: Callable[[str], str], *,
+                 end_with_eos: bool = False) -> None:
+        """`end_with_eos`: a response that fits max_new_tokens ends with the tokenizer's
+        end-of-turn token (in `token_ids`, not in `text`), as a model's would: a model
+        fine-tuned on it learns to stop (a scripted teacher for a warm start)."""
         self.tokenizer = tokenizer
         self.respond = respond
+        self.end_with_eos = end_with_eos
         self.calls: list[int] = []
         """Batch size of every generate() call, so tests can check batching."""
 
@@ -29,6 +34,8 @@ class ScriptedGenerator:
         for prompt, each in zip(prompts, request_params(prompts, params), strict=True):
             text = self.respond(self.tokenizer.decode(list(prompt), skip_special_tokens=False))
             ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if self.end_with_eos and self.tokenizer.eos_token_id is not None:
+                ids.append(int(self.tokenizer.eos_token_id))
             finish = "stop"
             if len(ids) > each.max_new_tokens:
                 ids, finish = ids[: each.max_new_tokens], "length"

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.agents.oracle import OracleGenerator, replay_memagent
 from memrl.trajectory import Trajectory
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.distributed import Dist
@@ -43,7 +42,7 @@ from memrl.rl.actor import response_logprobs
 from memrl.rl.batch import RolloutBatch
 from memrl.rl.optim import build_optimizer, optimizer_step
 from memrl.rl.rollout import QuestionStream, TrainState
-from memrl.tasks.memagent_qa import MemAgentQATask
+from memrl.tasks import Task, build_task
 
 
 def sft_loss(logprobs: Tensor, mask: Tensor, num_tokens: float | Tensor) -> Tensor:
@@ -136,16 +135,32 @@ def save(run: SFTRun) -> Path | None:
                     scheduler=run.scheduler, tokenizer=run.tokenizer, dist=Dist())
 
 
+def teacher_task(config: SFTConfig) -> Task:
+    """The task to warm-start, checked before any model is loaded: it needs an oracle
+    (`Task.oracle`), or a `Task.replay` when `data.trajectories` is given."""
+    task = build_task(config)
+    if config.data.trajectories is None and not hasattr(task, "oracle"):
+        raise MemrlInputError(
+            f"agent {config.agent} has no oracle to warm-start from (Task.oracle); give "
+            "data.trajectories, a trajectories file to imitate", location="agent")
+    if config.data.trajectories is not None and not hasattr(task, "replay"):
+        raise MemrlInputError(f"agent {config.agent} cannot replay a trajectories file "
+                              "(Task.replay)", location="data.trajectories")
+    return task
+
+
 def teacher_trajectories(config: SFTConfig, tokenizer: Any, file: str, *, what: str,
-                         replay: str | None = None) -> list[Trajectory]:
-    """The oracle's trajectories on the questions of `file`, or (`replay`: a trajectories
-    file) its lines replayed over them, keeping those scoring at least `data.min_score`."""
+                         replay: str | None = None, task: Task | None = None
+                         ) -> list[Trajectory]:
+    """The task's oracle's trajectories on the records of `file` (`Task.oracle`), or
+    (`replay`: a trajectories file) its lines replayed over them (`Task.replay`), keeping
+    those whose `scores[data.score_key]` reaches `data.min_score`."""
     dcfg = config.data
-    task = MemAgentQATask(config.memagent, reward=dcfg.score_key)
+    task = task if task is not None else teacher_task(config)
     records = task.load(file, dcfg.format, what=what)
-    oracle = OracleGenerator(tokenizer, records if replay is None else [], config.memagent)
     if replay is None:
-        return task.rollout(oracle, records, num_samples=1, seed=config.seed)
+        return task.rollout(task.oracle(tokenizer, records), records, num_samples=1,
+                            seed=config.seed)
     by_id, kept = {r.id: r for r in records}, []
     for line, value in iter_jsonl(replay):
         row = expect_object(value, f"{replay}:{line}", "trajectory")
@@ -154,7 +169,7 @@ def teacher_trajectories(config: SFTConfig, tokenizer: Any, file: str, *, what: 
                                   location=f"{replay}:{line}")
         score = float((row.get("scores") or {}).get(dcfg.score_key, 0.0))
         if score >= dcfg.min_score:
-            traj = replay_memagent(oracle.agent, by_id[str(row["id"])], row)
+            traj = task.replay(tokenizer, by_id[str(row["id"])], row)
             kept.append(dataclasses.replace(traj, reward=score))
     if not kept:
         raise MemrlInputError(f"no trajectory scores {dcfg.score_key} >= {dcfg.min_score}",
@@ -166,12 +181,16 @@ def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -
     """Teacher trajectories, policy, optimizer; resume from the latest checkpoint."""
     seed_everything(config.seed)
     dist = dist or Dist.from_environment()
+    task = teacher_task(config)
     model, tokenizer = models.load_policy(config.model)
     trajs = teacher_trajectories(config, tokenizer, config.data.train_file, what="training",
-                                 replay=config.data.trajectories)
+                                 replay=config.data.trajectories, task=task)
     val = []
     if config.data.val_file:
-        val = teacher_trajectories(config, tokenizer, config.data.val_file, what="validation")
+        val = teacher_trajectories(config, tokenizer, config.data.val_file, what="validation",
+                                   task=teacher_task(config.model_copy(
+                                       update={"data": config.data.model_copy(
+                                           update={"trajectories": None})})))
     optim = config.optim
     optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
                                 weight_decay=optim.weight_decay)

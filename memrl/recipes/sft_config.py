@@ -23,7 +23,9 @@ class SFTDataConfig(StrictModel):
     trajectories file's lines are replayed over them (matched by id)."""
     val_file: str | None = None
     """Validation questions: the oracle's trajectories on them give `val/nll`."""
-    format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler"] = "auto"
+    format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler", "locomo"] = "auto"
+    """The format of train_file / val_file for the task's loader (as data.format of
+    `memrl train`)."""
     trajectories: str | None = None
     """A `memrl eval ruler-hqa` trajectories.jsonl (e.g. of a teacher model or a served API)
     to imitate instead of the oracle (rejection sampling: only lines scoring at least

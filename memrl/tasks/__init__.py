@@ -17,7 +17,7 @@ from typing import Any
 
 from memrl.errors import MemrlInputError
 from memrl.tasks.base import Task
-from memrl.tasks.rewards import RewardFunction, reward_weights, weighted_rewards
+from memrl.tasks.rewards import RewardFunction, reward_of, reward_weights, weighted_rewards
 
 TASKS: dict[str, str] = {
     "memagent": "memrl.tasks.memagent_qa:MemAgentQATask",
@@ -63,5 +63,5 @@ def build_task(config: Any) -> Task:
     return task_class(config.agent).from_config(config)
 
 
-__all__ = ["TASKS", "RewardFunction", "Task", "build_task", "reward_weights", "task_class",
-           "weighted_rewards"]
+__all__ = ["TASKS", "RewardFunction", "Task", "build_task", "reward_of", "reward_weights",
+           "task_class", "weighted_rewards"]

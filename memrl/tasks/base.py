@@ -8,8 +8,11 @@ at all. Adding an agent means writing its agent module and a Task, then either o
 Besides the protocol below a task class may define:
 - `render_row(row, source) -> str`: the HTML of one log row in `memrl view` (else the
   generic renderer);
-- `oracle(tokenizer, records, config) -> Generator`: a scripted teacher whose rollouts
-  `memrl sft` imitates (the warm start), built only from the records it is given.
+- `oracle(tokenizer, records) -> Generator`: a scripted teacher whose rollouts `memrl sft`
+  imitates (the warm start), built only from the records it is given;
+- `replay(tokenizer, record, row) -> Trajectory`: one line of a trajectories file (of a
+  teacher model, filtered by score) rebuilt as this agent's turns, for `memrl sft` with
+  `data.trajectories`.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ class Task(Protocol):
 
     @classmethod
     def from_config(cls, config: Any) -> Task:
-        """Build from a training config: its section (`config.agent_config`) and
-        `config.rl.reward`."""
+        """Build from a config: its section (`config.agent_config`) and the reward it asks
+        for (`memrl.tasks.reward_of(config)`: `rl.reward`, None in the warm start's config)."""
         ...
 
     @property

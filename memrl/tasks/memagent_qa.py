@@ -22,7 +22,13 @@ from memrl.rewards.evidence import locate_evidence
 from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
-from memrl.tasks.rewards import RewardFunction, reward_means, reward_weights, weighted_rewards
+from memrl.tasks.rewards import (
+    RewardFunction,
+    reward_means,
+    reward_of,
+    reward_weights,
+    weighted_rewards,
+)
 from memrl.trajectory import Trajectory
 
 REWARDS = ("sub_em", "em", "f1", "memagent_em", "context_overlap")
@@ -138,7 +144,7 @@ class MemAgentQATask:
     @classmethod
     def from_config(cls, config: Any) -> MemAgentQATask:
         """From a TrainConfig: its `memagent` section and `rl.reward`."""
-        return cls(config.agent_config, reward=config.rl.reward)
+        return cls(config.agent_config, reward=reward_of(config))
 
     @property
     def sampling_temperature(self) -> float:
@@ -205,6 +211,20 @@ class MemAgentQATask:
         if "context_overlap" in self.weights:
             metrics["context_overlap"] = self._overlap(t, record, tokenizer)
         return dataclasses.replace(t, metrics=metrics, scoring=evidence)
+
+    def oracle(self, tokenizer: Any, records: Sequence[QARecord]) -> Generator:
+        """The warm start's teacher (`memrl.agents.oracle.OracleGenerator`): memories of the
+        facts the question needs as they appear, then the boxed gold answer."""
+        from memrl.agents.oracle import OracleGenerator
+
+        return OracleGenerator(tokenizer, records, self.config)
+
+    def replay(self, tokenizer: Any, record: QARecord, row: dict[str, Any]) -> Trajectory:
+        """A `memrl eval` trajectories line as a Trajectory of this agent's prompts
+        (`memrl.agents.oracle.replay_memagent`)."""
+        from memrl.agents.oracle import OracleGenerator, replay_memagent
+
+        return replay_memagent(OracleGenerator(tokenizer, [], self.config).agent, record, row)
 
     def _overlap(self, trajectory: Trajectory, record: QARecord, tokenizer: Any) -> float:
         if record.id not in self._context_ids:

@@ -21,6 +21,13 @@ RewardFunction = Callable[[Any, Any], float]
 PREFIX = "reward/"
 
 
+def reward_of(config: Any) -> str | Mapping[str, float] | None:
+    """The reward a config asks for: `config.rl.reward`, or None where the config has no
+    `rl` section (the warm start's): the task's first reward."""
+    rl = getattr(config, "rl", None)
+    return getattr(rl, "reward", None)
+
+
 def reward_weights(spec: str | Mapping[str, float] | None, offered: Sequence[str], *,
                    agent: str = "the task", location: str = "rl.reward") -> dict[str, float]:
     """{name: weight} of `spec` (see the module docstring); every name must be `offered`."""
