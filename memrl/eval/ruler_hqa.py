@@ -183,15 +183,11 @@ def evaluate_ruler_hqa(
 ) -> dict[str, Any]:
     """Run MemAgent on RULER-HQA for each N and write results; returns the results dict.
 
-    `limit` takes the first records of each file; `num_samples` trajectories per record;
-    `records_per_run` records run together (in lockstep on the HF engine, which splits big
-    calls into its own micro-batches; as independent coroutines on vLLM and the server
-    pool, with the same trajectories as lockstep there) and are appended to the
-    trajectories file together. `protocol`:
-    see `memrl.tasks.memagent_qa.PROTOCOLS`. `pool`: the HotpotQA dev JSON that index-list
-    files (N = 12,800 / 25,600) point into. Finished episodes in `out_dir` are always
-    reused; `resume=True` additionally requires that there are some.
-    """
+    `limit`: the first records of each file; `num_samples` trajectories per record,
+    `records_per_run` records rolled out and saved together (`memrl.eval.runner`);
+    `protocol`: `memrl.tasks.memagent_qa.PROTOCOLS`; `pool`: the HotpotQA dev JSON that
+    index-list files (N = 12,800 / 25,600) point into. Finished episodes in `out_dir` are
+    reused; `resume=True` requires that there are some."""
     check_counts(limit=limit, records_per_run=records_per_run, samples=num_samples)
     if not num_docs_list:
         raise MemrlInputError("give at least one number of documents", location="--num-docs")
