@@ -42,6 +42,7 @@ from memrl.inference.base import Generator, RolloutMode
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryBackend, MemoryStore
 from memrl.rewards.locomo_metrics import compression_reward
+from memrl.tasks.rewards import reward_of, reward_weights
 from memrl.rewards.memory_delta import (
     efficiency_factor,
     error_rate,
@@ -156,7 +157,10 @@ class MemoryUpdateTask:
         *,
         embedder: Embedder | None = None,
         max_base_namespaces: int = MAX_BASE_NAMESPACES,
+        reward: str | dict[str, float] | None = None,
     ) -> None:
+        """`reward`: `rl.reward` (its one reward, memory_delta, with a weight or none)."""
+        self.weights = reward_weights(reward, self.rewards, agent=self.name)
         if max_base_namespaces < 1:
             raise ValueError(f"max_base_namespaces must be >= 1, got {max_base_namespaces}")
         self.config = config or MemUpdateConfig()
@@ -178,8 +182,9 @@ class MemoryUpdateTask:
 
     @classmethod
     def from_config(cls, config: Any) -> MemoryUpdateTask:
-        """From a TrainConfig: its `memupdate` section (its reward is always memory_delta)."""
-        return cls(config.agent_config)
+        """From a config: its `memupdate` section and `rl.reward` (memory_delta: the reward
+        form of the section's `reward_form`)."""
+        return cls(config.agent_config, reward=reward_of(config))
 
     @property
     def sampling_temperature(self) -> float:
@@ -362,8 +367,8 @@ class MemoryUpdateTask:
             **{_OP_METRICS[op]: float(n) for op, n in d.ops.items()},
         }
         answer = final.prediction if scoring.llm_answerer else t.answer
-        return dataclasses.replace(t, answer=answer, reward=reward, metrics=metrics,
-                                   scoring=scoring)
+        return dataclasses.replace(t, answer=answer, reward=self.weights["memory_delta"] * reward,
+                                   metrics=metrics, scoring=scoring)
 
     # ---- reporting ----------------------------------------------------------------------
 
