@@ -18,7 +18,7 @@ from memrl.cli.common import (
     EngineOption,
     check_model_dir,
     config_options,
-    load_generator,
+    load_engine,
     print_warning,
 )
 
@@ -78,7 +78,7 @@ def ask(
         check_output_file(trace, location=f"--trace {trace}")
     cfg = model_agent_config(model, config, "ask")
     chunks = document_chunks(load_tokenizer(model), docs, cfg)
-    generator = load_generator(
+    generator = load_engine(
         model, device=device, dtype=dtype, batch_size=batch_size, seed=cfg.seed,
         engine=engine, base_urls=base_url,
     )

@@ -45,7 +45,7 @@ def check_out_dir(out: Path) -> None:
     check_output_dir(out, location=f"--out {out}")
 
 
-def load_generator(
+def load_engine(
     model: Path,
     *,
     device: str | None,
@@ -58,7 +58,7 @@ def load_generator(
     request_timeout: float | None = None,
     health_check: float | None = None,
 ) -> Any:
-    """The generator of `engine` for `model`: HFGenerator on `device` (validated, torch
+    """The generator of `engine` for `model`: HFEngine on `device` (validated, torch
     seeded when asked), a vLLM engine, or a pool of OpenAI-compatible servers (each request
     given `request_timeout` seconds, the servers checked every `health_check` seconds; the
     servers asked at once whether they answer: none answering is a one-line error naming the

@@ -22,7 +22,7 @@ from memrl.cli.common import (
     check_out_dir,
     config_options,
     eval_interruptible,
-    load_generator,
+    load_engine,
     record_eval,
 )
 from memrl.errors import MemrlInputError
@@ -112,7 +112,7 @@ def ruler_hqa(
                 "config": config.model_dump(mode="json")}
     with record_eval(out, "eval ruler-hqa", engine=engine, device=device, seed=config.seed,
                      settings=settings), eval_interruptible(out):
-        generator = load_generator(
+        generator = load_engine(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
             engine=engine, base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
             request_timeout=request_timeout, health_check=health_check,

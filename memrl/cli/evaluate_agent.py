@@ -21,7 +21,7 @@ from memrl.cli.common import (
     check_model_dir,
     check_out_dir,
     eval_interruptible,
-    load_generator,
+    load_engine,
     record_eval,
 )
 from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
@@ -82,7 +82,7 @@ def agent(
                 "config": cfg.agent_config.model_dump(mode="json"), "reward": cfg.rl.reward}
     with record_eval(out, "eval agent", engine=engine, device=device, seed=seed,
                      settings=settings), eval_interruptible(out):
-        generator = load_generator(
+        generator = load_engine(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=seed, engine=engine,
             base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
             request_timeout=request_timeout, health_check=health_check,

@@ -22,7 +22,7 @@ from memrl.cli.common import (
     check_out_dir,
     config_options,
     eval_interruptible,
-    load_generator,
+    load_engine,
     record_eval,
 )
 from memrl.errors import MemrlInputError
@@ -122,14 +122,14 @@ def locomo(
                 "config": config.model_dump(mode="json")}
     with record_eval(out, "eval locomo", engine=engine, device=device, seed=config.seed,
                      settings=settings), eval_interruptible(out):
-        generator = load_generator(
+        generator = load_engine(
             model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
             engine=engine, base_urls=base_url, request_timeout=request_timeout,
             health_check=health_check,
         )
         judge = None
         if judge_model is not None:
-            judge = (generator if judge_model.resolve() == model.resolve() else load_generator(
+            judge = (generator if judge_model.resolve() == model.resolve() else load_engine(
                 judge_model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed))
         evaluate_locomo(
             generator,

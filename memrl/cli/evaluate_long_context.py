@@ -18,7 +18,7 @@ from memrl.cli.common import (
     check_out_dir,
     config_options,
     eval_interruptible,
-    load_generator,
+    load_engine,
 )
 from memrl.eval.long_context import LongContextConfig
 
@@ -54,7 +54,7 @@ def long_context(
     if config.window is None:
         config = config.model_copy(update={"window": model_window(model)})
     with eval_interruptible(out):
-        generator = load_generator(model, device=device, dtype=dtype, batch_size=batch_size,
+        generator = load_engine(model, device=device, dtype=dtype, batch_size=batch_size,
                                    seed=config.seed, engine=engine,
                                    gpu_memory_utilization=gpu_memory_utilization)
         evaluate_long_context(generator, data, num_docs, out_dir=out, config=config,

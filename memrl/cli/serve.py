@@ -19,7 +19,7 @@ from memrl.cli.common import (
     EngineOption,
     check_model_dir,
     config_options,
-    load_generator,
+    load_engine,
 )
 from memrl.serve.config import ServeConfig
 
@@ -55,7 +55,7 @@ def serve(
     check_model_dir(model)
     agent = model_agent_config(model, config, "serve")
     api_key = os.environ.get(server.api_key_env) or None
-    generator = load_generator(
+    generator = load_engine(
         model, device=device, dtype=dtype, batch_size=batch_size, seed=agent.seed,
         engine=engine, base_urls=base_url,
     )

@@ -1,8 +1,8 @@
 """Settings of the rollout engines that run outside the trainer's own forward pass.
 
-`VLLMConfig` configures the colocated vLLM engine (`memrl.inference.vllm.VLLMGenerator`),
+`VLLMConfig` configures the colocated vLLM engine (`memrl.inference.vllm.VLLMEngine`),
 with verl's names (`actor_rollout_ref.rollout.*`); `OpenAIConfig` the pool of
-OpenAI-compatible servers (`memrl.inference.openai.OpenAIGenerator`). Training configs hold
+OpenAI-compatible servers (`memrl.inference.openai.OpenAIEngine`). Training configs hold
 them under `rollout.vllm` / `rollout.openai`; docs/configuration.md maps every field.
 """
 

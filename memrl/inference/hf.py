@@ -26,13 +26,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memrl.deprecation import moved_names
 from memrl.inference.base import Generation, SamplingParams, batch_params, check_prompts
 
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
 """A character is at most 4 byte-level tokens: how far back to look for a new stop string."""
 
 
-class HFGenerator:
+class HFEngine:
     """Batched sampling from an in-memory Hugging Face causal LM.
 
     It wraps the module it is given (no copy), so a trainer can generate with the very
@@ -77,7 +78,7 @@ class HFGenerator:
         if mine.keys() != theirs.keys():
             diff = sorted(mine.keys() ^ theirs.keys())
             raise ValueError(
-                f"HFGenerator: the policy's weights differ from the copy's: {diff[:5]}"
+                f"HFEngine: the policy's weights differ from the copy's: {diff[:5]}"
             )
         with torch.no_grad():
             for name, value in theirs.items():
@@ -284,3 +285,7 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     elif gen_eos is not None:
         ids.update(int(i) for i in gen_eos)
     return frozenset(ids)
+
+
+__getattr__ = moved_names(__name__, {"HFGenerator": "HFEngine"})
+"""`HFGenerator`: the old name of `HFEngine`, kept for one release (DeprecationWarning)."""
