@@ -269,9 +269,9 @@ def make_run(config, reward_seed: int):
     update = run.actor.update
 
     def recording_update(batch, dist=None):
-        prompt = [len(s.prompt_ids) for s in batch.samples]
-        resp = [len(s.response_ids) for s in batch.samples]
-        everything = list(range(len(batch.samples)))
+        prompt = [len(s.prompt_ids) for s in batch.conversations]
+        resp = [len(s.response_ids) for s in batch.conversations]
+        everything = list(range(len(batch.conversations)))
         shapes.append(dict(
             samples=len(prompt), trajectories=batch.num_trajectories,
             prompt_len_mean=statistics.fmean(prompt), prompt_len_max=max(prompt),
@@ -462,8 +462,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             else device_peak_flops(device, autocast))
     optimizer = build_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)
     batch, advantages = synthetic_batch(args, shape["vocab_size"])
-    lens = [s.num_tokens for s in batch.samples]
-    responses = [len(s.response_ids) for s in batch.samples]
+    lens = [s.num_tokens for s in batch.conversations]
+    responses = [len(s.response_ids) for s in batch.conversations]
     tokens = sum(lens)
     # Model FLOPs of the update (memrl.rl.flops, per sequence) and the classic 6·N·T
     # yardstick (N = every parameter, the vocabulary projection at every token, no attention).

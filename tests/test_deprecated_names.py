@@ -32,3 +32,24 @@ def test_unknown_names_are_still_attribute_errors():
     mod = importlib.import_module("memrl.inference")
     with pytest.raises(AttributeError, match="NoSuchGenerator"):
         mod.NoSuchGenerator  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["memrl.rl", "memrl.rl.batch"])
+def test_sample_is_the_old_name_of_conversation(module):
+    from memrl.rl.batch import Conversation
+
+    with pytest.warns(DeprecationWarning, match=f"{module}.Sample is deprecated"):
+        old = getattr(importlib.import_module(module), "Sample")
+    assert old is Conversation
+
+
+def test_rollout_batch_samples_is_the_old_name_of_conversations():
+    import torch
+
+    from memrl.rl.batch import Conversation, RolloutBatch
+
+    turn = Conversation([1, 2], [3], [-0.5], 0, "q", 0, "final")
+    batch = RolloutBatch((turn,), ("q",), torch.zeros(1), torch.ones(1, dtype=torch.long))
+    with pytest.warns(DeprecationWarning, match="RolloutBatch.samples is deprecated: use "
+                      "RolloutBatch.conversations"):
+        assert batch.samples == batch.conversations == (turn,)

@@ -118,7 +118,7 @@ def test_memory_update_turns_get_gradient_from_final_reward(
     run = grpo.setup(cfg)
     records = run.stream.records[:2]
     batch = rollout_batch(run, records, 4, reward=document_token_reward(tiny_tokenizer))
-    assert all(s.turn_kind in ("memory_update", "final") for s in batch.samples)
+    assert all(s.turn_kind in ("memory_update", "final") for s in batch.conversations)
     adv = compute_advantages("grpo", batch.rewards, batch.group_ids,
                              token_counts=batch.response_tokens)
     assert adv.abs().sum() > 0
@@ -131,7 +131,7 @@ def test_memory_update_turns_get_gradient_from_final_reward(
         ]
         mem = RolloutBatch.from_trajectories(only_memory, overlong="keep")
         mem = mem.with_logprobs(run.actor.logprobs(mem)).with_advantages(advantages)
-        assert mem.samples
+        assert mem.conversations
         before = [p.detach().clone() for p in run.actor.model.parameters()]
         stats = run.actor.update(mem)
         after = list(run.actor.model.parameters())
@@ -329,7 +329,7 @@ def test_logged_losses_do_not_depend_on_micro_batching(tiny_model_dir, data_dir,
     g = torch.Generator().manual_seed(0)
     shifted = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in batch.old_logprobs]
     batch = batch.with_logprobs(shifted)
-    everything = list(range(len(batch.samples)))
+    everything = list(range(len(batch.conversations)))
     run.actor.config.max_tokens_per_micro_batch = 10**6
     assert len(run.actor.micro_batches(batch, everything)) == 1
     whole = run.actor.update(batch)

@@ -16,7 +16,7 @@ from memrl.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
 from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
-from memrl.rl.batch import Sample, collate
+from memrl.rl.batch import Conversation, collate
 from memrl.rl.losses import logprobs_from_logits
 
 
@@ -172,8 +172,8 @@ def test_sampling_seeds_never_repeat_within_a_step(tiny_model_dir, tmp_path):
 # ---------------------------------------------------------------- logits at responses only
 def test_response_logprobs_equal_a_full_forward(tiny_model_dir):
     model = load_model(tiny_model_dir)
-    samples = [Sample(list(range(3, 40)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
-               Sample([5, 6], [11, 12], [0.0] * 2, 1, "g", 0, "final")]
+    samples = [Conversation(list(range(3, 40)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
+               Conversation([5, 6], [11, 12], [0.0] * 2, 1, "g", 0, "final")]
     t = collate(samples, pad_id=0)
     with torch.no_grad():
         got, ent = response_logprobs(model, t, temperature=0.7, with_entropy=True)
@@ -200,7 +200,7 @@ def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir, monkeypat
 
     monkeypatch.setattr(actor_module, "linear_logprobs", counting)
     for prompt_len in (100, 6000):
-        s = Sample([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
+        s = Conversation([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
         with torch.no_grad():
             response_logprobs(model, collate([s], pad_id=0))
     assert head_rows == [1000, 1000]
@@ -211,8 +211,8 @@ def test_fused_projection_gives_the_gradients_of_the_plain_one(tiny_model_dir):
     head(hidden) -> log_softmax path (taken when the entropy needs a gradient)."""
     model = load_model(tiny_model_dir)
     model.train()
-    samples = [Sample(list(range(3, 30)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
-               Sample([5, 6], [11, 12, 13], [0.0] * 3, 1, "g", 0, "final")]
+    samples = [Conversation(list(range(3, 30)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
+               Conversation([5, 6], [11, 12, 13], [0.0] * 3, 1, "g", 0, "final")]
     t = collate(samples, pad_id=0)
     grads = []
     for plain in (False, True):

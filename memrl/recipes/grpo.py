@@ -3,7 +3,7 @@
     for each step (`train_step`):
         engine.sync_weights(policy)                  the engine samples the current policy
         groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
-        batch  = RolloutBatch.from_trajectories(...)  one typed batch, one sample per turn
+        batch  = RolloutBatch.from_trajectories(...)  one typed batch, one Conversation per turn
         batch  = with_logprobs(run, batch)           old (actor) and reference log-probs
         batch  = with_advantages(batch, rl)          one advantage per trajectory
         stats  = actor.update(batch, dist)           PPO over mini/micro-batches
@@ -118,7 +118,7 @@ def train_step(run: Run) -> dict[str, float]:
         groups = rollout_groups(run)
         run.engine.sleep()
 
-    # 3. One typed batch: a sample per conversation, a reward per trajectory.
+    # 3. One typed batch: a Conversation per turn, a reward per trajectory.
     batch = RolloutBatch.from_trajectories(
         groups.trajectories, overlong=rl.overlong,
         group_order=groups.group_order if run.dist.world_size > 1 else None,
@@ -172,7 +172,7 @@ def with_logprobs(run: Run, batch: RolloutBatch
     stops the run past rollout.max_logprob_diff (on every rank, or none)."""
     cfg = run.config
     ref = run.reference.logprobs(batch) if run.reference is not None else None
-    engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
+    engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.conversations]
     if cfg.rl.use_rollout_logprobs:
         return batch.with_logprobs(engine_lp, ref), None, {}
     old, entropy = run.actor.logprobs_and_entropy(batch)
