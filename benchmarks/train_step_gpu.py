@@ -219,11 +219,11 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
                  "shuffle": False},
         "memagent": {"chunk_size": args.chunk_size,
                      "max_memory_tokens": args.max_memory_tokens,
-                     "max_final_tokens": args.max_final_tokens,
-                     "temperature": args.temperature, "top_p": args.top_p},
-        "rollout": {"engine": args.engine, "vllm": vllm_config(args)},
-        "rl": {"rollout_n": args.rollout_n, "generation_batch_size": args.generation_batch_size,
-               "dynamic_sampling": False, "overlong": "keep",
+                     "max_final_tokens": args.max_final_tokens},
+        "rollout": {"n": args.rollout_n, "temperature": args.temperature, "top_p": args.top_p,
+                    "generation_batch_size": args.generation_batch_size,
+                    "engine": args.engine, "vllm": vllm_config(args)},
+        "rl": {"dynamic_sampling": False, "overlong": "keep",
                "use_kl_loss": not args.no_kl, "kl_loss_coef": 0.001,
                "kl_loss_type": "low_var_kl",
                "ppo_mini_batch_size": min(args.ppo_mini_batch_size, args.train_batch_size),
@@ -481,7 +481,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
 
     rows = []
     for budget in args.budgets:
-        rl = RLConfig(rollout_n=4, use_kl_loss=False, ppo_mini_batch_size=len(lens),
+        rl = RLConfig(use_kl_loss=False, ppo_mini_batch_size=len(lens),
                       use_dynamic_bsz=True, max_tokens_per_micro_batch=budget,
                       remove_padding=args.remove_padding, overlong="keep")
         actor = Actor(model, rl, optimizer=optimizer, scheduler=warmup_schedule(optimizer, 0),

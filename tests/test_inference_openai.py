@@ -252,11 +252,11 @@ def test_grpo_on_a_server_samples_the_policy_after_every_update(server, tiny_mod
     save_records_jsonl(make_synthetic_records(6, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = load_config(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"data.train_file={tmp_path / 'train.jsonl'}",
-        f"trainer.out_dir={tmp_path / 'run'}", "data.train_batch_size=2", "rl.rollout_n=2",
+        f"trainer.out_dir={tmp_path / 'run'}", "data.train_batch_size=2", "rollout.n=2",
         "rl.ppo_mini_batch_size=2", "rl.dynamic_sampling=false", "rl.overlong=keep",
         "optim.lr=1e-2", "rl.entropy_coeff=0.01", "rl.use_kl_loss=false",
         "memagent.chunk_size=48", "memagent.max_chunks=2", "memagent.max_memory_tokens=8",
-        "memagent.max_final_tokens=8", "memagent.temperature=0.7", "memagent.top_p=1.0",
+        "memagent.max_final_tokens=8", "rollout.temperature=0.7", "rollout.top_p=1.0",
         "trainer.total_steps=3", "trainer.log_sinks=[jsonl]", "rollout.engine=openai",
         f"rollout.openai.base_urls=[{server}]", f"rollout.openai.weights_dir={tmp_path / 'w'}",
     ])

@@ -154,7 +154,7 @@ def test_hf_and_vllm_engines_agree_on_a_memagent_episode(converted, hf_model, to
                             temperature=0, prompts="memagent")
     ours = MemAgent(HFEngine(hf_model, tokenizer), config).run([record])[0]
     engine = VLLMEngine(converted[0], tokenizer,
-                           VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28))
+                        VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28))
     try:
         theirs = MemAgent(engine, config).run([record])[0]
     finally:

@@ -4,7 +4,7 @@ on its own data, through the one evaluation runner (no learning)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -40,7 +40,7 @@ def agent(
         "its model and data are replaced by --model and --data.")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="A dotted override of the config, as for `memrl train`, e.g. "
-        "--set memagent.temperature=0; repeat for several.")] = None,
+        "--set rollout.temperature=0; repeat for several.")] = None,
     data_format: Annotated[str, typer.Option("--format", help="data.format of the task's "
                                              "loader.")] = "auto",
     limit: Annotated[int | None, typer.Option(min=1, help="The first K records.")] = None,
@@ -72,7 +72,7 @@ def agent(
     check_out_dir(out)
     sets = [f"model.path={model}", f"data.train_file={data}", f"data.format={data_format}",
             *([f"agent={agent}"] if agent else []), *(overrides or [])]
-    cfg = load_config(TrainConfig, config, sets)
+    cfg = sampling_as_rollout(load_config(TrainConfig, config, sets))
     task = build_task(cfg)
     records = task.load(data, data_format, what="evaluation")[:limit]
     seed = cfg.agent_config.seed if getattr(cfg.agent_config, "seed", None) is not None \
@@ -94,3 +94,15 @@ def agent(
                       per_run=episodes_per_run, seed=seed, resume=resume,
                       show_progress=not quiet)
     typer.echo(f"results written to {out}")
+
+
+def sampling_as_rollout(cfg: Any) -> Any:
+    """`cfg` whose agent section samples as its `rollout` says where the config (or a `--set`)
+    gives `rollout.temperature` / `rollout.top_p`: the evaluation then samples as training
+    did. Otherwise the agent section's own sampling (its defaults) is kept."""
+    section = cfg.agent_config
+    given = {key: getattr(cfg.rollout, key) for key in ("temperature", "top_p")
+             if key in cfg.rollout.model_fields_set and key in type(section).model_fields}
+    if not given:
+        return cfg
+    return cfg.model_copy(update={"agent_config": section.model_copy(update=given)})

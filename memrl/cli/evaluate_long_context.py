@@ -55,8 +55,8 @@ def long_context(
         config = config.model_copy(update={"window": model_window(model)})
     with eval_interruptible(out):
         generator = load_engine(model, device=device, dtype=dtype, batch_size=batch_size,
-                                   seed=config.seed, engine=engine,
-                                   gpu_memory_utilization=gpu_memory_utilization)
+                                seed=config.seed, engine=engine,
+                                gpu_memory_utilization=gpu_memory_utilization)
         evaluate_long_context(generator, data, num_docs, out_dir=out, config=config,
                               limit=limit, model_name=str(model))
     typer.echo(f"results written to {out}")

@@ -16,7 +16,14 @@ from memrl.inference.base import (
     runs_async,
 )
 from memrl.inference.chat import encode_chat, encode_messages, render_chat
-from memrl.inference.config import ENGINES, EngineName, OpenAIConfig, VLLMConfig
+from memrl.inference.config import (
+    ENGINES,
+    EngineName,
+    OpenAIConfig,
+    SamplingConfig,
+    ValidationSamplingConfig,
+    VLLMConfig,
+)
 from memrl.inference.factory import build_engine
 from memrl.inference.hf import HFEngine
 from memrl.inference.loader import load_model, load_pretrained, load_tokenizer
@@ -34,8 +41,10 @@ __all__ = [
     "OpenAIEngine",
     "RolloutMode",
     "Sampler",
+    "SamplingConfig",
     "SamplingParams",
     "VLLMConfig",
+    "ValidationSamplingConfig",
     "VLLMEngine",
     "batch_params",
     "build_engine",

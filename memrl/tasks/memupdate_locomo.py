@@ -181,10 +181,6 @@ class MemoryUpdateTask:
         """From a TrainConfig: its `memupdate` section (its reward is always memory_delta)."""
         return cls(config.agent_config)
 
-    @property
-    def sampling_temperature(self) -> float:
-        return self.config.temperature
-
     # ---- data -------------------------------------------------------------------------
 
     def load(self, path: str, fmt: str, *, what: str) -> list[MemoryEpisode]:
