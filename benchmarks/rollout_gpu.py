@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The policy the engines serve: bf16 on GPU (as vLLM runs), float32 on CPU.
     policy, tokenizer = load_pretrained(model_dir, device=device)
     timing["load_hf_s"] = time.perf_counter() - t0
-    hf = HFEngine(policy, tokenizer, max_batch_size=args.hf_batch_size)
+    hf = HFEngine(policy, tokenizer, generation_batch_size=args.hf_batch_size)
     engine = None
     if not args.no_vllm:
         t0 = time.perf_counter()

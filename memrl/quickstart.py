@@ -139,7 +139,7 @@ def evaluate(model_dir: Path, eval_dir: Path, out_dir: Path, cfg: TrainConfig,
     from memrl.inference.loader import load_pretrained
 
     generator = HFEngine(*load_pretrained(model_dir, device=plan.device),
-                         max_batch_size=plan.eval_batch_size)
+                         generation_batch_size=plan.eval_batch_size)
     agent_cfg = cfg.memagent.model_copy(  # greedy; the training config's top_p, as before
         update={"seed": cfg.seed, "temperature": 0.0, "top_p": cfg.rollout.top_p})
     return evaluate_ruler_hqa(generator, eval_dir, list(plan.eval_docs), config=agent_cfg,

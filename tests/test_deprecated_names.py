@@ -192,3 +192,72 @@ def test_eval_agent_samples_as_the_configs_rollout_where_it_is_given():
     assert sampling("rollout.temperature=0") == (0.0, 0.95)
     with pytest.warns(MemrlDeprecationWarning):  # the old key, as before: greedy
         assert sampling("memagent.temperature=0", "memagent.top_p=1.0") == (0.0, 1.0)
+
+
+# ---- CLI options: --samples -> --n, --batch-size -> --generation-batch-size
+def test_old_option_names_are_rewritten_with_one_warning_each():
+    from memrl.cli import renamed_options
+    from memrl.deprecation import MemrlDeprecationWarning
+
+    with pytest.warns(MemrlDeprecationWarning) as caught:
+        argv = renamed_options(["eval", "agent", "--samples", "2", "--batch-size=8", "--n", "3",
+                                "--", "--samples"])
+    assert argv == ["eval", "agent", "--n", "2", "--generation-batch-size=8", "--n", "3", "--",
+                    "--samples"]
+    assert [str(w.message) for w in caught] == [
+        "--samples is deprecated: use --n (the old name goes in the next release)",
+        "--batch-size is deprecated: use --generation-batch-size (the old name goes in the "
+        "next release)"]
+
+
+def test_old_eval_options_still_work_and_warn(tiny_model_dir, tmp_path, capsys):
+    """`memrl eval agent --samples 2 --batch-size 4` runs as `--n 2 --generation-batch-size
+    4`, with one warning line per old name; neither old name is in the help."""
+    from memrl.cli import main
+    from memrl.data.hotpotqa import save_records_jsonl
+    from memrl.data.synthetic import make_synthetic_records
+
+    data = tmp_path / "q.jsonl"
+    save_records_jsonl(make_synthetic_records(2, num_docs=2, seed=0), data)
+    out = tmp_path / "eval"
+    assert main(["eval", "agent", "--model", str(tiny_model_dir), "--data", str(data),
+                 "--out", str(out), "--samples", "2", "--batch-size", "4", "--quiet",
+                 "--set", "memagent.chunk_size=48", "--set", "memagent.max_chunks=1",
+                 "--set", "memagent.max_memory_tokens=2",
+                 "--set", "memagent.max_final_tokens=2"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    assert err == [
+        "warning: --samples is deprecated: use --n (the old name goes in the next release)",
+        "warning: --batch-size is deprecated: use --generation-batch-size (the old name goes "
+        "in the next release)"]
+    rows = (out / "trajectories.jsonl").read_text().splitlines()
+    assert len(rows) == 4  # 2 records x --n 2
+    options = {opt for command in ("ruler-hqa", "locomo", "agent")
+               for opt in _options("eval", command)}
+    assert {"--n", "--generation-batch-size"} <= options
+    assert not {"--samples", "--batch-size"} & (options | set(_options("ask")))
+
+
+def _options(*path):
+    """Every option name of the command at `path` (`memrl eval agent`: "eval", "agent")."""
+    import typer
+
+    from memrl.cli import main
+    from memrl.cli.app import app
+
+    main(["--help"])  # registers every command
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return [opt for param in command.params for opt in param.opts]
+
+
+def test_hf_engine_max_batch_size_is_the_old_name_of_generation_batch_size(tiny_model_dir):
+    from memrl.inference import HFEngine
+    from memrl.inference.loader import load_pretrained
+
+    model, tokenizer = load_pretrained(str(tiny_model_dir), device="cpu")
+    with pytest.warns(DeprecationWarning, match=re.escape(
+            "HFEngine(max_batch_size=) is deprecated: use HFEngine(generation_batch_size=)")):
+        engine = HFEngine(model, tokenizer, max_batch_size=3)
+    assert engine.generation_batch_size == 3

@@ -151,7 +151,7 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "run"
     rc = cli_main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                   "--num-docs", "2", "--samples", "2", "--chunk-size", "48",
+                   "--num-docs", "2", "--n", "2", "--chunk-size", "48",
                    "--max-memory-tokens", "8", "--max-final-tokens", "8", "--temperature", "1.0",
                    "--top-p", "1.0", "--seed", "1", "--engine", "openai", "--base-url", server,
                    "--base-url", server, "--base-url", dead, "--out", str(out), "--quiet"])

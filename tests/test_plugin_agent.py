@@ -66,7 +66,7 @@ def test_an_outside_agent_trains_and_is_evaluated_by_import_path(tiny_model_dir,
     done = memrl("eval", "agent", "--agent", TASK, "--model", str(tiny_model_dir), "--data",
                  str(questions), "--out", str(out), "--set", "mem1.max_turn_tokens=8",
                  "--set", "rollout.temperature=0", "--set", "rl.reward={em: 1, early_stop: 0.5}",
-                 "--samples", "2", "--quiet")
+                 "--n", "2", "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["agent"] == TASK and results["config"]["max_turn_tokens"] == 8

@@ -95,6 +95,30 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
     return out
 
 
+RENAMED_OPTIONS = {"--samples": "--n", "--batch-size": "--generation-batch-size"}
+"""Options renamed (old → new; `memrl eval ...`, `memrl ask`, `memrl serve`): the old name
+is still read for one release, with one `warning:` line, and not shown in the help."""
+
+
+def renamed_options(argv: list[str]) -> list[str]:
+    """`argv` with each old option name of `RENAMED_OPTIONS` (also as `--old=value`) written
+    as its new one, warning once per name (`memrl.deprecation.warn_renamed`). Tokens after a
+    bare `--` are arguments, never options."""
+    from memrl.deprecation import warn_renamed
+
+    out: list[str] = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            return out + argv[i:]
+        name, sep, value = token.partition("=")
+        new = RENAMED_OPTIONS.get(name)
+        if new is not None:
+            warn_renamed(name, new)
+            token = f"{new}{sep}{value}"
+        out.append(token)
+    return out
+
+
 ENVIRONMENT_ERRNOS = frozenset(
     {errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 )
@@ -137,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         _register_commands()
         _quiet_library_progress_bars()
         with _renamed_names_as_warning_lines():
+            args = renamed_options(args)
+            _invocation[:] = args  # a line that says how to go on names the new options
             return _run(args)
     except KeyboardInterrupt:
         # A SIGINT the command did not handle itself (see memrl.interrupt for one that does).

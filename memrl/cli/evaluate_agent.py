@@ -11,7 +11,7 @@ import typer
 from memrl.cli.app import eval_app
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
@@ -44,13 +44,14 @@ def agent(
     data_format: Annotated[str, typer.Option("--format", help="data.format of the task's "
                                              "loader.")] = "auto",
     limit: Annotated[int | None, typer.Option(min=1, help="The first K records.")] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
+    num_samples: Annotated[int, typer.Option(
+        "--n", min=1, help="Trajectories per record (as rollout.n in training).")] = 1,
     episodes_per_run: Annotated[int, typer.Option(
         min=1, help="Records rolled out and saved together (a kill loses at most these).")] = 32,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the run in --out (an error if there is none); re-running "
         "into the same --out resumes anyway.")] = False,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
@@ -77,20 +78,21 @@ def agent(
     records = task.load(data, data_format, what="evaluation")[:limit]
     seed = cfg.agent_config.seed if getattr(cfg.agent_config, "seed", None) is not None \
         else cfg.seed
-    settings = {"model": str(model), "data": data, "limit": limit, "samples": samples,
+    settings = {"model": str(model), "data": data, "limit": limit, "samples": num_samples,
                 "engine": engine, "dtype": dtype, "agent": cfg.agent,
                 "config": cfg.agent_config.model_dump(mode="json"), "reward": cfg.rl.reward}
     with record_eval(out, "eval agent", engine=engine, device=device, seed=seed,
                      settings=settings), eval_interruptible(out):
         generator = load_engine(
-            model, device=device, dtype=dtype, batch_size=batch_size, seed=seed, engine=engine,
-            base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
+            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+            seed=seed, engine=engine, base_urls=base_url,
+            gpu_memory_utilization=gpu_memory_utilization,
             request_timeout=request_timeout, health_check=health_check,
         )
         header = run_header(f"agent {cfg.agent}", generator, str(model), cfg.agent_config,
                             protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=cfg.agent,
-                            data=data, limit=limit, num_samples=samples)
-        evaluate_task(task, generator, records, out_dir=out, header=header, num_samples=samples,
+                            data=data, limit=limit, num_samples=num_samples)
+        evaluate_task(task, generator, records, out_dir=out, header=header, num_samples=num_samples,
                       per_run=episodes_per_run, seed=seed, resume=resume,
                       show_progress=not quiet)
     typer.echo(f"results written to {out}")

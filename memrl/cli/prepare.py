@@ -84,7 +84,8 @@ def _question_positions(records: list[QARecord], num_questions: int | None,
     config = config_from_options(ClosedBookConfig, samples=filter_samples,
                                  batch_size=filter_batch_size)
     generators = [load_engine(Path(m), device=device, dtype=dtype,
-                              batch_size=filter_batch_size * filter_samples, seed=None)
+                              generation_batch_size=filter_batch_size * filter_samples,
+                              seed=None)
                   for m in filter_models]
 
     def report(done: int, kept: int) -> None:

@@ -13,7 +13,7 @@ from memrl.cli.app import app
 from memrl.cli.ask import AGENT_OPTIONS, model_agent_config
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
@@ -34,7 +34,7 @@ def serve(
     model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
     config: dict[str, Any],
     server: ServeConfig,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     device: DeviceOption = None,
@@ -56,8 +56,8 @@ def serve(
     agent = model_agent_config(model, config, "serve")
     api_key = os.environ.get(server.api_key_env) or None
     generator = load_engine(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=agent.seed,
-        engine=engine, base_urls=base_url,
+        model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+        seed=agent.seed, engine=engine, base_urls=base_url,
     )
     if not getattr(generator, "continuous_batching", False):
         generator = BatchingEngine(generator)

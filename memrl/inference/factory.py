@@ -18,7 +18,7 @@ def build_engine(
     *,
     model: Any = None,
     model_path: str | Path | None = None,
-    max_batch_size: int = 32,
+    generation_batch_size: int = 32,
     vllm: VLLMConfig | None = None,
     openai: OpenAIConfig | None = None,
     training: bool = False,
@@ -27,7 +27,7 @@ def build_engine(
     """The engine `kind` generating with `tokenizer`'s chat template:
 
     - hf: `model` (a loaded causal LM, e.g. the live policy) in-process, at most
-      `max_batch_size` prompts per forward pass;
+      `generation_batch_size` prompts per forward pass;
     - vllm: a colocated vLLM engine that loads `model_path` with the `vllm` settings;
     - openai: the pool of servers of `openai` (`base_urls`), asked at once whether they
       answer (none answering: a MemrlInputError at `location`); `training`: each must also
@@ -54,4 +54,4 @@ def build_engine(
 
     if model is None:
         raise ValueError("the hf engine generates with a loaded model")
-    return HFEngine(model, tokenizer, max_batch_size=max_batch_size)
+    return HFEngine(model, tokenizer, generation_batch_size=generation_batch_size)
