@@ -3,7 +3,7 @@ full-context forward pass.
 
 memrl's own `memrl.agents.memagent.MemAgent` reads synthetic documents of growing length
 (7K, 14K, 28K, 56K tokens by default: doubling up to `--max-tokens`; or `--lengths`) chunk
-by chunk with memrl's colocated vLLM engine (`memrl.inference.VLLMGenerator`), on a causal
+by chunk with memrl's colocated vLLM engine (`memrl.inference.VLLMEngine`), on a causal
 LM with Qwen2.5-0.5B's shape and random weights (nothing is downloaded): 5000-token chunks,
 a few questions per length read together (async episodes, as `memrl eval` runs them on
 vLLM: each question's next chunk goes out as soon as its previous memory is back).
@@ -319,14 +319,14 @@ def run_length(agent: Any, records: list[Any], timeout: float) -> dict[str, Any]
 def memagent_lengths(model_dir: Path, records: dict[int, list[Any]], args: argparse.Namespace,
                      device: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
     from memrl.agents.memagent import MemAgent, MemAgentConfig
-    from memrl.inference import VLLMConfig, VLLMGenerator, load_tokenizer
+    from memrl.inference import VLLMConfig, VLLMEngine, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     t0 = time.perf_counter()
     # Longest sequence: chunk + memory (re-encoded: may be a little longer than written) +
     # template and question (a few hundred tokens) + the reply.
     longest = args.chunk_size + 2 * args.memory_tokens + args.final_tokens + 1024
-    engine = VLLMGenerator(model_dir, tokenizer, VLLMConfig(
+    engine = VLLMEngine(model_dir, tokenizer, VLLMConfig(
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=longest,
         max_num_seqs=max(args.questions, 1), enforce_eager=args.enforce_eager, seed=args.seed,
         kv_cache_memory_bytes=None if device == "cuda" else 1 << 28))

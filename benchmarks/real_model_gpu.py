@@ -94,7 +94,7 @@ TINY = Plan(
     sft_overrides=("trainer.total_steps=4", "sft.batch_size=4", "memagent.chunk_size=128",
                    "memagent.max_memory_tokens=16", "memagent.max_final_tokens=8"),
     rl_overrides=("trainer.total_steps=2", "rollout.engine=hf", "data.train_batch_size=2",
-                  "rl.rollout_n=2", "rl.ppo_mini_batch_size=2", "trainer.test_freq=0",
+                  "rollout.n=2", "rl.ppo_mini_batch_size=2", "trainer.test_freq=0",
                   "data.val_limit=2", "memagent.chunk_size=128", "memagent.max_memory_tokens=16",
                   "memagent.max_final_tokens=8"),
     eval_options=("--chunk-size", "128", "--max-memory-tokens", "16", "--max-final-tokens", "8"),

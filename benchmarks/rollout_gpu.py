@@ -5,9 +5,9 @@ MemAgent-shaped generation on a causal LM with Qwen2.5-0.5B's shape and random w
 N new tokens (`SamplingParams.ignore_eos`: a random model would stop at a random EOS),
 temperature 1, log-probs of every token on. The cases default to P ∈ {1024, 6144} ×
 B ∈ {64, 256}, N = 256. Both engines get the same prompts, through memrl's public engines:
-`memrl.inference.HFGenerator` (bf16 weights, micro-batches of `--hf-batch-size`) and
-`memrl.inference.VLLMGenerator` (the colocated in-process engine the recipe uses). Also timed:
-weight sync policy → engine (`VLLMGenerator.sync_weights` from the bf16 HF module), and
+`memrl.inference.HFEngine` (bf16 weights, micro-batches of `--hf-batch-size`) and
+`memrl.inference.VLLMEngine` (the colocated in-process engine the recipe uses). Also timed:
+weight sync policy → engine (`VLLMEngine.sync_weights` from the bf16 HF module), and
 vLLM's sleep / wake (level 1; GPU only).
 
     python benchmarks/rollout_gpu.py --out rollout.json                 # GPU, ~4 min on an H100
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from memrl.data.synthetic import synthetic_corpus
-    from memrl.inference import HFGenerator, SamplingParams, VLLMConfig, load_pretrained
+    from memrl.inference import HFEngine, SamplingParams, VLLMConfig, load_pretrained
 
     env = environment()
     print_environment(env)
@@ -255,13 +255,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The policy the engines serve: bf16 on GPU (as vLLM runs), float32 on CPU.
     policy, tokenizer = load_pretrained(model_dir, device=device)
     timing["load_hf_s"] = time.perf_counter() - t0
-    hf = HFGenerator(policy, tokenizer, max_batch_size=args.hf_batch_size)
+    hf = HFEngine(policy, tokenizer, generation_batch_size=args.hf_batch_size)
     engine = None
     if not args.no_vllm:
         t0 = time.perf_counter()
-        from memrl.inference import VLLMGenerator
+        from memrl.inference import VLLMEngine
 
-        engine = VLLMGenerator(model_dir, tokenizer, VLLMConfig(
+        engine = VLLMEngine(model_dir, tokenizer, VLLMConfig(
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_model_len=max_prompt + args.new_tokens,
             max_num_seqs=max(b for _, b in args.cases),

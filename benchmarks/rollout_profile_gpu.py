@@ -6,7 +6,7 @@ random tokens, NEW new tokens each, `ignore_eos`), one vLLM engine, timed four w
 1. `vllm.LLM.generate` directly, no log-probs, no seeds  (vLLM's own speed)
 2. the same with a log-prob for every token              (what log-probs cost)
 3. the same with a seed for every request                (what per-request seeds cost)
-4. memrl's `VLLMGenerator.generate` (log-probs + seeds)  (what memrl adds on top)
+4. memrl's `VLLMEngine.generate` (log-probs + seeds)  (what memrl adds on top)
 
 then a `torch.profiler` trace of run 4, summarised as the top operators by CPU and by CUDA
 time. The gap between runs 1 and 4 is memrl's and the options' share; the gap between run 1
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from memrl.data.synthetic import synthetic_corpus
-    from memrl.inference import SamplingParams, VLLMConfig, VLLMGenerator, load_tokenizer
+    from memrl.inference import SamplingParams, VLLMConfig, VLLMEngine, load_tokenizer
 
     env = environment()
     print_environment(env)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            pad_tokenizer=True, corpus=synthetic_corpus(args.seed, 200),
                            seed=args.seed, device="cuda" if cuda else "cpu")
     tokenizer = load_tokenizer(work / "model")
-    engine = VLLMGenerator(work / "model", tokenizer, VLLMConfig(
+    engine = VLLMEngine(work / "model", tokenizer, VLLMConfig(
         gpu_memory_utilization=0.6, max_model_len=prompt_len + new, max_num_seqs=batch,
         seed=args.seed, kv_cache_memory_bytes=None if cuda else 1 << 28))
     from vllm import SamplingParams as VSP
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates = {k: tokens / v for k, v in runs.items()}
     profiled = profile_call(memrl_generate, cuda=cuda)
     table_cpu, table_cuda = profiled["top_self_cpu"], profiled.get("top_self_cuda", "")
-    out = {"benchmark": "memrl rollout profile: VLLMGenerator vs vllm.LLM.generate",
+    out = {"benchmark": "memrl rollout profile: VLLMEngine vs vllm.LLM.generate",
            "environment": env, "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new,
            "seconds": runs, "new_tokens_per_s": rates,
            "profile_top_self_cpu": table_cpu, "profile_top_self_cuda": table_cuda}

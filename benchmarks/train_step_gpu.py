@@ -219,11 +219,11 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
                  "shuffle": False},
         "memagent": {"chunk_size": args.chunk_size,
                      "max_memory_tokens": args.max_memory_tokens,
-                     "max_final_tokens": args.max_final_tokens,
-                     "temperature": args.temperature, "top_p": args.top_p},
-        "rollout": {"engine": args.engine, "vllm": vllm_config(args)},
-        "rl": {"rollout_n": args.rollout_n, "generation_batch_size": args.generation_batch_size,
-               "dynamic_sampling": False, "overlong": "keep",
+                     "max_final_tokens": args.max_final_tokens},
+        "rollout": {"n": args.rollout_n, "temperature": args.temperature, "top_p": args.top_p,
+                    "generation_batch_size": args.generation_batch_size,
+                    "engine": args.engine, "vllm": vllm_config(args)},
+        "rl": {"dynamic_sampling": False, "overlong": "keep",
                "use_kl_loss": not args.no_kl, "kl_loss_coef": 0.001,
                "kl_loss_type": "low_var_kl",
                "ppo_mini_batch_size": min(args.ppo_mini_batch_size, args.train_batch_size),
@@ -269,9 +269,9 @@ def make_run(config, reward_seed: int):
     update = run.actor.update
 
     def recording_update(batch, dist=None):
-        prompt = [len(s.prompt_ids) for s in batch.samples]
-        resp = [len(s.response_ids) for s in batch.samples]
-        everything = list(range(len(batch.samples)))
+        prompt = [len(s.prompt_ids) for s in batch.conversations]
+        resp = [len(s.response_ids) for s in batch.conversations]
+        everything = list(range(len(batch.conversations)))
         shapes.append(dict(
             samples=len(prompt), trajectories=batch.num_trajectories,
             prompt_len_mean=statistics.fmean(prompt), prompt_len_max=max(prompt),
@@ -462,8 +462,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             else device_peak_flops(device, autocast))
     optimizer = build_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)
     batch, advantages = synthetic_batch(args, shape["vocab_size"])
-    lens = [s.num_tokens for s in batch.samples]
-    responses = [len(s.response_ids) for s in batch.samples]
+    lens = [s.num_tokens for s in batch.conversations]
+    responses = [len(s.response_ids) for s in batch.conversations]
     tokens = sum(lens)
     # Model FLOPs of the update (memrl.rl.flops, per sequence) and the classic 6·N·T
     # yardstick (N = every parameter, the vocabulary projection at every token, no attention).
@@ -481,7 +481,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
 
     rows = []
     for budget in args.budgets:
-        rl = RLConfig(rollout_n=4, use_kl_loss=False, ppo_mini_batch_size=len(lens),
+        rl = RLConfig(use_kl_loss=False, ppo_mini_batch_size=len(lens),
                       use_dynamic_bsz=True, max_tokens_per_micro_batch=budget,
                       remove_padding=args.remove_padding, overlong="keep")
         actor = Actor(model, rl, optimizer=optimizer, scheduler=warmup_schedule(optimizer, 0),

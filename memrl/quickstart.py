@@ -135,12 +135,13 @@ def evaluate(model_dir: Path, eval_dir: Path, out_dir: Path, cfg: TrainConfig,
     """Greedy MemAgent evaluation of a saved model at every `plan.eval_docs` (results.json
     etc.)."""
     from memrl.eval.ruler_hqa import evaluate_ruler_hqa
-    from memrl.inference.hf import HFGenerator
+    from memrl.inference.hf import HFEngine
     from memrl.inference.loader import load_pretrained
 
-    generator = HFGenerator(*load_pretrained(model_dir, device=plan.device),
-                            max_batch_size=plan.eval_batch_size)
-    agent_cfg = cfg.memagent.model_copy(update={"seed": cfg.seed, "temperature": 0.0})
+    generator = HFEngine(*load_pretrained(model_dir, device=plan.device),
+                         generation_batch_size=plan.eval_batch_size)
+    agent_cfg = cfg.memagent.model_copy(  # greedy; the training config's top_p, as before
+        update={"seed": cfg.seed, "temperature": 0.0, "top_p": cfg.rollout.top_p})
     return evaluate_ruler_hqa(generator, eval_dir, list(plan.eval_docs), config=agent_cfg,
                               out_dir=out_dir, model_name=str(model_dir), console=console,
                               show_progress=False)

@@ -28,8 +28,8 @@ TINY_MEMAGENT = [
     "memagent.max_chunks=2",
     "memagent.max_memory_tokens=6",
     "memagent.max_final_tokens=6",
-    "memagent.temperature=1.0",
-    "memagent.top_p=1.0",
+    "rollout.temperature=1.0",
+    "rollout.top_p=1.0",
     "rl.overlong=keep",
 ]
 """Overrides that make MemAgent episodes on the tiny model short: two 48-token chunks, 6-token

@@ -344,7 +344,7 @@ def test_disk_full_during_a_training_checkpoint(capsys, tmp_path, tiny_model_dir
 
     monkeypatch.setattr(torch, "save", save)
     code, _, err = run(capsys, ["train", cfg, "trainer.total_steps=2", "trainer.save_freq=1",
-                                "rl.rollout_n=2", "memagent.chunk_size=48", "memagent.max_chunks=1",
+                                "rollout.n=2", "memagent.chunk_size=48", "memagent.max_chunks=1",
                                 "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4"])
     assert code == 2
     ckpts = tmp_path / "run" / "checkpoints"

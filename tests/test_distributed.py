@@ -57,7 +57,7 @@ def overrides(model_dir: Path, data_dir: Path, out_dir: Path, *extra: str) -> li
         f"trainer.out_dir={out_dir}",
         *TINY_MEMAGENT,
         "rl.reward=context_overlap",
-        "rl.rollout_n=2",
+        "rollout.n=2",
         "data.train_batch_size=3",
         "rl.ppo_mini_batch_size=2",
         "optim.lr=1e-5",

@@ -144,7 +144,7 @@ def test_cli_end_to_end_with_the_tiny_model(data_dir, tiny_model_dir, tmp_path, 
     rc = cli_main([
         "eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
         "--out", str(out), "--limit", "3", "--embedder", "hashing", "--categories", "1,2",
-        "--samples", "2", "--max-turns", "2", "--max-response-tokens", "8",
+        "--n", "2", "--max-turns", "2", "--max-response-tokens", "8",
         "--session-chunk-turns", "1", "--seed", "0", "--quiet",
     ])
     assert rc == 0, capsys.readouterr().err

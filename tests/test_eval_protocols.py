@@ -334,7 +334,7 @@ def sorted_rows(path):
 
 def kill_args(data, model):
     return ["eval", "ruler-hqa", "--model", str(model), "--data", str(data), "--num-docs", "2",
-            "--records-per-run", "2", "--samples", "2", "--protocol", "memagent", *TINY]
+            "--records-per-run", "2", "--n", "2", "--protocol", "memagent", *TINY]
 
 
 @pytest.fixture(scope="module")

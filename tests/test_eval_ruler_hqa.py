@@ -204,7 +204,7 @@ def test_cli_real_tiny_model_end_to_end(tmp_path, tiny_model_dir, capsys):
     data = write_ruler_dir(tmp_path / "data", [2, 4], words_per_doc=4)
     run = tmp_path / "run"
     rc = main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-               "--num-docs", "2", "4", "--limit", "2", "--samples", "2", "--chunk-size", "48",
+               "--num-docs", "2", "4", "--limit", "2", "--n", "2", "--chunk-size", "48",
                "--max-memory-tokens", "6", "--max-final-tokens", "6", "--temperature", "1.0",
                "--top-p", "1.0", "--seed", "3", "--device", "cpu", "--out", str(run), "--quiet"])
     assert rc == 0, capsys.readouterr().err

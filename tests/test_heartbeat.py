@@ -210,9 +210,9 @@ def test_beats_and_verdicts_survive_the_store():
 
 
 def test_the_resume_command_keeps_the_launcher_and_the_number_of_ranks():
-    cfg, extra = Path("c.yaml"), ["rl.rollout_n=4", "trainer.out_dir=my run"]
+    cfg, extra = Path("c.yaml"), ["rollout.n=4", "trainer.out_dir=my run"]
     assert resume_command(cfg, extra, env={}) == (
-        "memrl train c.yaml rl.rollout_n=4 'trainer.out_dir=my run' --resume")
+        "memrl train c.yaml rollout.n=4 'trainer.out_dir=my run' --resume")
     assert resume_command(cfg, [], env={NPROC_ENV: "2", "WORLD_SIZE": "2"}) == (
         "memrl train c.yaml --nproc-per-node 2 --resume")
     torchrun = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "1"}

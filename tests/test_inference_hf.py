@@ -1,4 +1,4 @@
-"""HFGenerator on the tiny model: batching, logprobs, stopping, seeding, module state."""
+"""HFEngine on the tiny model: batching, logprobs, stopping, seeding, module state."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from memrl.errors import MemrlInputError
 from memrl.inference import (
     Engine,
     Generator,
-    HFGenerator,
+    HFEngine,
     SamplingParams,
     load_model,
     load_pretrained,
@@ -35,8 +35,8 @@ def model(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def generator(model, tiny_tokenizer) -> HFGenerator:
-    return HFGenerator(model, tiny_tokenizer, max_batch_size=8)
+def generator(model, tiny_tokenizer) -> HFEngine:
+    return HFEngine(model, tiny_tokenizer, generation_batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +87,10 @@ def test_greedy_is_deterministic(generator, prompts) -> None:
 
 
 def test_batched_left_padded_equals_one_by_one(model, tiny_tokenizer, prompts) -> None:
-    one_by_one = HFGenerator(model, tiny_tokenizer, max_batch_size=1)
-    # max_batch_size=2 splits 5 prompts into 3 sorted micro-batches: order must survive it
+    one_by_one = HFEngine(model, tiny_tokenizer, generation_batch_size=1)
+    # generation_batch_size=2 splits 5 prompts into 3 sorted micro-batches: order must survive it
     for batch_size in (2, 8):
-        batched = HFGenerator(model, tiny_tokenizer, max_batch_size=batch_size)
+        batched = HFEngine(model, tiny_tokenizer, generation_batch_size=batch_size)
         got = batched.generate(prompts, GREEDY)
         want = [one_by_one.generate([p], GREEDY)[0] for p in prompts]
         for g, w in zip(got, want, strict=True):
@@ -161,7 +161,7 @@ class _ForceEOS:
 
 
 def test_eos_stops_one_row_and_is_kept_in_ids(model, tiny_tokenizer, prompts) -> None:
-    generator = HFGenerator(model, tiny_tokenizer, max_batch_size=8)
+    generator = HFEngine(model, tiny_tokenizer, generation_batch_size=8)
     eos = tiny_tokenizer.eos_token_id
     pair = [prompts[3], prompts[1]]  # longest first: rows keep their input order
     params = SamplingParams(max_new_tokens=10, temperature=0)
@@ -184,7 +184,7 @@ def test_eos_stops_one_row_and_is_kept_in_ids(model, tiny_tokenizer, prompts) ->
 
 
 def test_ignore_eos_decodes_past_eos_to_max_new_tokens(model, tiny_tokenizer, prompts) -> None:
-    generator = HFGenerator(model, tiny_tokenizer, max_batch_size=8)
+    generator = HFEngine(model, tiny_tokenizer, generation_batch_size=8)
     eos = tiny_tokenizer.eos_token_id
     params = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
     handle = model.lm_head.register_forward_hook(_ForceEOS(eos, row=0, step=3))
@@ -223,7 +223,7 @@ def test_tiny_top_p_is_greedy(generator, prompts) -> None:
 
 
 def test_restores_module_mode(model, tiny_tokenizer, prompts) -> None:
-    generator = HFGenerator(model, tiny_tokenizer)
+    generator = HFEngine(model, tiny_tokenizer)
     seen: list[bool] = []
     handle = model.register_forward_pre_hook(lambda m, args: seen.append(m.training))
     try:
@@ -242,12 +242,12 @@ def test_restores_module_mode(model, tiny_tokenizer, prompts) -> None:
 
 def test_loader_on_cpu(tiny_model_dir) -> None:
     model, tokenizer = load_pretrained(tiny_model_dir)
-    generator = HFGenerator(model, tokenizer, max_batch_size=4)
+    generator = HFEngine(model, tokenizer, generation_batch_size=4)
     if not torch.cuda.is_available():
         assert generator.device.type == "cpu"
         assert next(generator.model.parameters()).dtype == torch.float32
     assert not generator.model.training
-    assert generator.max_batch_size == 4
+    assert generator.generation_batch_size == 4
     ids = generator.tokenizer.encode("hello", add_special_tokens=False)
     [gen] = generator.generate([ids], SamplingParams(max_new_tokens=2, temperature=0))
     assert len(gen.token_ids) == 2
@@ -272,7 +272,7 @@ def test_engine_seam_of_the_in_process_engine(tiny_model_dir) -> None:
     import torch
 
     model, tokenizer = load_pretrained(tiny_model_dir)
-    engine = HFGenerator(model, tokenizer)
+    engine = HFEngine(model, tokenizer)
     assert isinstance(engine, Engine)
     engine.sync_weights(model, step=3)
     assert engine.model is model

@@ -1,4 +1,4 @@
-"""OpenAIGenerator: request bodies and answers (everywhere), and a real vLLM OpenAI-compatible
+"""OpenAIEngine: request bodies and answers (everywhere), and a real vLLM OpenAI-compatible
 server started on 127.0.0.1 (where vLLM is installed): one server listed twice plus a dead
 URL, evaluation completes with every episode scored; killing a server mid-rollout loses no
 request."""
@@ -21,7 +21,7 @@ from memrl.errors import MemrlInputError
 from memrl.inference import SamplingParams, encode_chat
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.openai import (
-    OpenAIGenerator,
+    OpenAIEngine,
     PoolLostError,
     ServerError,
     save_policy_weights,
@@ -31,7 +31,7 @@ from memrl.inference.openai import (
 
 
 def test_body_and_answer_follow_the_hf_conventions(tiny_tokenizer):
-    gen = OpenAIGenerator(OpenAIConfig(base_urls=["http://127.0.0.1:1"], model="m"),
+    gen = OpenAIEngine(OpenAIConfig(base_urls=["http://127.0.0.1:1"], model="m"),
                           tiny_tokenizer)
     body = gen.request_body([1, 2], SamplingParams(max_new_tokens=5, temperature=0.7, seed=9,
                                                    stop=("x",)))
@@ -64,13 +64,13 @@ def test_token_id_parser_takes_only_token_id_strings(tokens):
 
 def test_no_server_up_fails_and_bad_urls_are_user_errors(tiny_tokenizer):
     port = free_port()  # nothing listens there
-    gen = OpenAIGenerator(OpenAIConfig(base_urls=[f"http://127.0.0.1:{port}"], model="m",
+    gen = OpenAIEngine(OpenAIConfig(base_urls=[f"http://127.0.0.1:{port}"], model="m",
                                        max_retries=2), tiny_tokenizer, notify=lambda _: None)
     with pytest.raises(PoolLostError, match=f"127.0.0.1:{port}: connection refused"):
         gen.generate([[1, 2]], SamplingParams(max_new_tokens=2))
     assert gen.stats()[f"http://127.0.0.1:{port}"]["down"] is True
     with pytest.raises(MemrlInputError, match="http://"):
-        OpenAIGenerator(OpenAIConfig(base_urls=["127.0.0.1:8000"]), tiny_tokenizer)
+        OpenAIEngine(OpenAIConfig(base_urls=["127.0.0.1:8000"]), tiny_tokenizer)
     with pytest.raises(MemrlInputError, match="weights_dir"):
         gen.sync_weights(object(), 1)
 
@@ -124,10 +124,10 @@ def server(tiny_model_dir, tmp_path_factory):
 @server_group
 @pytest.mark.slow
 def test_server_logprobs_equal_the_hf_engine(server, tiny_model_dir, tiny_tokenizer):
-    from memrl.inference import HFGenerator, load_model
+    from memrl.inference import HFEngine, load_model
 
-    gen = OpenAIGenerator(OpenAIConfig(base_urls=[server]), tiny_tokenizer)
-    hf = HFGenerator(load_model(tiny_model_dir, device="cpu", dtype="float32"), tiny_tokenizer)
+    gen = OpenAIEngine(OpenAIConfig(base_urls=[server]), tiny_tokenizer)
+    hf = HFEngine(load_model(tiny_model_dir, device="cpu", dtype="float32"), tiny_tokenizer)
     prompts = [encode_chat(tiny_tokenizer, q) for q in ("hi", "Who was born there?")]
     params = SamplingParams(max_new_tokens=12, temperature=0, stop=("the",))
     ours, theirs = gen.generate(prompts, params), hf.generate(prompts, params)
@@ -151,7 +151,7 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "run"
     rc = cli_main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                   "--num-docs", "2", "--samples", "2", "--chunk-size", "48",
+                   "--num-docs", "2", "--n", "2", "--chunk-size", "48",
                    "--max-memory-tokens", "8", "--max-final-tokens", "8", "--temperature", "1.0",
                    "--top-p", "1.0", "--seed", "1", "--engine", "openai", "--base-url", server,
                    "--base-url", server, "--base-url", dead, "--out", str(out), "--quiet"])
@@ -171,7 +171,7 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
     doomed = start_vllm_server(tiny_model_dir, port, tmp_path / "doomed.log")
     try:
         wait_until_ready(f"http://127.0.0.1:{port}", timeout_s=180)
-        gen = OpenAIGenerator(OpenAIConfig(base_urls=[server, f"http://127.0.0.1:{port}"],
+        gen = OpenAIEngine(OpenAIConfig(base_urls=[server, f"http://127.0.0.1:{port}"],
                                            max_in_flight_per_server=4, timeout_s=60),
                               tiny_tokenizer)
         prompts = [encode_chat(tiny_tokenizer, f"Question number {i}?") for i in range(48)]
@@ -214,7 +214,7 @@ def test_sync_weights_reaches_the_server(server, tiny_model_dir, tiny_tokenizer,
     sum(policy(torch.tensor([p]), labels=torch.tensor([p])).loss for p in prompts).backward()
     opt.step()
     policy.eval()
-    gen = OpenAIGenerator(OpenAIConfig(base_urls=[server], weights_dir=str(tmp_path / "w")),
+    gen = OpenAIEngine(OpenAIConfig(base_urls=[server], weights_dir=str(tmp_path / "w")),
                           tiny_tokenizer)
     params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=4)
 
@@ -252,11 +252,11 @@ def test_grpo_on_a_server_samples_the_policy_after_every_update(server, tiny_mod
     save_records_jsonl(make_synthetic_records(6, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = load_config(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"data.train_file={tmp_path / 'train.jsonl'}",
-        f"trainer.out_dir={tmp_path / 'run'}", "data.train_batch_size=2", "rl.rollout_n=2",
+        f"trainer.out_dir={tmp_path / 'run'}", "data.train_batch_size=2", "rollout.n=2",
         "rl.ppo_mini_batch_size=2", "rl.dynamic_sampling=false", "rl.overlong=keep",
         "optim.lr=1e-2", "rl.entropy_coeff=0.01", "rl.use_kl_loss=false",
         "memagent.chunk_size=48", "memagent.max_chunks=2", "memagent.max_memory_tokens=8",
-        "memagent.max_final_tokens=8", "memagent.temperature=0.7", "memagent.top_p=1.0",
+        "memagent.max_final_tokens=8", "rollout.temperature=0.7", "rollout.top_p=1.0",
         "trainer.total_steps=3", "trainer.log_sinks=[jsonl]", "rollout.engine=openai",
         f"rollout.openai.base_urls=[{server}]", f"rollout.openai.weights_dir={tmp_path / 'w'}",
     ])

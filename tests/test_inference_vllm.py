@@ -23,7 +23,7 @@ import torch
 from helpers import splits_a_prefill, vllm_default_step_budget
 
 from memrl.errors import MemrlInputError, MissingDependencyError
-from memrl.inference import Engine, HFGenerator, SamplingParams, encode_chat
+from memrl.inference import Engine, HFEngine, SamplingParams, encode_chat
 from memrl.inference.base import request_params
 from memrl.inference.config import VLLMConfig
 
@@ -53,9 +53,9 @@ def policy(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tiny_tokenizer, policy):
-    from memrl.inference.vllm import VLLMGenerator
+    from memrl.inference.vllm import VLLMEngine
 
-    engine = VLLMGenerator(
+    engine = VLLMEngine(
         tiny_model_dir,
         tiny_tokenizer,
         VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28),
@@ -89,11 +89,11 @@ def max_logprob_gap(model, prompts, generations, temperature: float) -> float:
 
 def test_missing_vllm_is_a_one_line_error_naming_the_extra(tiny_model_dir, tiny_tokenizer,
                                                            monkeypatch):
-    from memrl.inference.vllm import VLLMGenerator
+    from memrl.inference.vllm import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm → ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install 'memrl\[vllm(-cpu)?\]'"):
-        VLLMGenerator(tiny_model_dir, tiny_tokenizer)
+        VLLMEngine(tiny_model_dir, tiny_tokenizer)
 
 
 @pytest.mark.parametrize(
@@ -127,12 +127,12 @@ def test_settings_that_keep_prefills_whole_pass_the_cpu_check(settings):
 @needs_vllm
 def test_a_step_budget_below_the_models_length_is_a_one_line_error(tiny_model_dir,
                                                                    tiny_tokenizer):
-    from memrl.inference.vllm import VLLMGenerator
+    from memrl.inference.vllm import VLLMEngine
 
     with pytest.raises(MemrlInputError,
                        match=r"max_num_batched_tokens \(512\) is smaller than max_model_len"
                        ) as info:  # the model's own length: vLLM checks it
-        VLLMGenerator(tiny_model_dir, tiny_tokenizer, VLLMConfig(max_num_batched_tokens=512))
+        VLLMEngine(tiny_model_dir, tiny_tokenizer, VLLMConfig(max_num_batched_tokens=512))
     assert len(str(info.value).splitlines()) == 1
 
 
@@ -155,7 +155,7 @@ def test_logprobs_equal_a_transformers_forward(engine, policy, prompts, params):
 
 @needs_vllm
 def test_conventions_equal_the_hf_engine(engine, policy, tiny_tokenizer, prompts):
-    hf = HFGenerator(policy, tiny_tokenizer)
+    hf = HFEngine(policy, tiny_tokenizer)
     for params in (SamplingParams(max_new_tokens=24, temperature=0),
                    SamplingParams(max_new_tokens=60, temperature=0, stop=("the", "in"))):
         ours, theirs = engine.generate(prompts, params), hf.generate(prompts, params)

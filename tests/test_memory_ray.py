@@ -233,7 +233,7 @@ def test_two_ray_ranks_train_memoryupdate_on_one_store_actor(ray_cluster, tiny_m
     cfg = load_config(TrainConfig, config, [
         f"model.path={tiny_model_dir}", f"data.train_file={data}", "data.val_file=null",
         f"trainer.out_dir={out}", "trainer.total_steps=1", "trainer.log_sinks=[jsonl]",
-        "trainer.save_freq=0", "data.train_batch_size=2", "rl.rollout_n=2",
+        "trainer.save_freq=0", "data.train_batch_size=2", "rollout.n=2",
         "rl.ppo_mini_batch_size=2", "memupdate.embedder=hashing", "memupdate.store=ray",
         "memupdate.store_actor=memrl-test-shared-store", "memupdate.max_response_tokens=12",
         "memupdate.session_chunk_turns=2", "memupdate.memory_view_k=2",

@@ -50,7 +50,7 @@ def test_an_outside_agent_trains_and_is_evaluated_by_import_path(tiny_model_dir,
     done = memrl("train", str(EXAMPLES / "mem1" / "config.yaml"),
                  f"model.path={tiny_model_dir}", f"data.train_file={questions}",
                  f"trainer.out_dir={run}", "trainer.total_steps=2", "data.train_batch_size=2",
-                 "rl.rollout_n=2", "rl.ppo_mini_batch_size=2", "mem1.max_turn_tokens=8",
+                 "rollout.n=2", "rl.ppo_mini_batch_size=2", "mem1.max_turn_tokens=8",
                  "trainer.log_sinks=[jsonl]")
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -65,8 +65,8 @@ def test_an_outside_agent_trains_and_is_evaluated_by_import_path(tiny_model_dir,
     out = tmp_path / "eval"
     done = memrl("eval", "agent", "--agent", TASK, "--model", str(tiny_model_dir), "--data",
                  str(questions), "--out", str(out), "--set", "mem1.max_turn_tokens=8",
-                 "--set", "mem1.temperature=0", "--set", "rl.reward={em: 1, early_stop: 0.5}",
-                 "--samples", "2", "--quiet")
+                 "--set", "rollout.temperature=0", "--set", "rl.reward={em: 1, early_stop: 0.5}",
+                 "--n", "2", "--quiet")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["agent"] == TASK and results["config"]["max_turn_tokens"] == 8

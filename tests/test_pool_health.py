@@ -19,7 +19,7 @@ from memrl.cli import main as cli_main
 from memrl.errors import MemrlInputError
 from memrl.inference import SamplingParams
 from memrl.inference.config import OpenAIConfig
-from memrl.inference.openai import OpenAIGenerator, PoolLostError
+from memrl.inference.openai import OpenAIEngine, PoolLostError
 
 
 class FakeVLLM:
@@ -135,10 +135,10 @@ SLACK_S = 3.0
 """Scheduling slack on a loaded 2-core machine."""
 
 
-def pool(tokenizer, urls, lines, **options) -> OpenAIGenerator:
+def pool(tokenizer, urls, lines, **options) -> OpenAIEngine:
     cfg = OpenAIConfig(base_urls=urls, max_in_flight_per_server=4, **{
         "timeout_s": 30.0, "health_check_s": HEALTH_S, "progress_s": 0, **options})
-    return OpenAIGenerator(cfg, tokenizer, notify=lines)
+    return OpenAIEngine(cfg, tokenizer, notify=lines)
 
 
 def test_a_frozen_server_is_lost_within_the_bound_and_comes_back(fakes, tiny_tokenizer):

@@ -121,11 +121,11 @@ def test_init_model_writes_a_plain_model_directory(converted, hf_model, tokenize
 @needs_package
 @pytest.mark.slow
 def test_the_converted_model_reads_a_document(hf_model, tokenizer):
-    from memrl.inference import HFGenerator, SamplingParams, encode_chat
+    from memrl.inference import HFEngine, SamplingParams, encode_chat
 
     question = ("Document: The person Dajal was born in France. The person Mika was born in "
                 "Peru. Question: In which country was Dajal born?")
-    gen = HFGenerator(hf_model, tokenizer).generate(
+    gen = HFEngine(hf_model, tokenizer).generate(
         [encode_chat(tokenizer, question)], SamplingParams(max_new_tokens=12, temperature=0)
     )[0]
     assert "France" in gen.text and "Peru" not in gen.text, gen.text
@@ -139,9 +139,9 @@ def test_hf_and_vllm_engines_agree_on_a_memagent_episode(converted, hf_model, to
 
     from memrl.agents import MemAgent, MemAgentConfig
     from memrl.data.records import Document, QARecord
-    from memrl.inference import HFGenerator
+    from memrl.inference import HFEngine
     from memrl.inference.config import VLLMConfig
-    from memrl.inference.vllm import VLLMGenerator
+    from memrl.inference.vllm import VLLMEngine
 
     record = QARecord(
         id="corliss",
@@ -152,9 +152,9 @@ def test_hf_and_vllm_engines_agree_on_a_memagent_episode(converted, hf_model, to
     )
     config = MemAgentConfig(chunk_size=128, max_memory_tokens=16, max_final_tokens=16,
                             temperature=0, prompts="memagent")
-    ours = MemAgent(HFGenerator(hf_model, tokenizer), config).run([record])[0]
-    engine = VLLMGenerator(converted[0], tokenizer,
-                           VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28))
+    ours = MemAgent(HFEngine(hf_model, tokenizer), config).run([record])[0]
+    engine = VLLMEngine(converted[0], tokenizer,
+                        VLLMConfig(max_model_len=1024, kv_cache_memory_bytes=1 << 28))
     try:
         theirs = MemAgent(engine, config).run([record])[0]
     finally:

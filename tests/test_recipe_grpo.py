@@ -78,7 +78,7 @@ def test_learning_reward_rises(tiny_model_dir, tiny_tokenizer, data_dir, tmp_pat
         "trainer.total_steps=15",
         "data.train_batch_size=4",
         "rl.ppo_mini_batch_size=4",
-        "rl.rollout_n=8",
+        "rollout.n=8",
         "optim.lr=2e-2",
         "rl.use_kl_loss=false",
         "rl.norm_adv_by_std=true",
@@ -113,12 +113,12 @@ def test_memory_update_turns_get_gradient_from_final_reward(
     """Only the final answer is scored, yet memory-update turns carry the advantage and so
     receive gradient; with zero advantage they receive none."""
     cfg = make_config(
-        tiny_model_dir, data_dir, tmp_path / "run", "rl.rollout_n=4", "rl.use_kl_loss=false"
+        tiny_model_dir, data_dir, tmp_path / "run", "rollout.n=4", "rl.use_kl_loss=false"
     )
     run = grpo.setup(cfg)
     records = run.stream.records[:2]
     batch = rollout_batch(run, records, 4, reward=document_token_reward(tiny_tokenizer))
-    assert all(s.turn_kind in ("memory_update", "final") for s in batch.samples)
+    assert all(s.turn_kind in ("memory_update", "final") for s in batch.conversations)
     adv = compute_advantages("grpo", batch.rewards, batch.group_ids,
                              token_counts=batch.response_tokens)
     assert adv.abs().sum() > 0
@@ -131,7 +131,7 @@ def test_memory_update_turns_get_gradient_from_final_reward(
         ]
         mem = RolloutBatch.from_trajectories(only_memory, overlong="keep")
         mem = mem.with_logprobs(run.actor.logprobs(mem)).with_advantages(advantages)
-        assert mem.samples
+        assert mem.conversations
         before = [p.detach().clone() for p in run.actor.model.parameters()]
         stats = run.actor.update(mem)
         after = list(run.actor.model.parameters())
@@ -156,7 +156,7 @@ def test_dynamic_sampling_drops_equal_groups_and_refills(
         "trainer.total_steps=1",
         "data.train_batch_size=2",
         "rl.ppo_mini_batch_size=2",
-        "rl.rollout_n=2",
+        "rollout.n=2",
         "rl.dynamic_sampling=true",
         "rl.max_refill_rounds=3",
         "rl.use_kl_loss=false",
@@ -186,7 +186,7 @@ def test_fresh_run_refuses_existing_checkpoints(tiny_model_dir, data_dir, tmp_pa
     """Also runs a step with gradient checkpointing and fixed-size micro-batches."""
     cfg = make_config(
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=1",
-        "data.train_batch_size=1", "rl.ppo_mini_batch_size=1", "rl.rollout_n=2",
+        "data.train_batch_size=1", "rl.ppo_mini_batch_size=1", "rollout.n=2",
         "model.gradient_checkpointing=true", "rl.use_dynamic_bsz=false",
         "rl.micro_batch_size=3",
     )
@@ -199,7 +199,7 @@ def test_fresh_run_refuses_existing_checkpoints(tiny_model_dir, data_dir, tmp_pa
 def test_lora_with_kl_runs_and_exports(tiny_model_dir, data_dir, tmp_path):
     cfg = make_config(
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=1",
-        "data.train_batch_size=1", "rl.ppo_mini_batch_size=1", "rl.rollout_n=2",
+        "data.train_batch_size=1", "rl.ppo_mini_batch_size=1", "rollout.n=2",
         "model.lora.enabled=true", "model.lora.target_modules=[q_proj,v_proj]",
         "rl.kl_loss_coef=0.1", "optim.lr=1e-2", "rl.entropy_coeff=0.01",
     )
@@ -217,7 +217,7 @@ def test_kl_in_reward_penalises_drift(tiny_model_dir, data_dir, tmp_path):
     for it: at step 1 policy == reference (no penalty); after a large update it is not."""
     cfg = make_config(
         tiny_model_dir, data_dir, tmp_path / "run", "trainer.total_steps=2",
-        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rl.rollout_n=4",
+        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rollout.n=4",
         "rl.use_kl_loss=false", "rl.use_kl_in_reward=true", "rl.kl_reward_coef=0.5",
         "rl.kl_penalty=k1", "optim.lr=5e-2", "rl.dynamic_sampling=false",
     )
@@ -238,9 +238,9 @@ def write_yaml(path: Path, model_dir, data_dir, out_dir, **trainer) -> Path:
         },
         "memagent": {
             "chunk_size": 48, "max_chunks": 2, "max_memory_tokens": 6, "max_final_tokens": 6,
-            "temperature": 1.0, "top_p": 1.0,
         },
-        "rl": {"rollout_n": 4, "ppo_mini_batch_size": 1, "overlong": "keep",
+        "rollout": {"n": 4, "temperature": 1.0, "top_p": 1.0},
+        "rl": {"ppo_mini_batch_size": 1, "overlong": "keep",
                "kl_loss_coef": 0.05, "dynamic_sampling": False},
         "optim": {"lr": 1e-2, "warmup_steps": 2},
         "trainer": {"out_dir": str(out_dir), "log_sinks": ["jsonl"], "test_freq": 3,
@@ -319,7 +319,7 @@ def test_logged_losses_do_not_depend_on_micro_batching(tiny_model_dir, data_dir,
     loss are the mini-batch values however many micro-batches it was split into, and the
     clip fraction and PPO-KL are token-weighted means over the whole update."""
     cfg = make_config(
-        tiny_model_dir, data_dir, tmp_path / "run", "rl.rollout_n=4", "rl.use_kl_loss=false",
+        tiny_model_dir, data_dir, tmp_path / "run", "rollout.n=4", "rl.use_kl_loss=false",
         "optim.lr=1e-12", "data.train_batch_size=2", "rl.ppo_mini_batch_size=2",
     )
     run = grpo.setup(cfg)
@@ -329,7 +329,7 @@ def test_logged_losses_do_not_depend_on_micro_batching(tiny_model_dir, data_dir,
     g = torch.Generator().manual_seed(0)
     shifted = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in batch.old_logprobs]
     batch = batch.with_logprobs(shifted)
-    everything = list(range(len(batch.samples)))
+    everything = list(range(len(batch.conversations)))
     run.actor.config.max_tokens_per_micro_batch = 10**6
     assert len(run.actor.micro_batches(batch, everything)) == 1
     whole = run.actor.update(batch)
@@ -365,7 +365,7 @@ class ShiftedLogprobs:
 
     def rollout(self, *args, **kw):
         trajectories = self.task.rollout(*args, **kw)
-        if kw.get("temperature") is None:  # a training rollout (validation sets it)
+        if kw["num_samples"] > 1:  # a training rollout (rollout.n 4; rollout.val.n 1)
             self.calls += 1
             if self.calls >= 2:
                 return [self.shifted(t) for t in trajectories]

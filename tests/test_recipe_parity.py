@@ -16,7 +16,7 @@ from memrl.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
 from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
-from memrl.rl.batch import Sample, collate
+from memrl.rl.batch import Conversation, collate
 from memrl.rl.losses import logprobs_from_logits
 
 
@@ -69,7 +69,7 @@ def lr_logging_run(tiny_model_dir, tmp_path, *extra):
     return config(
         tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
         "trainer.log_sinks=[jsonl]", "data.train_batch_size=1",
-        "rl.ppo_mini_batch_size=1", "rl.rollout_n=2", "rl.dynamic_sampling=false",
+        "rl.ppo_mini_batch_size=1", "rollout.n=2", "rl.dynamic_sampling=false",
         "rl.use_kl_loss=false", "memagent.chunk_size=64", "memagent.max_chunks=1",
         "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4", *extra,
     )
@@ -108,13 +108,13 @@ def test_train_lr_logs_the_lr_each_step_used(tiny_model_dir, tmp_path):
 
 # ---------------------------------------------------------------- config refusals
 def test_groups_of_one_are_a_config_error_unless_verls_raw_reward_is_asked(tmp_path):
-    with pytest.raises(MemrlInputError, match="rollout_n=1 makes groups of one"):
-        config(tmp_path, "rl.rollout_n=1")
+    with pytest.raises(MemrlInputError, match="rollout.n=1 makes groups of one"):
+        config(tmp_path, "rollout.n=1")
     with pytest.raises(MemrlInputError, match="dynamic_sampling"):
-        config(tmp_path, "rl.rollout_n=1", "rl.size1_group_advantage=raw_reward")
-    cfg = config(tmp_path, "rl.rollout_n=1", "rl.size1_group_advantage=raw_reward",
+        config(tmp_path, "rollout.n=1", "rl.size1_group_advantage=raw_reward")
+    cfg = config(tmp_path, "rollout.n=1", "rl.size1_group_advantage=raw_reward",
                  "rl.dynamic_sampling=false")
-    assert cfg.rl.rollout_n == 1
+    assert cfg.rollout.n == 1
 
 
 def test_half_precision_full_fine_tuning_is_refused(tmp_path):
@@ -146,7 +146,7 @@ def test_sampling_seeds_never_repeat_within_a_step(tiny_model_dir, tmp_path):
     save_records_jsonl(make_synthetic_records(8, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = config(
         tmp_path, f"model.path={tiny_model_dir}", f"trainer.out_dir={tmp_path / 'run'}",
-        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rl.rollout_n=2",
+        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rollout.n=2",
         "rl.dynamic_sampling=true", "rl.max_refill_rounds=3", "rl.use_kl_loss=false",
         "rl.reward=em", "memagent.chunk_size=32", "memagent.max_chunks=3",
         "memagent.max_memory_tokens=3", "memagent.max_final_tokens=3",
@@ -172,8 +172,8 @@ def test_sampling_seeds_never_repeat_within_a_step(tiny_model_dir, tmp_path):
 # ---------------------------------------------------------------- logits at responses only
 def test_response_logprobs_equal_a_full_forward(tiny_model_dir):
     model = load_model(tiny_model_dir)
-    samples = [Sample(list(range(3, 40)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
-               Sample([5, 6], [11, 12], [0.0] * 2, 1, "g", 0, "final")]
+    samples = [Conversation(list(range(3, 40)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
+               Conversation([5, 6], [11, 12], [0.0] * 2, 1, "g", 0, "final")]
     t = collate(samples, pad_id=0)
     with torch.no_grad():
         got, ent = response_logprobs(model, t, temperature=0.7, with_entropy=True)
@@ -200,7 +200,7 @@ def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir, monkeypat
 
     monkeypatch.setattr(actor_module, "linear_logprobs", counting)
     for prompt_len in (100, 6000):
-        s = Sample([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
+        s = Conversation([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
         with torch.no_grad():
             response_logprobs(model, collate([s], pad_id=0))
     assert head_rows == [1000, 1000]
@@ -211,8 +211,8 @@ def test_fused_projection_gives_the_gradients_of_the_plain_one(tiny_model_dir):
     head(hidden) -> log_softmax path (taken when the entropy needs a gradient)."""
     model = load_model(tiny_model_dir)
     model.train()
-    samples = [Sample(list(range(3, 30)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
-               Sample([5, 6], [11, 12, 13], [0.0] * 3, 1, "g", 0, "final")]
+    samples = [Conversation(list(range(3, 30)), [7, 8, 9, 2], [0.0] * 4, 0, "g", 0, "final"),
+               Conversation([5, 6], [11, 12, 13], [0.0] * 3, 1, "g", 0, "final")]
     t = collate(samples, pad_id=0)
     grads = []
     for plain in (False, True):

@@ -47,10 +47,10 @@ def train_config(model_dir, data_dir, out_dir, *extra) -> TrainConfig:
     return load_config(TrainConfig, None, [
         f"model.path={model_dir}", f"data.train_file={data_dir / 'train.jsonl'}",
         f"data.val_file={data_dir / 'val.jsonl'}", f"trainer.out_dir={out_dir}",
-        "data.train_batch_size=2", "rl.rollout_n=4", "rl.ppo_mini_batch_size=2",
+        "data.train_batch_size=2", "rollout.n=4", "rl.ppo_mini_batch_size=2",
         "rl.dynamic_sampling=false", "rl.overlong=keep", "optim.lr=1e-2",
         "memagent.chunk_size=48", "memagent.max_chunks=2", "memagent.max_memory_tokens=8",
-        "memagent.max_final_tokens=8", "memagent.temperature=1.0", "memagent.top_p=1.0",
+        "memagent.max_final_tokens=8", "rollout.temperature=1.0", "rollout.top_p=1.0",
         "trainer.total_steps=2", "trainer.log_sinks=[jsonl]", *extra,
     ])
 

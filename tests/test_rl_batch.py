@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
-from memrl.rl.batch import RolloutBatch, Sample, collate, pack_token_budget
+from memrl.rl.batch import Conversation, RolloutBatch, collate, pack_token_budget
 from memrl.rl.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
 
 
@@ -40,28 +40,29 @@ TRAJS = [
 ]
 
 
-# ---------------------------------------------------------------- Sample / RolloutBatch
+# ---------------------------------------------------------------- Conversation / RolloutBatch
 
 def test_sample_checks_and_sizes():
-    s = Sample([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], 0, "q", 0, "final")
+    s = Conversation([1, 2], [3, 4, 5], [-1.0, -1.0, -1.0], 0, "q", 0, "final")
     assert s.num_tokens == 5
     assert s.num_loss_tokens == 3
-    assert Sample([1], [3], [-1.0], 0, "q", 0, "f", trainable=False).num_loss_tokens == 0
+    assert Conversation([1], [3], [-1.0], 0, "q", 0, "f", trainable=False).num_loss_tokens == 0
     with pytest.raises(ValueError):
-        Sample([1], [3, 4], [-1.0], 0, "q", 0, "final")
+        Conversation([1], [3, 4], [-1.0], 0, "q", 0, "final")
     with pytest.raises(ValueError):
-        Sample([], [3], [-1.0], 0, "q", 0, "final")
+        Conversation([], [3], [-1.0], 0, "q", 0, "final")
 
 
 def test_one_sample_per_turn_and_one_reward_per_trajectory():
     batch = RolloutBatch.from_trajectories(TRAJS)
-    assert [(s.traj_index, s.turn_index, s.turn_kind) for s in batch.samples] == [
+    assert [(s.traj_index, s.turn_index, s.turn_kind) for s in batch.conversations] == [
         (0, 0, "memory_update"), (0, 1, "memory_update"), (0, 2, "final"), (1, 0, "final")
     ]
-    assert [s.group_id for s in batch.samples] == ["q1"] * 4
-    assert batch.samples[1].prompt_ids == [5] and batch.samples[1].response_ids == [6, 7, 8]
-    assert batch.samples[1].rollout_logprobs == pytest.approx([-0.1, -0.2, -0.3])
-    assert [s.truncated for s in batch.samples] == [False, True, False, False]
+    assert [s.group_id for s in batch.conversations] == ["q1"] * 4
+    second = batch.conversations[1]
+    assert second.prompt_ids == [5] and second.response_ids == [6, 7, 8]
+    assert batch.conversations[1].rollout_logprobs == pytest.approx([-0.1, -0.2, -0.3])
+    assert [s.truncated for s in batch.conversations] == [False, True, False, False]
     assert batch.rewards.tolist() == [1.0, 0.0] and batch.group_ids == ("q1", "q1")
     assert batch.response_tokens.tolist() == [6, 1]  # all turns of each trajectory
     assert batch.old_logprobs is None and batch.advantages is None
@@ -71,7 +72,7 @@ def test_the_batch_is_frozen_and_each_step_makes_a_new_version():
     batch = RolloutBatch.from_trajectories(TRAJS)
     with pytest.raises(AttributeError):
         batch.advantages = torch.zeros(2)  # nobody patches a batch
-    old = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
+    old = [torch.tensor(s.rollout_logprobs) for s in batch.conversations]
     with_lp = batch.with_logprobs(old)
     done = with_lp.with_advantages(torch.tensor([0.5, -0.5]))
     assert batch.old_logprobs is None and with_lp.advantages is None
@@ -85,10 +86,10 @@ def test_the_batch_is_frozen_and_each_step_makes_a_new_version():
 
 
 def test_overlong_mask_vs_keep():
-    masked = RolloutBatch.from_trajectories(TRAJS).samples
+    masked = RolloutBatch.from_trajectories(TRAJS).conversations
     assert [s.trainable for s in masked] == [True, False, True, True]
     assert [s.num_loss_tokens for s in masked] == [2, 0, 1, 1]
-    kept = RolloutBatch.from_trajectories(TRAJS, overlong="keep").samples
+    kept = RolloutBatch.from_trajectories(TRAJS, overlong="keep").conversations
     assert [s.trainable for s in kept] == [True] * 4
     assert len(masked) == len(kept) == 4  # masking never drops a conversation
 
@@ -159,8 +160,8 @@ def test_pack_never_drops_and_respects_budget(sizes, budget, padded):
 
 # ---------------------------------------------------------------- collate
 
-A = Sample([5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], 0, "q", 0, "memory_update")
-B = Sample([11], [12], [-0.4], 1, "q", 0, "final", truncated=True, trainable=False)
+A = Conversation([5, 6], [7, 8, 2], [-0.1, -0.2, -0.3], 0, "q", 0, "memory_update")
+B = Conversation([11], [12], [-0.4], 1, "q", 0, "final", truncated=True, trainable=False)
 
 
 def test_collate_by_hand():
@@ -232,9 +233,9 @@ def test_packed_micro_batches_give_the_full_batch_loss(mode):
                    reward=0.5),
     ]
     batch = RolloutBatch.from_trajectories(trajs)
-    batch = batch.with_logprobs([torch.tensor(s.rollout_logprobs) for s in batch.samples])
+    batch = batch.with_logprobs([torch.tensor(s.rollout_logprobs) for s in batch.conversations])
     batch = batch.with_advantages(torch.tensor([1.0, -1.0, 0.25]))
-    everything = list(range(len(batch.samples)))
+    everything = list(range(len(batch.conversations)))
     g = torch.Generator().manual_seed(0)
 
     def forward(batch):  # fake current-policy log-probs: a fixed function of the tokens
@@ -247,7 +248,7 @@ def test_packed_micro_batches_give_the_full_batch_loss(mode):
                                full["loss_mask"], traj_ids=full["traj_index"], **kw)
     norm = batch.loss_norm(everything, mode, scale_factor=5.0)
     total = 0.0
-    for idx in pack_token_budget([s.num_tokens for s in batch.samples], 12):
+    for idx in pack_token_budget([s.num_tokens for s in batch.conversations], 12):
         mb = batch.collate(idx, pad_id=0)
         width = mb["input_ids"].shape[1]
         loss, _ = policy_loss(forward(mb) + perturb[idx, :width], mb["old_logprobs"],

@@ -10,13 +10,13 @@ from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.inference.loader import load_model
 from memrl.rl.actor import Actor, Reference, build_optimizer, response_logprobs, warmup_schedule
-from memrl.rl.batch import RolloutBatch, Sample, collate
+from memrl.rl.batch import Conversation, RolloutBatch, collate
 from memrl.rl.config import RLConfig
 from memrl.rl.packing import check_packed_attention, packed_inputs
 
 
 def sample(prompt, response, traj=0):
-    return Sample(prompt, response, [0.0] * len(response), traj, f"g{traj}", 0, "final")
+    return Conversation(prompt, response, [0.0] * len(response), traj, f"g{traj}", 0, "final")
 
 
 def test_packed_inputs_by_hand():
@@ -85,7 +85,7 @@ def make_actor(model_dir, **rl) -> Actor:
 
 def test_actor_update_with_remove_padding_equals_the_padded_update(tiny_model_dir):
     batch = rollout_batch()
-    sizes = [s.num_tokens for s in batch.samples]
+    sizes = [s.num_tokens for s in batch.conversations]
     runs = {}
     for packed in (False, True):
         actor = make_actor(tiny_model_dir, remove_padding=packed)
@@ -93,7 +93,7 @@ def test_actor_update_with_remove_padding_equals_the_padded_update(tiny_model_di
         old = actor.logprobs(batch)
         b = batch.with_logprobs(old, ref.logprobs(batch)).with_advantages(
             torch.tensor([0.5, -0.5, 1.0, -1.0]))
-        micro = actor.micro_batches(b, list(range(len(b.samples))))
+        micro = actor.micro_batches(b, list(range(len(b.conversations))))
         runs[packed] = (old, micro, actor.update(b))
     (old0, micro0, m0), (old1, micro1, m1) = runs[False], runs[True]
     for a, b in zip(old1, old0, strict=True):

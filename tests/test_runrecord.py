@@ -163,8 +163,9 @@ def train_yaml(path: Path, model_dir: Path, data_dir: Path, out: Path, **data) -
         "model": {"path": str(model_dir)},
         "data": {"train_file": str(data_dir / "train.jsonl"), "train_batch_size": 2, **data},
         "memagent": {"chunk_size": 48, "max_chunks": 2, "max_memory_tokens": 6,
-                     "max_final_tokens": 6, "temperature": 1.0, "top_p": 1.0},
-        "rl": {"rollout_n": 2, "ppo_mini_batch_size": 2, "overlong": "keep",
+                     "max_final_tokens": 6},
+        "rollout": {"n": 2, "temperature": 1.0, "top_p": 1.0},
+        "rl": {"ppo_mini_batch_size": 2, "overlong": "keep",
                "dynamic_sampling": False},
         "trainer": {"out_dir": str(out), "log_sinks": ["jsonl"], "total_steps": 1},
     }

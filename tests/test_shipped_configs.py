@@ -1,10 +1,12 @@
 """Every config shipped in configs/ validates, and the real-run example mirrors MemAgent."""
 
+import warnings
 from pathlib import Path
 
 import pytest
 
 from memrl.config import load_config
+from memrl.deprecation import MemrlDeprecationWarning
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
 
@@ -13,24 +15,29 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_config_validates(path):
-    """`*_sft.yaml` configs are `memrl sft` configs; the others `memrl train` configs."""
-    load_config(SFTConfig if path.stem.endswith("_sft") else TrainConfig, path)
+    """`*_sft.yaml` configs are `memrl sft` configs; the others `memrl train` configs. None
+    uses a deprecated key."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemrlDeprecationWarning)
+        load_config(SFTConfig if path.stem.endswith("_sft") else TrainConfig, path)
 
 
 def test_memagent_example_mirrors_published_hyperparameters():
     path = Path(__file__).resolve().parents[1] / "configs" / "memagent_qwen2.5-7b_hotpotqa.yaml"
     cfg = load_config(TrainConfig, path)
     assert cfg.memagent.chunk_size == 5000 and cfg.memagent.max_memory_tokens == 1024
-    assert cfg.rl.rollout_n == 16 and cfg.optim.lr == 1e-6 and cfg.optim.warmup_steps == 20
+    assert cfg.rollout.n == 16 and cfg.optim.lr == 1e-6 and cfg.optim.warmup_steps == 20
     assert cfg.rl.clip_ratio_high == 0.20 and cfg.rl.kl_loss_type == "low_var_kl"
     assert cfg.rl.kl_loss_coef == 0.001 and cfg.rl.use_kl_loss
     assert cfg.data.train_batch_size == 128 and cfg.rl.ppo_mini_batch_size == 8
     assert not cfg.rl.norm_adv_by_std and cfg.rl.entropy_coeff == 0
     assert not cfg.rl.dynamic_sampling and not cfg.data.shuffle and cfg.rl.overlong == "keep"
     assert cfg.rl.clip_ratio_low == 0.2 and cfg.rl.clip_ratio_c == 3.0
-    assert cfg.rl.reward == "memagent_em" and cfg.memagent.temperature == 1.0
+    assert cfg.rl.reward == "memagent_em" and cfg.rollout.temperature == 1.0
+    assert cfg.rollout.top_p == 1.0
     assert cfg.memagent.max_chunks == 8 and cfg.memagent.truncation == "center"
-    assert (cfg.rl.val_n, cfg.rl.val_temperature, cfg.rl.val_top_p) == (4, 1.0, 0.7)
+    val = cfg.rollout.val
+    assert (val.n, val.temperature, val.top_p) == (4, 1.0, 0.7)
     assert cfg.trainer.total_epochs == 30 and cfg.trainer.test_freq == 5
 
 
@@ -49,4 +56,4 @@ def test_memagent_example_runs_as_published_on_vllm_and_fsdp():
     assert cfg.memagent.prompts == "memagent-published"
     assert "\\boxed{{}}" in cfg.memagent.resolved_prompts.final_template
     # 128 questions x 16 trajectories a step: no per-trajectory records by default
-    assert not cfg.trainer.log_trajectories.active(cfg.data.train_batch_size * cfg.rl.rollout_n)
+    assert not cfg.trainer.log_trajectories.active(cfg.data.train_batch_size * cfg.rollout.n)

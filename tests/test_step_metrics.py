@@ -60,7 +60,7 @@ def view() -> StepView:
         trajectories=trajs, task_rewards=task_rewards,
         rewards=task_rewards - torch.tensor([0.1, 0.1, 0.2, 0.0]),
         advantages=torch.tensor([0.5, -0.5, 0.0, 0.0]),
-        sample_lengths=[("memory_update", 4), ("final", 2), ("final", 6)],
+        conversation_lengths=[("memory_update", 4), ("final", 2), ("final", 6)],
         truncated=[False, False, True], response_tokens=12.0, train_tokens=30.0,
     )
 

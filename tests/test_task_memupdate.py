@@ -330,11 +330,11 @@ def test_llm_answerer_uses_the_generator(tiny_tokenizer):
 # ---- training ---------------------------------------------------------------------------
 
 
-def test_build_task_and_temperature():
+def test_build_task():
     cfg = load_config(TrainConfig, CONFIG, ["model.path=m", "memupdate.embedder=hashing"])
     task = build_task(cfg)
     assert isinstance(task, MemoryUpdateTask)
-    assert task.sampling_temperature == cfg.memupdate.temperature
+    assert (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)  # configs/memupdate
     assert task.embedder.name == "hashing-256"
 
 
@@ -359,7 +359,7 @@ def test_two_grpo_steps_end_to_end(tiny_model_dir, tmp_path):
         f"model.path={tiny_model_dir}", f"data.train_file={data}", f"data.val_file={data}",
         "data.val_limit=2", f"trainer.out_dir={out}", "trainer.total_steps=2",
         "trainer.log_sinks=[jsonl]", "trainer.test_freq=0", "trainer.save_freq=0",
-        "trainer.num_logged_trajectories=2", "rl.rollout_n=2", "memupdate.embedder=hashing",
+        "trainer.num_logged_trajectories=2", "rollout.n=2", "memupdate.embedder=hashing",
         "memupdate.max_response_tokens=12", "memupdate.session_chunk_turns=2",
         "memupdate.memory_view_k=2", "memupdate.max_tool_response_length=200",
     ])

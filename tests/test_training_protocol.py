@@ -18,8 +18,8 @@ from memrl.agents.memagent import (
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import request_params
+from memrl.inference.config import ValidationSamplingConfig
 from memrl.inference.scripted import ScriptedGenerator
-from memrl.rl.config import RLConfig
 from memrl.tasks.memagent_qa import REWARDS, MemAgentQATask
 
 # ---------------------------------------------------------------- centre truncation
@@ -164,14 +164,15 @@ def test_rollout_top_p_overrides_the_agent_config(tiny_tokenizer):
 
 
 def test_val_top_p_is_checked():
-    assert RLConfig().val_top_p is None and RLConfig(val_top_p=0.7).val_top_p == 0.7
+    assert ValidationSamplingConfig().top_p is None
+    assert ValidationSamplingConfig(top_p=0.7).top_p == 0.7
     for bad in (0.0, 1.5):
         with pytest.raises(ValidationError):
-            RLConfig(val_top_p=bad)
+            ValidationSamplingConfig(top_p=bad)
 
 
 def test_validation_samples_with_val_top_p(tiny_model_dir, tmp_path):
-    """The recipe's validation passes rl.val_n / val_temperature / val_top_p to the task."""
+    """The recipe's validation passes rollout.val.n / temperature / top_p to the task."""
     from memrl.config import load_config
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.synthetic import make_synthetic_records
@@ -185,7 +186,8 @@ def test_validation_samples_with_val_top_p(tiny_model_dir, tmp_path):
         "rl.ppo_mini_batch_size=1", f"trainer.out_dir={tmp_path / 'run'}",
         "trainer.log_sinks=[jsonl]", "memagent.chunk_size=48", "memagent.max_chunks=1",
         "memagent.max_memory_tokens=2", "memagent.max_final_tokens=2",
-        "memagent.top_p=1.0", "rl.val_n=2", "rl.val_temperature=1.0", "rl.val_top_p=0.7",
+        "rollout.top_p=1.0", "rollout.val.n=2", "rollout.val.temperature=1.0",
+        "rollout.val.top_p=0.7",
     ])
     seen = []
 

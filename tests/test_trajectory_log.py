@@ -128,7 +128,7 @@ def test_config_auto_true_false_and_shorthand():
     assert cfg.trainer.log_trajectories.max_rows_per_step == 4
     with pytest.raises(ValidationError, match="not one whole group fits"):
         TrainConfig.model_validate({
-            "model": {"path": "m"}, "data": {"train_file": "t"}, "rl": {"rollout_n": 4},
+            "model": {"path": "m"}, "data": {"train_file": "t"}, "rollout": {"n": 4},
             "trainer": {"log_trajectories": {"enabled": True, "max_rows_per_step": 3}}})
 
 
@@ -141,11 +141,11 @@ def run(tiny_model_dir, tmp_path_factory):
     save_records_jsonl(records, d / "train.jsonl")
     cfg = load_config(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"data.train_file={d / 'train.jsonl'}",
-        f"trainer.out_dir={d / 'run'}", "data.train_batch_size=2", "rl.rollout_n=3",
+        f"trainer.out_dir={d / 'run'}", "data.train_batch_size=2", "rollout.n=3",
         "rl.ppo_mini_batch_size=2", "rl.reward=context_overlap", "rl.norm_adv_by_std=true",
         "rl.use_kl_in_reward=true", "rl.kl_reward_coef=0.01", "rl.dynamic_sampling=false",
         "memagent.chunk_size=48", "memagent.max_chunks=2", "memagent.max_memory_tokens=6",
-        "memagent.max_final_tokens=6", "memagent.temperature=1.0", "memagent.top_p=1.0",
+        "memagent.max_final_tokens=6", "rollout.temperature=1.0", "rollout.top_p=1.0",
         "rl.overlong=keep", "trainer.total_steps=2", "trainer.log_sinks=[jsonl]",
         "trainer.val_before_train=false", "optim.lr=1e-3",
     ])
@@ -169,9 +169,9 @@ def test_rows_carry_the_trainers_advantages_and_recompute_them(run):
     assert sorted(steps) == [1, 2]
     for step, batch in zip((1, 2), run["batches"], strict=True):
         rows = steps[step]
-        assert len(rows) == cfg.data.train_batch_size * cfg.rl.rollout_n
+        assert len(rows) == cfg.data.train_batch_size * cfg.rollout.n
         assert [(r["id"], r["sample_index"]) for r in rows] == [
-            (g, i) for g in dict.fromkeys(batch.group_ids) for i in range(cfg.rl.rollout_n)]
+            (g, i) for g in dict.fromkeys(batch.group_ids) for i in range(cfg.rollout.n)]
         # the trainer's advantages, row by row
         for row, adv, reward in zip(rows, batch.advantages, batch.rewards, strict=True):
             assert row["step"] == step and math.isclose(row["advantage"], float(adv),

@@ -68,10 +68,6 @@ class Mem1Task:
     def from_config(cls, config: Any) -> Mem1Task:
         return cls(config.agent_config, reward_of(config))
 
-    @property
-    def sampling_temperature(self) -> float:
-        return self.config.temperature
-
     def load(self, path: str, fmt: str, *, what: str) -> list[QARecord]:
         records = load_hotpotqa(path, format=fmt)
         if not records:

@@ -142,7 +142,7 @@ def ask(
     """Read `documents` with a memory agent and answer `question` about them.
 
     `model`: a model directory (loaded in this process with transformers, on `device` in
-    `dtype`) or an engine (`HFGenerator`, `VLLMGenerator`, `OpenAIGenerator`, ...).
+    `dtype`) or an engine (`HFEngine`, `VLLMEngine`, `OpenAIEngine`, ...).
     `documents`: paths (`os.PathLike`, read by suffix: text, Markdown, HTML, PDF) or strings
     (the text itself), any length. `config`: the agent's settings (a MemAgentConfig as it
     is), or overrides of the settings stored with the model (`memrl.ask.settings`).
@@ -151,7 +151,7 @@ def ask(
     given by path is loaded.
     """
     if isinstance(model, str | os.PathLike):
-        from memrl.inference.hf import HFGenerator
+        from memrl.inference.hf import HFEngine
         from memrl.inference.loader import load_model, load_tokenizer
 
         docs = open_documents(documents)
@@ -159,7 +159,7 @@ def ask(
         cfg = resolve_config(config, model)
         tokenizer = load_tokenizer(model)
         chunks = document_chunks(tokenizer, docs, cfg, max_document_tokens)
-        generator = HFGenerator(load_model(model, device=device, dtype=dtype), tokenizer)
+        generator = HFEngine(load_model(model, device=device, dtype=dtype), tokenizer)
         generator.name_or_path = str(model)
         return asyncio.run(read(generator, chunks, question, cfg, progress=progress))
     return asyncio.run(aask(model, documents, question, config=config, progress=progress,

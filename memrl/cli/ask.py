@@ -12,13 +12,13 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import app
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
     check_model_dir,
     config_options,
-    load_generator,
+    load_engine,
     print_warning,
 )
 
@@ -46,7 +46,7 @@ def ask(
         typer.Option("--trace", help="Write the episode to this JSONL file (open it with "
                      "`memrl view FILE`)."),
     ] = None,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     device: DeviceOption = None,
@@ -78,9 +78,9 @@ def ask(
         check_output_file(trace, location=f"--trace {trace}")
     cfg = model_agent_config(model, config, "ask")
     chunks = document_chunks(load_tokenizer(model), docs, cfg)
-    generator = load_generator(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=cfg.seed,
-        engine=engine, base_urls=base_url,
+    generator = load_engine(
+        model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+        seed=cfg.seed, engine=engine, base_urls=base_url,
     )
     result = run_with_progress(generator, chunks, question, cfg, show_memory=show_memory,
                                quiet=quiet)

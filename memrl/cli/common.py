@@ -45,12 +45,12 @@ def check_out_dir(out: Path) -> None:
     check_output_dir(out, location=f"--out {out}")
 
 
-def load_generator(
+def load_engine(
     model: Path,
     *,
     device: str | None,
     dtype: str | None,
-    batch_size: int,
+    generation_batch_size: int,
     seed: int | None,
     engine: str = "hf",
     base_urls: list[str] | None = None,
@@ -58,7 +58,7 @@ def load_generator(
     request_timeout: float | None = None,
     health_check: float | None = None,
 ) -> Any:
-    """The generator of `engine` for `model`: HFGenerator on `device` (validated, torch
+    """The generator of `engine` for `model`: HFEngine on `device` (validated, torch
     seeded when asked), a vLLM engine, or a pool of OpenAI-compatible servers (each request
     given `request_timeout` seconds, the servers checked every `health_check` seconds; the
     servers asked at once whether they answer: none answering is a one-line error naming the
@@ -113,7 +113,8 @@ def load_generator(
     if seed is not None:
         torch.manual_seed(seed)
     model_, tokenizer = load_pretrained(str(model), device=device, dtype=dtype)
-    generator = build_engine("hf", tokenizer, model=model_, max_batch_size=batch_size)
+    generator = build_engine("hf", tokenizer, model=model_,
+                             generation_batch_size=generation_batch_size)
     generator.name_or_path = str(model)
     return generator
 
@@ -226,8 +227,9 @@ def print_warning(message: str) -> None:
 
 
 # Options every evaluation command takes (declared once).
-BatchSizeOption = Annotated[
-    int, typer.Option(min=1, help="Prompts per forward pass of the generator (micro-batch).")
+GenerationBatchSizeOption = Annotated[
+    int, typer.Option(min=1, help="Prompts per forward pass of the hf engine (a micro-batch; "
+                      "rollout.generation_batch_size in training).")
 ]
 EngineOption = Annotated[
     str, typer.Option(help="Generation engine: hf (in-process), vllm, openai (servers).")

@@ -11,7 +11,7 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import eval_app
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
@@ -22,7 +22,7 @@ from memrl.cli.common import (
     check_out_dir,
     config_options,
     eval_interruptible,
-    load_generator,
+    load_engine,
     record_eval,
 )
 from memrl.errors import MemrlInputError
@@ -48,7 +48,8 @@ def ruler_hqa(
     limit: Annotated[
         int | None, typer.Option(min=1, help="Evaluate the first K records per N.")
     ] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
+    num_samples: Annotated[int, typer.Option(
+        "--n", min=1, help="Trajectories per record (as rollout.n in training).")] = 1,
     protocol: Annotated[
         str,
         typer.Option(help="How the final answer is asked for and scored: memagent (MemAgent's "
@@ -68,7 +69,7 @@ def ruler_hqa(
         bool, typer.Option("--resume", help="Continue the run in --out (an error if there "
                            "is none); re-running into the same --out resumes anyway.")
     ] = False,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
@@ -107,14 +108,15 @@ def ruler_hqa(
     if resume and not previous:
         raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
     settings = {"model": str(model), "data": str(data), "num_docs": num_docs, "limit": limit,
-                "samples": samples, "protocol": protocol, "pool": None if pool is None
+                "samples": num_samples, "protocol": protocol, "pool": None if pool is None
                 else str(pool), "engine": engine, "dtype": dtype,
                 "config": config.model_dump(mode="json")}
     with record_eval(out, "eval ruler-hqa", engine=engine, device=device, seed=config.seed,
                      settings=settings), eval_interruptible(out):
-        generator = load_generator(
-            model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
-            engine=engine, base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
+        generator = load_engine(
+            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+            seed=config.seed, engine=engine, base_urls=base_url,
+            gpu_memory_utilization=gpu_memory_utilization,
             request_timeout=request_timeout, health_check=health_check,
         )
         evaluate_ruler_hqa(
@@ -124,7 +126,7 @@ def ruler_hqa(
             config=config,
             out_dir=out,
             limit=limit,
-            num_samples=samples,
+            num_samples=num_samples,
             records_per_run=records_per_run,
             protocol=protocol,
             pool=pool,

@@ -4,14 +4,14 @@ on its own data, through the one evaluation runner (no learning)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from memrl.cli.app import eval_app
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
@@ -21,7 +21,7 @@ from memrl.cli.common import (
     check_model_dir,
     check_out_dir,
     eval_interruptible,
-    load_generator,
+    load_engine,
     record_eval,
 )
 from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
@@ -40,17 +40,18 @@ def agent(
         "its model and data are replaced by --model and --data.")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help="A dotted override of the config, as for `memrl train`, e.g. "
-        "--set memagent.temperature=0; repeat for several.")] = None,
+        "--set rollout.temperature=0; repeat for several.")] = None,
     data_format: Annotated[str, typer.Option("--format", help="data.format of the task's "
                                              "loader.")] = "auto",
     limit: Annotated[int | None, typer.Option(min=1, help="The first K records.")] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Trajectories per record.")] = 1,
+    num_samples: Annotated[int, typer.Option(
+        "--n", min=1, help="Trajectories per record (as rollout.n in training).")] = 1,
     episodes_per_run: Annotated[int, typer.Option(
         min=1, help="Records rolled out and saved together (a kill loses at most these).")] = 32,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the run in --out (an error if there is none); re-running "
         "into the same --out resumes anyway.")] = False,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
@@ -72,25 +73,38 @@ def agent(
     check_out_dir(out)
     sets = [f"model.path={model}", f"data.train_file={data}", f"data.format={data_format}",
             *([f"agent={agent}"] if agent else []), *(overrides or [])]
-    cfg = load_config(TrainConfig, config, sets)
+    cfg = sampling_as_rollout(load_config(TrainConfig, config, sets))
     task = build_task(cfg)
     records = task.load(data, data_format, what="evaluation")[:limit]
     seed = cfg.agent_config.seed if getattr(cfg.agent_config, "seed", None) is not None \
         else cfg.seed
-    settings = {"model": str(model), "data": data, "limit": limit, "samples": samples,
+    settings = {"model": str(model), "data": data, "limit": limit, "samples": num_samples,
                 "engine": engine, "dtype": dtype, "agent": cfg.agent,
                 "config": cfg.agent_config.model_dump(mode="json"), "reward": cfg.rl.reward}
     with record_eval(out, "eval agent", engine=engine, device=device, seed=seed,
                      settings=settings), eval_interruptible(out):
-        generator = load_generator(
-            model, device=device, dtype=dtype, batch_size=batch_size, seed=seed, engine=engine,
-            base_urls=base_url, gpu_memory_utilization=gpu_memory_utilization,
+        generator = load_engine(
+            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+            seed=seed, engine=engine, base_urls=base_url,
+            gpu_memory_utilization=gpu_memory_utilization,
             request_timeout=request_timeout, health_check=health_check,
         )
         header = run_header(f"agent {cfg.agent}", generator, str(model), cfg.agent_config,
                             protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=cfg.agent,
-                            data=data, limit=limit, num_samples=samples)
-        evaluate_task(task, generator, records, out_dir=out, header=header, num_samples=samples,
+                            data=data, limit=limit, num_samples=num_samples)
+        evaluate_task(task, generator, records, out_dir=out, header=header, num_samples=num_samples,
                       per_run=episodes_per_run, seed=seed, resume=resume,
                       show_progress=not quiet)
     typer.echo(f"results written to {out}")
+
+
+def sampling_as_rollout(cfg: Any) -> Any:
+    """`cfg` whose agent section samples as its `rollout` says where the config (or a `--set`)
+    gives `rollout.temperature` / `rollout.top_p`: the evaluation then samples as training
+    did. Otherwise the agent section's own sampling (its defaults) is kept."""
+    section = cfg.agent_config
+    given = {key: getattr(cfg.rollout, key) for key in ("temperature", "top_p")
+             if key in cfg.rollout.model_fields_set and key in type(section).model_fields}
+    if not given:
+        return cfg
+    return cfg.model_copy(update={"agent_config": section.model_copy(update=given)})

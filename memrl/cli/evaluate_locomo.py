@@ -12,7 +12,7 @@ from memrl.agents.memupdate import MemUpdateConfig
 from memrl.cli.app import eval_app
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
@@ -22,7 +22,7 @@ from memrl.cli.common import (
     check_out_dir,
     config_options,
     eval_interruptible,
-    load_generator,
+    load_engine,
     record_eval,
 )
 from memrl.errors import MemrlInputError
@@ -71,7 +71,8 @@ def locomo(
         list[str] | None,
         typer.Option("--categories", help="LoCoMo categories, e.g. 1,2,3,4 (5 = adversarial)."),
     ] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Trajectories per episode.")] = 1,
+    num_samples: Annotated[int, typer.Option(
+        "--n", min=1, help="Trajectories per episode (as rollout.n in training).")] = 1,
     split: Annotated[
         str, typer.Option(help="Conversations to evaluate: all, or the train / test side of "
                           "the 7/3 conversation split (first 7 of 10 conversations: train).")
@@ -88,7 +89,7 @@ def locomo(
     episodes_per_run: Annotated[
         int, typer.Option(min=1, help="Episodes run together in lockstep.")
     ] = 32,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
@@ -117,20 +118,21 @@ def locomo(
         )
     cats = parse_categories(categories)
     settings = {"model": str(model), "data": str(data), "limit": limit, "categories": cats,
-                "samples": samples, "split": split, "engine": engine, "dtype": dtype,
+                "samples": num_samples, "split": split, "engine": engine, "dtype": dtype,
                 "judge_model": None if judge_model is None else str(judge_model),
                 "config": config.model_dump(mode="json")}
     with record_eval(out, "eval locomo", engine=engine, device=device, seed=config.seed,
                      settings=settings), eval_interruptible(out):
-        generator = load_generator(
-            model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed,
-            engine=engine, base_urls=base_url, request_timeout=request_timeout,
+        generator = load_engine(
+            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+            seed=config.seed, engine=engine, base_urls=base_url, request_timeout=request_timeout,
             health_check=health_check,
         )
         judge = None
         if judge_model is not None:
-            judge = (generator if judge_model.resolve() == model.resolve() else load_generator(
-                judge_model, device=device, dtype=dtype, batch_size=batch_size, seed=config.seed))
+            judge = (generator if judge_model.resolve() == model.resolve() else load_engine(
+                judge_model, device=device, dtype=dtype,
+                generation_batch_size=generation_batch_size, seed=config.seed))
         evaluate_locomo(
             generator,
             data,
@@ -138,7 +140,7 @@ def locomo(
             out_dir=out,
             categories=cats,
             limit=limit,
-            num_samples=samples,
+            num_samples=num_samples,
             episodes_per_run=episodes_per_run,
             split=split,
             judge=judge,

@@ -9,7 +9,7 @@ import typer
 
 from memrl.cli.app import eval_app
 from memrl.cli.common import (
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
@@ -18,7 +18,7 @@ from memrl.cli.common import (
     check_out_dir,
     config_options,
     eval_interruptible,
-    load_generator,
+    load_engine,
 )
 from memrl.eval.long_context import LongContextConfig
 
@@ -36,7 +36,7 @@ def long_context(
     limit: Annotated[
         int | None, typer.Option("--limit", min=1, help="Evaluate the first K records per N.")
     ] = None,
-    batch_size: BatchSizeOption = 8,
+    generation_batch_size: GenerationBatchSizeOption = 8,
     engine: EngineOption = "hf",
     device: DeviceOption = None,
     dtype: DtypeOption = None,
@@ -54,9 +54,10 @@ def long_context(
     if config.window is None:
         config = config.model_copy(update={"window": model_window(model)})
     with eval_interruptible(out):
-        generator = load_generator(model, device=device, dtype=dtype, batch_size=batch_size,
-                                   seed=config.seed, engine=engine,
-                                   gpu_memory_utilization=gpu_memory_utilization)
+        generator = load_engine(model, device=device, dtype=dtype,
+                                generation_batch_size=generation_batch_size,
+                                seed=config.seed, engine=engine,
+                                gpu_memory_utilization=gpu_memory_utilization)
         evaluate_long_context(generator, data, num_docs, out_dir=out, config=config,
                               limit=limit, model_name=str(model))
     typer.echo(f"results written to {out}")

@@ -78,13 +78,14 @@ def _question_positions(records: list[QARecord], num_questions: int | None,
                 location="--num-questions",
             )
         return list(range(len(records) if num_questions is None else num_questions))
-    from memrl.cli.common import config_from_options, load_generator
+    from memrl.cli.common import config_from_options, load_engine
     from memrl.eval.closed_book import ClosedBookConfig, select_unanswered
 
     config = config_from_options(ClosedBookConfig, samples=filter_samples,
                                  batch_size=filter_batch_size)
-    generators = [load_generator(Path(m), device=device, dtype=dtype,
-                                 batch_size=filter_batch_size * filter_samples, seed=None)
+    generators = [load_engine(Path(m), device=device, dtype=dtype,
+                              generation_batch_size=filter_batch_size * filter_samples,
+                              seed=None)
                   for m in filter_models]
 
     def report(done: int, kept: int) -> None:

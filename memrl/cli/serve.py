@@ -13,13 +13,13 @@ from memrl.cli.app import app
 from memrl.cli.ask import AGENT_OPTIONS, model_agent_config
 from memrl.cli.common import (
     BaseUrlOption,
-    BatchSizeOption,
+    GenerationBatchSizeOption,
     DeviceOption,
     DtypeOption,
     EngineOption,
     check_model_dir,
     config_options,
-    load_generator,
+    load_engine,
 )
 from memrl.serve.config import ServeConfig
 
@@ -34,7 +34,7 @@ def serve(
     model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
     config: dict[str, Any],
     server: ServeConfig,
-    batch_size: BatchSizeOption = 32,
+    generation_batch_size: GenerationBatchSizeOption = 32,
     engine: EngineOption = "hf",
     base_url: BaseUrlOption = None,
     device: DeviceOption = None,
@@ -55,9 +55,9 @@ def serve(
     check_model_dir(model)
     agent = model_agent_config(model, config, "serve")
     api_key = os.environ.get(server.api_key_env) or None
-    generator = load_generator(
-        model, device=device, dtype=dtype, batch_size=batch_size, seed=agent.seed,
-        engine=engine, base_urls=base_url,
+    generator = load_engine(
+        model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
+        seed=agent.seed, engine=engine, base_urls=base_url,
     )
     if not getattr(generator, "continuous_batching", False):
         generator = BatchingEngine(generator)

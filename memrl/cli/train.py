@@ -20,7 +20,7 @@ ResumeOption = Annotated[bool, typer.Option(
 def train(
     config: Path = typer.Argument(..., help="Training config (YAML)."),
     overrides: list[str] = typer.Argument(
-        None, help="Dotted overrides, e.g. rl.rollout_n=8 memagent.chunk_size=512"
+        None, help="Dotted overrides, e.g. rollout.n=8 memagent.chunk_size=512"
     ),
     resume: ResumeOption = False,
     nproc_per_node: int = typer.Option(

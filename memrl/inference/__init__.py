@@ -1,5 +1,6 @@
 """Generators and engines: everything that turns prompt token ids into response token ids."""
 
+from memrl.deprecation import moved_names
 from memrl.inference.base import (
     Engine,
     Generation,
@@ -15,12 +16,19 @@ from memrl.inference.base import (
     runs_async,
 )
 from memrl.inference.chat import encode_chat, encode_messages, render_chat
-from memrl.inference.config import ENGINES, EngineName, OpenAIConfig, VLLMConfig
+from memrl.inference.config import (
+    ENGINES,
+    EngineName,
+    OpenAIConfig,
+    SamplingConfig,
+    ValidationSamplingConfig,
+    VLLMConfig,
+)
 from memrl.inference.factory import build_engine
-from memrl.inference.hf import HFGenerator
+from memrl.inference.hf import HFEngine
 from memrl.inference.loader import load_model, load_pretrained, load_tokenizer
-from memrl.inference.openai import OpenAIGenerator
-from memrl.inference.vllm import VLLMGenerator
+from memrl.inference.openai import OpenAIEngine
+from memrl.inference.vllm import VLLMEngine
 
 __all__ = [
     "ENGINES",
@@ -28,14 +36,16 @@ __all__ = [
     "EngineName",
     "Generation",
     "Generator",
-    "HFGenerator",
+    "HFEngine",
     "OpenAIConfig",
-    "OpenAIGenerator",
+    "OpenAIEngine",
     "RolloutMode",
     "Sampler",
+    "SamplingConfig",
     "SamplingParams",
     "VLLMConfig",
-    "VLLMGenerator",
+    "ValidationSamplingConfig",
+    "VLLMEngine",
     "batch_params",
     "build_engine",
     "derive_seed",
@@ -50,3 +60,8 @@ __all__ = [
     "response_text",
     "runs_async",
 ]
+
+__getattr__ = moved_names(__name__, {
+    "HFGenerator": "HFEngine", "VLLMGenerator": "VLLMEngine", "OpenAIGenerator": "OpenAIEngine",
+})
+"""The engines' old names (kept for one release), with a DeprecationWarning."""

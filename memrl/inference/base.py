@@ -85,7 +85,7 @@ class Generation:
 
 @runtime_checkable
 class Generator(Protocol):
-    """Batched text generation. Implementations: HFGenerator (in-process), scripted fakes."""
+    """Batched text generation. Implementations: HFEngine (in-process), scripted fakes."""
 
     tokenizer: Any
     """A Hugging Face tokenizer with a chat template: agents build prompts with it."""

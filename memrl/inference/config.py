@@ -1,9 +1,11 @@
 """Settings of the rollout engines that run outside the trainer's own forward pass.
 
-`VLLMConfig` configures the colocated vLLM engine (`memrl.inference.vllm.VLLMGenerator`),
-with verl's names (`actor_rollout_ref.rollout.*`); `OpenAIConfig` the pool of
-OpenAI-compatible servers (`memrl.inference.openai.OpenAIGenerator`). Training configs hold
-them under `rollout.vllm` / `rollout.openai`; docs/configuration.md maps every field.
+`SamplingConfig` says how a rollout samples (training's; validation's, with its own
+defaults, is `ValidationSamplingConfig`); `VLLMConfig` configures the colocated vLLM engine
+(`memrl.inference.vllm.VLLMEngine`), with verl's names (`actor_rollout_ref.rollout.*`);
+`OpenAIConfig` the pool of OpenAI-compatible servers (`memrl.inference.openai.OpenAIEngine`).
+Training configs hold them under `rollout` (`rollout.val`, `rollout.vllm`, `rollout.openai`);
+docs/configuration.md maps every field.
 """
 
 from __future__ import annotations
@@ -24,6 +26,32 @@ DEFAULT_REQUEST_TIMEOUT_S = 600.0
 """`rollout.openai.timeout_s` and `memrl eval --request-timeout` unless set."""
 DEFAULT_HEALTH_CHECK_S = 5.0
 """`rollout.openai.health_check_s` and `memrl eval --health-check` unless set."""
+
+
+class SamplingConfig(StrictModel):
+    """How a rollout samples: trajectories per record and the sampling of every request
+    (verl actor_rollout_ref.rollout.n / temperature / top_p). Training's is `rollout`
+    (`rollout.n`, `rollout.temperature`, `rollout.top_p`); validation's `rollout.val`."""
+
+    n: int = Field(4, ge=1)
+    """Trajectories per record: the GRPO group (verl rollout.n)."""
+    temperature: float = Field(0.7, ge=0, allow_inf_nan=False)
+    """Sampling temperature of every request (0 = greedy); the trainer's log-probs use it
+    too (verl rollout.temperature)."""
+    top_p: float = Field(0.95, gt=0, le=1)
+    """Nucleus threshold of every request (verl rollout.top_p)."""
+
+
+class ValidationSamplingConfig(SamplingConfig):
+    """How validation samples (verl actor_rollout_ref.rollout.val_kwargs.*)."""
+
+    n: int = Field(1, ge=1)
+    """Trajectories per validation record (verl rollout.val_kwargs.n)."""
+    temperature: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """Sampling temperature of validation (0 = greedy; verl rollout.val_kwargs.temperature)."""
+    top_p: float | None = Field(None, gt=0, le=1)  # type: ignore[assignment]
+    """Nucleus threshold of validation (verl rollout.val_kwargs.top_p); None: training's
+    (`rollout.top_p`)."""
 
 
 class VLLMConfig(StrictModel):

@@ -1,6 +1,6 @@
 """The one place that builds a rollout engine by name (`EngineName`: hf, vllm, openai), for
 training (`memrl.recipes.models.build_engine`) and for every command that generates
-(`memrl.cli.common.load_generator`). The engines' modules are imported only when built."""
+(`memrl.cli.common.load_engine`). The engines' modules are imported only when built."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def build_engine(
     *,
     model: Any = None,
     model_path: str | Path | None = None,
-    max_batch_size: int = 32,
+    generation_batch_size: int = 32,
     vllm: VLLMConfig | None = None,
     openai: OpenAIConfig | None = None,
     training: bool = False,
@@ -27,7 +27,7 @@ def build_engine(
     """The engine `kind` generating with `tokenizer`'s chat template:
 
     - hf: `model` (a loaded causal LM, e.g. the live policy) in-process, at most
-      `max_batch_size` prompts per forward pass;
+      `generation_batch_size` prompts per forward pass;
     - vllm: a colocated vLLM engine that loads `model_path` with the `vllm` settings;
     - openai: the pool of servers of `openai` (`base_urls`), asked at once whether they
       answer (none answering: a MemrlInputError at `location`); `training`: each must also
@@ -36,22 +36,22 @@ def build_engine(
     if kind not in ENGINES:
         raise MemrlInputError(f"choose one of {', '.join(ENGINES)}", location=location)
     if kind == "openai":
-        from memrl.inference.openai import OpenAIGenerator
+        from memrl.inference.openai import OpenAIEngine
 
         if openai is None:
             raise MemrlInputError("the openai engine needs its servers' settings",
                                   location=location)
-        engine = OpenAIGenerator(openai, tokenizer)
+        engine = OpenAIEngine(openai, tokenizer)
         engine.check_servers(training=training, location=location)
         return engine
     if kind == "vllm":
-        from memrl.inference.vllm import VLLMGenerator
+        from memrl.inference.vllm import VLLMEngine
 
         if model_path is None:
             raise ValueError("the vllm engine loads its model from model_path")
-        return VLLMGenerator(model_path, tokenizer, vllm)
-    from memrl.inference.hf import HFGenerator
+        return VLLMEngine(model_path, tokenizer, vllm)
+    from memrl.inference.hf import HFEngine
 
     if model is None:
         raise ValueError("the hf engine generates with a loaded model")
-    return HFGenerator(model, tokenizer, max_batch_size=max_batch_size)
+    return HFEngine(model, tokenizer, generation_batch_size=generation_batch_size)

@@ -23,21 +23,23 @@ Conventions (see `Generation`):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from memrl.deprecation import moved_names, renamed_message
 from memrl.inference.base import Generation, SamplingParams, batch_params, check_prompts
 
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
 """A character is at most 4 byte-level tokens: how far back to look for a new stop string."""
 
 
-class HFGenerator:
+class HFEngine:
     """Batched sampling from an in-memory Hugging Face causal LM.
 
     It wraps the module it is given (no copy), so a trainer can generate with the very
     weights it is updating. Prompts are sorted by length and run in left-padded
-    micro-batches of at most `max_batch_size`; results come back in input order.
+    micro-batches of at most `generation_batch_size`; results come back in input order.
 
     Given a module of its own (a full copy of a policy that is sharded over ranks), it
     samples from that, and `sync_weights(policy, step)` copies the policy's weights into it.
@@ -46,12 +48,19 @@ class HFGenerator:
     continuous_batching = False
     """Each request is answered alone (no request queue): agents run in lockstep on it."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 32) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    def __init__(self, model: Any, tokenizer: Any, *, generation_batch_size: int = 32,
+                 max_batch_size: int | None = None) -> None:
+        if max_batch_size is not None:  # the old name, kept for one release
+            warnings.warn(renamed_message("HFEngine(max_batch_size=)",
+                                          "HFEngine(generation_batch_size=)"),
+                          DeprecationWarning, stacklevel=2)
+            generation_batch_size = max_batch_size
+        if generation_batch_size < 1:
+            raise ValueError(
+                f"generation_batch_size must be >= 1, got {generation_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
-        self.max_batch_size = max_batch_size
+        self.generation_batch_size = generation_batch_size
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
@@ -77,7 +86,7 @@ class HFGenerator:
         if mine.keys() != theirs.keys():
             diff = sorted(mine.keys() ^ theirs.keys())
             raise ValueError(
-                f"HFGenerator: the policy's weights differ from the copy's: {diff[:5]}"
+                f"HFEngine: the policy's weights differ from the copy's: {diff[:5]}"
             )
         with torch.no_grad():
             for name, value in theirs.items():
@@ -103,7 +112,7 @@ class HFGenerator:
     ) -> list[Generation]:
         """One Generation per prompt, in input order.
 
-        With a seed set, the same prompts, params and `max_batch_size` give the same
+        With a seed set, the same prompts, params and `generation_batch_size` give the same
         samples (the seed drives a private torch.Generator; the global RNG is untouched).
         The whole call shares one RNG: per-prompt params must agree on everything but the
         seed, and seed the call with a hash of their seeds (`batch_params`), so a prompt's
@@ -126,8 +135,8 @@ class HFGenerator:
         self.model.eval()
         try:
             with torch.no_grad():
-                for start in range(0, len(order), self.max_batch_size):
-                    chunk = order[start : start + self.max_batch_size]
+                for start in range(0, len(order), self.generation_batch_size):
+                    chunk = order[start : start + self.generation_batch_size]
                     outs = self._generate_batch([list(prompts[i]) for i in chunk], params, rng)
                     for i, gen in zip(chunk, outs, strict=True):
                         results[i] = gen
@@ -284,3 +293,7 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     elif gen_eos is not None:
         ids.update(int(i) for i in gen_eos)
     return frozenset(ids)
+
+
+__getattr__ = moved_names(__name__, {"HFGenerator": "HFEngine"})
+"""`HFGenerator`: the old name of `HFEngine`, kept for one release (DeprecationWarning)."""

@@ -1,6 +1,6 @@
 """A pool of running vLLM OpenAI-compatible servers as one Engine.
 
-`OpenAIGenerator` sends each prompt, as token ids, to `/v1/completions` of one of the
+`OpenAIEngine` sends each prompt, as token ids, to `/v1/completions` of one of the
 servers (`logprobs=0` and `return_tokens_as_token_ids`: the response comes back as token ids
 with the log-prob of each), so agents see exactly what the in-process engines give them:
 
@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.deprecation import moved_names
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import OpenAIConfig
@@ -47,7 +48,7 @@ from memrl.inference.pool import PoolLostError, ServerPool, say
 from memrl.inference.vllm import policy_weights
 
 __all__ = [
-    "OpenAIGenerator", "PoolLostError", "ServerError", "save_policy_weights", "token_id",
+    "OpenAIEngine", "PoolLostError", "ServerError", "save_policy_weights", "token_id",
     "wait_until_ready",
 ]
 
@@ -65,7 +66,7 @@ def token_id(token: object) -> int | None:
     return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
-class OpenAIGenerator(ServerPool):
+class OpenAIEngine(ServerPool):
     """Batched and async generation over several OpenAI-compatible vLLM servers."""
 
     continuous_batching = True
@@ -269,3 +270,7 @@ def save_policy_weights(policy: Any, path: Path) -> None:
     save_file(tensors, str(tmp / "model.safetensors"))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
+
+
+__getattr__ = moved_names(__name__, {"OpenAIGenerator": "OpenAIEngine"})
+"""`OpenAIGenerator`: the old name of `OpenAIEngine`, kept for one release (DeprecationWarning)."""

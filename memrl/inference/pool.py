@@ -1,5 +1,5 @@
 """A pool of OpenAI-compatible vLLM servers: which server takes a request, retries, and the
-servers' health (the transport of `memrl.inference.openai.OpenAIGenerator`).
+servers' health (the transport of `memrl.inference.openai.OpenAIEngine`).
 
 - Spreading: a request goes to the live server with the fewest requests in flight that has
   a free slot; each server takes at most `max_in_flight_per_server` at once (a URL listed k
@@ -40,7 +40,6 @@ from typing import Any
 from memrl.errors import MemrlInputError
 from memrl.inference.config import OpenAIConfig
 from memrl.inference.http import Call, Retryable, ServerError, http_json
-
 
 STALL_FACTOR = 4.0
 """A busy server silent for this many times the slowest recent reply is probed."""

@@ -35,7 +35,8 @@ the rule above keeps those calls what they were before agents were coroutines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Generator as PyGenerator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 

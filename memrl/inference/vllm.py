@@ -1,6 +1,6 @@
 """The colocated vLLM engine: rollouts on vLLM in the trainer's own process.
 
-`VLLMGenerator` implements the `Engine` seam with an in-process `vllm.LLM` (vLLM's engine
+`VLLMEngine` implements the `Engine` seam with an in-process `vllm.LLM` (vLLM's engine
 core and its one worker live in the calling process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`),
 so new weights reach it in memory, with no disk round trip and no serialization:
 
@@ -58,6 +58,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.deprecation import moved_names
 from memrl.errors import MemrlInputError, require
 from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import VLLMConfig
@@ -69,7 +70,7 @@ CPU_KV_CACHE_BYTES = 1 << 30
 """KV cache of the engine on CPU when `kv_cache_memory_bytes` is not set (1 GiB)."""
 
 
-class VLLMGenerator:
+class VLLMEngine:
     """Batched sampling with an in-process vLLM engine whose weights follow the policy."""
 
     continuous_batching = True
@@ -396,3 +397,7 @@ def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
     random.setstate(states[0])
     np.random.set_state(states[1])
     torch.random.set_rng_state(states[2])
+
+
+__getattr__ = moved_names(__name__, {"VLLMGenerator": "VLLMEngine"})
+"""`VLLMGenerator`: the old name of `VLLMEngine`, kept for one release (DeprecationWarning)."""

@@ -20,12 +20,16 @@ from pydantic import (
     model_validator,
 )
 
-from pydantic_core import PydanticCustomError
-
-from memrl.config import StrictModel
+from memrl.config import StrictModel, located_error, move_renamed_keys
 from memrl.errors import MemrlInputError
 from memrl.inference.base import RolloutMode
-from memrl.inference.config import EngineName, OpenAIConfig, VLLMConfig
+from memrl.inference.config import (
+    EngineName,
+    OpenAIConfig,
+    SamplingConfig,
+    ValidationSamplingConfig,
+    VLLMConfig,
+)
 from memrl.rl.config import OptimConfig, RLConfig
 
 
@@ -120,7 +124,14 @@ class DataConfig(StrictModel):
     """Use only the first K validation questions."""
 
 
-class RolloutConfig(StrictModel):
+class RolloutConfig(SamplingConfig):
+    """The rollouts: how they sample (`n`, `temperature`, `top_p`: training's; `val`:
+    validation's) and on which engine."""
+
+    val: ValidationSamplingConfig = ValidationSamplingConfig()
+    """Sampling of validation rollouts (verl rollout.val_kwargs)."""
+    generation_batch_size: int = Field(64, ge=1)
+    """Prompts per forward pass of the in-process engine (hf: a micro-batch of generation)."""
     engine: EngineName = "hf"
     """Which engine samples the rollouts (verl actor_rollout_ref.rollout.name). hf: the
     policy module itself, in-process; vllm: a colocated vLLM engine whose weights are synced
@@ -184,7 +195,7 @@ class TrajectoryLogConfig(StrictModel):
 
     enabled: bool | Literal["auto"] = "auto"
     """auto: on when every trajectory of a step fits `max_rows_per_step`
-    (data.train_batch_size × rl.rollout_n), so small runs log everything and large ones
+    (data.train_batch_size × rollout.n), so small runs log everything and large ones
     nothing unless asked; true: on, each step's first `max_rows_per_step` rows (whole
     groups, in the step's order); false: off."""
     max_rows_per_step: int = Field(256, ge=1)
@@ -319,6 +330,18 @@ class AgentSection(StrictModel):
             raise
 
 
+RENAMED_KEYS = {
+    "rl.rollout_n": "rollout.n",
+    "rl.val_n": "rollout.val.n",
+    "rl.val_temperature": "rollout.val.temperature",
+    "rl.val_top_p": "rollout.val.top_p",
+    "rl.generation_batch_size": "rollout.generation_batch_size",
+}
+"""Training config keys renamed (old → new), still read for one release with a warning.
+The agent's section's `temperature` and `top_p` (`memagent.temperature`, ...) also move, to
+`rollout.temperature` / `rollout.top_p`: training sampling is the rollout's."""
+
+
 class TrainConfig(AgentSection):
     """Every section of a training run (the agent's own: see `AgentSection`)."""
 
@@ -331,8 +354,43 @@ class TrainConfig(AgentSection):
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 
+    @classmethod
+    def renamed_keys(cls, data: dict[str, Any]) -> dict[str, str]:
+        """Old dotted keys → new of a config mapping: `RENAMED_KEYS` and its agent's section's
+        temperature and top_p (`load_config` also renames them in overrides)."""
+        renamed = dict(RENAMED_KEYS)
+        agent = data.get("agent", "memagent")
+        from memrl.tasks import task_class
+
+        try:
+            section = task_class(agent).name if isinstance(agent, str) else None
+        except MemrlInputError:
+            section = None  # AgentSection reports the unknown agent
+        if section is not None:
+            renamed |= {f"{section}.{key}": f"rollout.{key}" for key in ("temperature", "top_p")}
+        return renamed
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Old keys (`renamed_keys`) moved to their new place, each with a warning line."""
+        if not isinstance(data, dict):
+            return data
+        return move_renamed_keys(cls.__name__, data, cls.renamed_keys(data))
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
+        if self.rollout.n == 1 and self.rl.size1_group_advantage == "zero":
+            raise ValueError(
+                "rollout.n=1 makes groups of one trajectory, whose advantage is 0: nothing "
+                "is learned. Use rollout.n >= 2, or rl.size1_group_advantage=raw_reward "
+                "(verl's behaviour)"
+            )
+        if self.rollout.n == 1 and self.rl.dynamic_sampling:
+            raise ValueError(
+                "rollout.n=1 with rl.dynamic_sampling drops every group (one reward has no "
+                "spread): set rl.dynamic_sampling=false"
+            )
         if self.rl.ppo_mini_batch_size > self.data.train_batch_size:
             raise ValueError(
                 f"rl.ppo_mini_batch_size ({self.rl.ppo_mini_batch_size}) exceeds "
@@ -345,10 +403,10 @@ class TrainConfig(AgentSection):
                 "Use model.dtype=auto (float32 master weights, bf16 autocast on CUDA), or LoRA"
             )
         logs = self.trainer.log_trajectories
-        if logs.enabled is True and logs.max_rows_per_step < self.rl.rollout_n:
+        if logs.enabled is True and logs.max_rows_per_step < self.rollout.n:
             raise ValueError(
                 f"trainer.log_trajectories.max_rows_per_step ({logs.max_rows_per_step}) is "
-                f"below rl.rollout_n ({self.rl.rollout_n}): not one whole group fits"
+                f"below rollout.n ({self.rollout.n}): not one whole group fits"
             )
         from memrl.tasks import reward_weights, task_class
 
@@ -361,6 +419,4 @@ class TrainConfig(AgentSection):
 
 def _located(key: str, message: str, value: Any) -> ValidationError:
     """A validation error of the dotted `key` (validate_config prints `key: message`)."""
-    return ValidationError.from_exception_data("TrainConfig", [
-        {"type": PydanticCustomError("agent_section", message), "loc": tuple(key.split(".")),
-         "input": value}])
+    return located_error("TrainConfig", key, message, value)

@@ -3,7 +3,7 @@
     for each step (`train_step`):
         engine.sync_weights(policy)                  the engine samples the current policy
         groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
-        batch  = RolloutBatch.from_trajectories(...)  one typed batch, one sample per turn
+        batch  = RolloutBatch.from_trajectories(...)  one typed batch, one Conversation per turn
         batch  = with_logprobs(run, batch)           old (actor) and reference log-probs
         batch  = with_advantages(batch, rl)          one advantage per trajectory
         stats  = actor.update(batch, dist)           PPO over mini/micro-batches
@@ -118,7 +118,7 @@ def train_step(run: Run) -> dict[str, float]:
         groups = rollout_groups(run)
         run.engine.sleep()
 
-    # 3. One typed batch: a sample per conversation, a reward per trajectory.
+    # 3. One typed batch: a Conversation per turn, a reward per trajectory.
     batch = RolloutBatch.from_trajectories(
         groups.trajectories, overlong=rl.overlong,
         group_order=groups.group_order if run.dist.world_size > 1 else None,
@@ -147,13 +147,14 @@ def train_step(run: Run) -> dict[str, float]:
 
 
 def rollout_groups(run: Run) -> Groups:
-    """`data.train_batch_size` groups of `rl.rollout_n` scored trajectories, one group per
+    """`data.train_batch_size` groups of `rollout.n` scored trajectories, one group per
     question of the stream; with rl.dynamic_sampling, groups whose rewards are all equal are
     dropped and refilled from the next questions (DAPO)."""
-    cfg, rl = run.config, run.config.rl
+    cfg, rl, rollout = run.config, run.config.rl, run.config.rollout
     return collect_groups(
         lambda records, seed: run.task.rollout(
-            run.engine, records, num_samples=rl.rollout_n, seed=seed, mode=cfg.rollout.mode
+            run.engine, records, num_samples=rollout.n, seed=seed, mode=rollout.mode,
+            temperature=rollout.temperature, top_p=rollout.top_p,
         ),
         run.stream,
         want=cfg.data.train_batch_size,
@@ -172,7 +173,7 @@ def with_logprobs(run: Run, batch: RolloutBatch
     stops the run past rollout.max_logprob_diff (on every rank, or none)."""
     cfg = run.config
     ref = run.reference.logprobs(batch) if run.reference is not None else None
-    engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.samples]
+    engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.conversations]
     if cfg.rl.use_rollout_logprobs:
         return batch.with_logprobs(engine_lp, ref), None, {}
     old, entropy = run.actor.logprobs_and_entropy(batch)
@@ -204,17 +205,17 @@ def with_advantages(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:
 
 def validate(run: Run) -> dict[str, float]:
     """Score the validation questions with the current policy; log sample trajectories."""
-    cfg, rl = run.config, run.config.rl
+    cfg, val = run.config, run.config.rollout.val
     run.engine.wake()
     run.engine.sync_weights(run.actor.model, run.state.step)
     mine = run.dist.shard(run.val_records)
     trajs = run.task.rollout(
         run.engine,
         mine,
-        num_samples=rl.val_n,
+        num_samples=val.n,
         seed=derive_seed(cfg.seed, "val", run.state.step),
-        temperature=rl.val_temperature,
-        top_p=rl.val_top_p,
+        temperature=val.temperature,
+        top_p=cfg.rollout.top_p if val.top_p is None else val.top_p,
         mode=cfg.rollout.mode,
     ) if mine else []
     if run.dist.world_size > 1:  # every rank's share, in the validation set's order
@@ -267,7 +268,7 @@ def setup(
         val_records = val_records[: config.data.val_limit]
 
     policy, tokenizer = models.load_policy(config.model)
-    temperature = task.sampling_temperature
+    temperature = config.rollout.temperature
     actor = models.build_actor(config, policy, tokenizer, temperature, dist,
                                total_steps=total_steps(config, len(train_records)))
     reference = models.build_reference(config, policy, tokenizer, temperature, dist)
@@ -280,7 +281,7 @@ def setup(
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
     log = TrajectoryLog.from_config(
         config.trainer.log_trajectories, out_dir, records=train_records, dist=dist,
-        rows_per_step=config.data.train_batch_size * config.rl.rollout_n,
+        rows_per_step=config.data.train_batch_size * config.rollout.n,
         warn=warn_on_stderr(dist))
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
                val_records, dist, console, log)

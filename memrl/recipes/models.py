@@ -176,7 +176,7 @@ def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
                             dtype=fsdp_param_dtype(mcfg) or master_dtype(mcfg))
     return factory.build_engine(
         rollout.engine, tokenizer, model=policy, model_path=mcfg.path,
-        max_batch_size=config.rl.generation_batch_size, vllm=rollout.vllm,
+        generation_batch_size=rollout.generation_batch_size, vllm=rollout.vllm,
         openai=rollout.openai, training=True, location="rollout.openai.base_urls",
     )
 

@@ -85,12 +85,12 @@ def train_step(run: SFTRun) -> dict[str, float]:
     t0 = time.perf_counter()
     trajs = run.dist.shard(run.stream.take(run.config.sft.batch_size))
     batch = RolloutBatch.from_trajectories(trajs, overlong="keep")
-    tokens = run.dist.all_reduce_sum(sum(s.num_loss_tokens for s in batch.samples))
+    tokens = run.dist.all_reduce_sum(sum(s.num_loss_tokens for s in batch.conversations))
     lr = float(run.optimizer.param_groups[0]["lr"])
     run.model.train()
     run.optimizer.zero_grad(set_to_none=True)
     loss = 0.0
-    k, n = run.config.sft.micro_batch_size, len(batch.samples)
+    k, n = run.config.sft.micro_batch_size, len(batch.conversations)
     for start in range(0, n, k):
         tensors = batch.collate(range(start, min(start + k, n)), models.pad_token_id(run.tokenizer))
         logprobs, _ = response_logprobs(run.model, tensors)
@@ -115,8 +115,8 @@ def validate(run: SFTRun) -> float:
     batch = RolloutBatch.from_trajectories(run.val, overlong="keep")
     total, tokens, k = 0.0, 0, run.config.sft.micro_batch_size
     run.model.eval()
-    for start in range(0, len(batch.samples), k):
-        tensors = batch.collate(range(start, min(start + k, len(batch.samples))),
+    for start in range(0, len(batch.conversations), k):
+        tensors = batch.collate(range(start, min(start + k, len(batch.conversations))),
                                 models.pad_token_id(run.tokenizer))
         logprobs, _ = response_logprobs(run.model, tensors)
         mask = tensors["loss_mask"].to(logprobs.device)

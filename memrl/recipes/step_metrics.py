@@ -63,15 +63,15 @@ class Phases:
 @dataclass
 class StepView:
     """What the step's metrics are computed from: per trajectory (in the order one process
-    would hold them) and per sample, gathered from every data-parallel rank."""
+    would hold them) and per conversation, gathered from every data-parallel rank."""
 
     trajectories: list[Any]
     """The step's trajectories without their turns (summaries only need scores and info)."""
     task_rewards: Any
     rewards: Any
     advantages: Any
-    sample_lengths: list[tuple[str, int]]
-    """(turn kind, response tokens) of every sample."""
+    conversation_lengths: list[tuple[str, int]]
+    """(turn kind, response tokens) of every conversation."""
     truncated: list[bool]
     response_tokens: float
     train_tokens: float
@@ -81,10 +81,10 @@ class StepView:
         return cls(
             [dataclasses.replace(t, turns=[]) for t in trajectories],
             task_rewards, batch.rewards, batch.advantages,
-            [(s.turn_kind, len(s.response_ids)) for s in batch.samples],
-            [s.truncated for s in batch.samples],
+            [(s.turn_kind, len(s.response_ids)) for s in batch.conversations],
+            [s.truncated for s in batch.conversations],
             float(batch.response_tokens.sum()),
-            float(sum(s.num_tokens for s in batch.samples)),
+            float(sum(s.num_tokens for s in batch.conversations)),
         )
 
     def gathered(self, dist: Dist, group_order: list[str]) -> StepView:
@@ -101,7 +101,7 @@ class StepView:
         column = lambda k: torch.stack([r[k] for r in rows])  # noqa: E731
         return StepView(
             [r[0] for r in rows], column(1), column(2), column(3),
-            [x for p in parts for x in p.sample_lengths],
+            [x for p in parts for x in p.conversation_lengths],
             [x for p in parts for x in p.truncated],
             sum(p.response_tokens for p in parts),
             sum(p.train_tokens for p in parts),
@@ -114,7 +114,7 @@ def data_metrics(view: StepView, task: Any, groups_generated: int) -> dict[str, 
     KL penalty taken from the rewards."""
     trajs = view.trajectories
     lengths: dict[str, list[int]] = {}
-    for kind, n in view.sample_lengths:
+    for kind, n in view.conversation_lengths:
         lengths.setdefault(kind, []).append(n)
     return {
         "train/reward_mean": float(view.task_rewards.mean()),
@@ -123,7 +123,7 @@ def data_metrics(view: StepView, task: Any, groups_generated: int) -> dict[str, 
         "train/groups": float(len({t.record_id for t in trajs})),
         "train/informative_groups": float(informative_groups(trajs)),
         "train/groups_generated": float(groups_generated),
-        "train/samples": float(len(view.sample_lengths)),
+        "train/samples": float(len(view.conversation_lengths)),
         **{f"train/{k}_response_len": float(np.mean(v)) for k, v in lengths.items()},
         "train/truncated_frac": float(np.mean(view.truncated)),
         "train/advantage_abs_mean": float(view.advantages.abs().mean()),

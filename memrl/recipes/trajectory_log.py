@@ -78,12 +78,12 @@ def trajectory_rows(
 ) -> list[dict[str, Any]]:
     """One row per trajectory of this rank's `batch` (built from `trajectories`, in order),
     whose rewards may include a KL penalty (`task_rewards`: before it), with advantages and
-    old log-probs set; `entropies` per sample, or None."""
+    old log-probs set; `entropies` per conversation, or None."""
     if batch.advantages is None or batch.old_logprobs is None:
         raise ValueError("the batch needs its old log-probs and advantages")
     convs: list[list[dict[str, Any]]] = [[] for _ in trajectories]
     tokens: list[dict[str, list[Tensor]]] = [{"lp": [], "ent": []} for _ in trajectories]
-    for i, s in enumerate(batch.samples):
+    for i, s in enumerate(batch.conversations):
         old = batch.old_logprobs[i]
         ent = entropies[i] if entropies else None
         convs[s.traj_index].append({

@@ -12,6 +12,7 @@
 It never imports an agent, a task or an engine implementation: it sees `Trajectory`s.
 """
 
+from memrl.deprecation import moved_names
 from memrl.rl.advantages import (
     ESTIMATORS,
     SIZE1_MODES,
@@ -23,7 +24,7 @@ from memrl.rl.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from memrl.rl.batch import OVERLONG_MODES, RolloutBatch, Sample, collate, pack_token_budget
+from memrl.rl.batch import OVERLONG_MODES, Conversation, RolloutBatch, collate, pack_token_budget
 from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
 from memrl.rl.losses import (
     KL_KINDS,
@@ -46,11 +47,11 @@ __all__ = [
     "LOSS_AGG_MODES",
     "OVERLONG_MODES",
     "SIZE1_MODES",
+    "Conversation",
     "GroupStats",
     "LossNorm",
     "ModelShape",
     "RolloutBatch",
-    "Sample",
     "agg_loss",
     "collate",
     "compute_advantages",
@@ -72,3 +73,6 @@ __all__ = [
     "rloo_advantages",
     "train_flops",
 ]
+
+__getattr__ = moved_names(__name__, {"Sample": "Conversation"})
+"""`Sample`: the old name of `Conversation`, kept for one release (DeprecationWarning)."""

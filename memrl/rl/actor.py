@@ -87,7 +87,7 @@ def response_logprobs(
     Logits are computed at response positions only. ``temperature`` is the sampling
     temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
     forward runs (None: the device of the model's parameters). ``remove_padding``: the
-    forward pass runs on the samples packed into one row (`memrl.rl.packing`); the result
+    forward pass runs on the conversations packed into one row (`memrl.rl.packing`); the result
     has the same layout.
     """
     device = device or next(model.parameters()).device
@@ -184,7 +184,7 @@ class _PolicyModel:
         """Positions within `indices` of each micro-batch (token budget or fixed size)."""
         cfg = self.config
         if cfg.use_dynamic_bsz:
-            sizes = [batch.samples[i].num_tokens for i in indices]
+            sizes = [batch.conversations[i].num_tokens for i in indices]
             return pack_token_budget(
                 sizes, cfg.max_tokens_per_micro_batch, padded=not cfg.remove_padding
             )
@@ -202,7 +202,7 @@ class _PolicyModel:
                                   remove_padding=packed, **kw)
 
     def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
-        """Log-prob of every sample's response tokens (float32, CPU), in eval mode."""
+        """Log-prob of every conversation's response tokens (float32, CPU), in eval mode."""
         return self._per_token(batch, with_entropy=False)[0]
 
     def logprobs_and_entropy(self, batch: RolloutBatch) -> tuple[list[Tensor], list[Tensor]]:
@@ -216,9 +216,9 @@ class _PolicyModel:
                    ) -> tuple[list[Tensor], list[Tensor]]:
         was_training = self.model.training
         self.model.eval()
-        out: list[Tensor] = [torch.empty(0)] * len(batch.samples)
-        ent: list[Tensor] = [torch.empty(0)] * len(batch.samples) if with_entropy else []
-        everything = list(range(len(batch.samples)))
+        out: list[Tensor] = [torch.empty(0)] * len(batch.conversations)
+        ent: list[Tensor] = [torch.empty(0)] * len(batch.conversations) if with_entropy else []
+        everything = list(range(len(batch.conversations)))
         try:
             micros = self.micro_batches(batch, everything) if everything else []
             padding = self.padding_passes(len(micros))  # agreed before any forward
@@ -383,7 +383,7 @@ class Actor(_PolicyModel):
         # each may be empty) and takes the same optimizer steps.
         minis = batch.mini_batches(cfg.ppo_mini_batch_size)
         if not minis:
-            raise ValueError("update needs at least one sample")
+            raise ValueError("update needs at least one conversation")
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
@@ -422,13 +422,13 @@ class Actor(_PolicyModel):
     ) -> float:
         """Records a micro-batch's padding waste and size; returns its training FLOPs (0
         when the model's shape is unknown)."""
-        lens = [batch.samples[i].num_tokens for i in indices]
+        lens = [batch.conversations[i].num_tokens for i in indices]
         computed = sum(lens) if self.config.remove_padding else len(lens) * max(lens)
         avg.add("perf/padding_waste", padding_waste(sum(lens), computed), computed)
         avg.add("perf/tokens_per_micro_batch", computed)
         if shape is None:
             return 0.0
-        responses = sum(len(batch.samples[i].response_ids) for i in indices)
+        responses = sum(len(batch.conversations[i].response_ids) for i in indices)
         return train_flops(lens, shape, logit_tokens=responses)
 
     def _micro_step(

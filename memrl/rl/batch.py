@@ -1,25 +1,27 @@
 """The training batch: trajectories → one typed `RolloutBatch`, built once per step.
 
-One `Sample` per conversation (Turn); every sample belongs to a trajectory, and every
+One `Conversation` per Turn (its prompt and response); every conversation belongs to a
+trajectory, and every
 trajectory to a group (its question). The batch holds what the update needs, each piece
 added in the recipe's order and never changed afterwards (`RolloutBatch` is frozen; the recipe
 makes the next version with `with_logprobs` / `with_advantages`):
 
-    samples             token ids, rollout log-probs, turn kind, trainable flag (per sample)
+    conversations       token ids, rollout log-probs, turn kind, trainable flag (each)
     group_ids, rewards  one per trajectory
     response_tokens     response tokens of each trajectory, all its turns together
-    old_logprobs        the policy's log-probs before the update (per sample)
-    ref_logprobs        the reference policy's log-probs (per sample; only with a KL term)
+    old_logprobs        the policy's log-probs before the update (per conversation)
+    ref_logprobs        the reference policy's log-probs (per conversation; with a KL term)
     advantages          one per trajectory, shared by all its conversations
 
 No conversation is ever dropped or trimmed to make a batch divide evenly: the micro-batches
 vary in size instead (`pack_token_budget`), and the loss norm (`RolloutBatch.loss_norm`)
-keeps the objective exact however the samples are split.
+keeps the objective exact however the conversations are split.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,13 +29,14 @@ import torch
 from torch import Tensor
 
 from memrl.trajectory import Trajectory
+from memrl.deprecation import moved_names, renamed_message
 from memrl.errors import MemrlInputError
 from memrl.rl.losses import LossNorm, kl_penalty, loss_norm
 
 __all__ = [
     "OVERLONG_MODES",
     "RolloutBatch",
-    "Sample",
+    "Conversation",
     "collate",
     "pack_token_budget",
 ]
@@ -42,7 +45,7 @@ OVERLONG_MODES = ("mask", "keep")
 
 
 @dataclass(frozen=True)
-class Sample:
+class Conversation:
     """One conversation of one trajectory, ready to train on."""
 
     prompt_ids: list[int]
@@ -58,21 +61,22 @@ class Sample:
     truncated: bool = False
     """The response was cut at max_new_tokens (finish_reason "length")."""
     trainable: bool = True
-    """False: the sample is kept (for logging, batching) but its tokens carry no loss."""
+    """False: the conversation is kept (for logging, batching) but its tokens carry no loss."""
 
     def __post_init__(self) -> None:
         if len(self.rollout_logprobs) != len(self.response_ids):
             raise ValueError(
-                f"sample has {len(self.response_ids)} response tokens but "
+                f"conversation has {len(self.response_ids)} response tokens but "
                 f"{len(self.rollout_logprobs)} logprobs"
             )
         if not self.prompt_ids:
             # The first response token is predicted by the logits at the last prompt position.
-            raise ValueError("sample has an empty prompt: its first response token has no logit")
+            raise ValueError(
+                "conversation has an empty prompt: its first response token has no logit")
 
     @property
     def num_tokens(self) -> int:
-        """Prompt + response tokens: what the sample costs in a forward pass."""
+        """Prompt + response tokens: what the conversation costs in a forward pass."""
         return len(self.prompt_ids) + len(self.response_ids)
 
     @property
@@ -89,7 +93,7 @@ class Sample:
 class RolloutBatch:
     """Everything one training step learns from (see the module docstring)."""
 
-    samples: tuple[Sample, ...]
+    conversations: tuple[Conversation, ...]
     group_ids: tuple[str, ...]
     rewards: Tensor
     """(T,) float32: each trajectory's reward."""
@@ -112,20 +116,20 @@ class RolloutBatch:
         overlong: str = "mask",
         group_order: Sequence[str] | None = None,
     ) -> RolloutBatch:
-        """One Sample per Turn, trajectory by trajectory, turn by turn; rewards must be set.
+        """One Conversation per Turn, trajectory by trajectory, turn by turn; rewards must be set.
         `group_order`: the step's groups over all data-parallel ranks (see the field)."""
         if overlong not in OVERLONG_MODES:
             raise MemrlInputError(
                 f"overlong must be one of {', '.join(OVERLONG_MODES)}, got {overlong!r}",
                 location="rl.overlong",
             )
-        samples = []
+        conversations = []
         for traj_index, traj in enumerate(trajectories):
             if traj.reward is None:
                 raise ValueError(f"trajectory {traj_index} ({traj.record_id}) has no reward")
             for turn_index, turn in enumerate(traj.turns):
-                samples.append(
-                    Sample(
+                conversations.append(
+                    Conversation(
                         prompt_ids=list(turn.prompt_ids),
                         response_ids=list(turn.response_ids),
                         rollout_logprobs=[float(x) for x in turn.response_logprobs],
@@ -141,7 +145,7 @@ class RolloutBatch:
         if not torch.isfinite(rewards).all():
             raise ValueError(f"rewards must be finite, got {rewards.tolist()}")
         tokens = torch.zeros(len(trajectories), dtype=torch.long)
-        for s in samples:
+        for s in conversations:
             tokens[s.traj_index] += len(s.response_ids)
         order = None
         if group_order is not None:
@@ -150,7 +154,7 @@ class RolloutBatch:
             if missing:
                 raise ValueError(f"groups {sorted(missing)} are not in group_order")
         return cls(
-            tuple(samples), tuple(t.record_id for t in trajectories), rewards, tokens,
+            tuple(conversations), tuple(t.record_id for t in trajectories), rewards, tokens,
             group_order=order,
         )
 
@@ -160,7 +164,7 @@ class RolloutBatch:
     ) -> RolloutBatch:
         for name, values in (("old", old), ("reference", ref)):
             if values is not None:
-                self._check_per_sample(name, values)
+                self._check_per_conversation(name, values)
         return dataclasses.replace(
             self, old_logprobs=tuple(old), ref_logprobs=None if ref is None else tuple(ref)
         )
@@ -175,22 +179,30 @@ class RolloutBatch:
             raise ValueError(f"advantages must be {tuple(self.rewards.shape)} finite numbers")
         return dataclasses.replace(self, advantages=advantages.to(torch.float32))
 
-    def _check_per_sample(self, name: str, values: Sequence[Tensor]) -> None:
-        if len(values) != len(self.samples):
-            raise ValueError(f"{len(values)} {name} log-prob rows for {len(self.samples)} samples")
-        for i, (v, s) in enumerate(zip(values, self.samples, strict=True)):
+    def _check_per_conversation(self, name: str, values: Sequence[Tensor]) -> None:
+        if len(values) != len(self.conversations):
+            raise ValueError(f"{len(values)} {name} log-prob rows for "
+                             f"{len(self.conversations)} conversations")
+        for i, (v, s) in enumerate(zip(values, self.conversations, strict=True)):
             if v.shape != (len(s.response_ids),):
-                raise ValueError(f"{name} log-probs of sample {i}: shape {tuple(v.shape)}")
+                raise ValueError(f"{name} log-probs of conversation {i}: shape {tuple(v.shape)}")
 
     # ---- views
+    @property
+    def samples(self) -> tuple[Conversation, ...]:
+        """The old name of `conversations`, kept for one release (a DeprecationWarning)."""
+        warnings.warn(renamed_message("RolloutBatch.samples", "RolloutBatch.conversations"),
+                      DeprecationWarning, stacklevel=2)
+        return self.conversations
+
     @property
     def num_trajectories(self) -> int:
         return len(self.group_ids)
 
     def traj_index(self, indices: Sequence[int] | None = None) -> Tensor:
-        """Trajectory of each sample (of `indices`, default all), long (S,)."""
-        idx = range(len(self.samples)) if indices is None else indices
-        return torch.tensor([self.samples[i].traj_index for i in idx], dtype=torch.long)
+        """Trajectory of each conversation (of `indices`, default all), long (S,)."""
+        idx = range(len(self.conversations)) if indices is None else indices
+        return torch.tensor([self.conversations[i].traj_index for i in idx], dtype=torch.long)
 
     def kl(self, kind: str) -> Tensor:
         """KL(π_old ‖ π_ref) estimate (`kl_penalty` of `kind`) summed over every response
@@ -199,54 +211,55 @@ class RolloutBatch:
         if self.old_logprobs is None or self.ref_logprobs is None:
             raise ValueError("the KL penalty needs old and reference log-probs in the batch")
         out = torch.zeros(self.num_trajectories, dtype=torch.float32)
-        for s, old, ref in zip(self.samples, self.old_logprobs, self.ref_logprobs, strict=True):
+        rows = zip(self.conversations, self.old_logprobs, self.ref_logprobs, strict=True)
+        for s, old, ref in rows:
             out[s.traj_index] += kl_penalty(old, ref, kind).sum().to(torch.float32)
         return out
 
     def mini_batches(self, groups_per_mini_batch: int) -> list[list[int]]:
-        """Sample indices of each mini-batch: `groups_per_mini_batch` questions each (verl
+        """Conversation indices of each mini-batch: `groups_per_mini_batch` questions each (verl
         ppo_mini_batch_size), with all conversations of all their trajectories, in order.
 
         With a `group_order` the mini-batches are those of the whole data-parallel step:
-        this rank gets its samples of each (possibly none), and every rank gets as many."""
+        this rank gets its conversations of each (possibly none), and every rank gets as many."""
         if groups_per_mini_batch < 1:
             raise ValueError(f"groups_per_mini_batch must be >= 1, got {groups_per_mini_batch}")
         order = (
             list(self.group_order)
             if self.group_order is not None
-            else list(dict.fromkeys(s.group_id for s in self.samples))
+            else list(dict.fromkeys(s.group_id for s in self.conversations))
         )
         where = {g: i // groups_per_mini_batch for i, g in enumerate(order)}
         out: list[list[int]] = [[] for _ in range(-(-len(order) // groups_per_mini_batch))]
-        for i, s in enumerate(self.samples):
+        for i, s in enumerate(self.conversations):
             out[where[s.group_id]].append(i)
         return out
 
     def loss_norm(
         self, indices: Sequence[int], mode: str, *, scale_factor: float | None = None
     ) -> LossNorm:
-        """The loss norm of `mode` over these samples (a whole mini-batch)."""
-        n = torch.tensor([self.samples[i].num_loss_tokens for i in indices], dtype=torch.long)
+        """The loss norm of `mode` over these conversations (a whole mini-batch)."""
+        n = torch.tensor([self.conversations[i].num_loss_tokens for i in indices], dtype=torch.long)
         return loss_norm(n, mode, traj_ids=self.traj_index(indices), scale_factor=scale_factor)
 
     def collate(self, indices: Sequence[int], pad_id: int) -> dict[str, Tensor]:
-        """`collate` of these samples, with the batch's old / ref log-probs and advantages."""
-        samples = [self.samples[i] for i in indices]
-        per_sample = {}
+        """`collate` of these conversations, with the batch's old / ref log-probs and advantages."""
+        conversations = [self.conversations[i] for i in indices]
+        per_conversation = {}
         if self.old_logprobs is not None:
-            per_sample["old_logprobs"] = [self.old_logprobs[i] for i in indices]
+            per_conversation["old_logprobs"] = [self.old_logprobs[i] for i in indices]
         if self.ref_logprobs is not None:
-            per_sample["ref_logprobs"] = [self.ref_logprobs[i] for i in indices]
+            per_conversation["ref_logprobs"] = [self.ref_logprobs[i] for i in indices]
         if self.advantages is not None:
-            per_sample["advantages"] = [
-                self.advantages[s.traj_index].expand(len(s.response_ids)) for s in samples
+            per_conversation["advantages"] = [
+                self.advantages[s.traj_index].expand(len(s.response_ids)) for s in conversations
             ]
-        return collate(samples, pad_id, **per_sample)
+        return collate(conversations, pad_id, **per_conversation)
 
 
 # Dynamic batch size (verl use_dynamic_bsz / ppo_max_token_len_per_gpu), first-fit-decreasing
-# bin packing: take samples longest first (ties: lower index first) and put each into the
-# first micro-batch it fits in, else open a new one. Deterministic. A sample longer than the
+# bin packing: take conversations longest first (ties: lower index first) and put each into the
+# first micro-batch it fits in, else open a new one. Deterministic. A conversation longer than
 # budget gets a micro-batch of its own (never dropped, never trimmed). The cost of a
 # micro-batch is its real token count (padding-free, as verl's remove-padding path), or with
 # padded=True rows x longest row, the size of a right-padded `collate` batch.
@@ -287,27 +300,27 @@ def pack_token_budget(
 # position P+j and is predicted at t = P+j-1: response_mask[b, P-1 : P+R-1] is set and
 # per-token values (log-probs, advantages) of token j sit at [b, P-1+j].
 def collate(
-    samples: Sequence[Sample], pad_id: int, **per_sample: Sequence[Tensor]
+    conversations: Sequence[Conversation], pad_id: int, **per_conversation: Sequence[Tensor]
 ) -> dict[str, Tensor]:
     """Right-padded (batch, seq) tensors for a forward pass and the loss.
 
     Keys: input_ids, attention_mask, position_ids, labels (long, (B, L)); response_mask,
-    loss_mask (bool, (B, L); loss_mask = response_mask of trainable samples);
+    loss_mask (bool, (B, L); loss_mask = response_mask of trainable conversations);
     rollout_logprobs (float32, (B, L), 0 off the response); traj_index, num_loss_tokens
-    (long, (B,)); and every keyword given, each a per-sample (R,) tensor, placed like
+    (long, (B,)); and every keyword given, each a per-conversation (R,) tensor, placed like
     rollout_logprobs.
     """
-    if not samples:
-        raise ValueError("collate needs at least one sample")
-    bsz, seq = len(samples), max(s.num_tokens for s in samples)
+    if not conversations:
+        raise ValueError("collate needs at least one conversation")
+    bsz, seq = len(conversations), max(s.num_tokens for s in conversations)
     input_ids = torch.full((bsz, seq), pad_id, dtype=torch.long)
     labels = torch.full((bsz, seq), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((bsz, seq), dtype=torch.long)
     response_mask = torch.zeros((bsz, seq), dtype=torch.bool)
-    extra = {"rollout_logprobs": [torch.tensor(s.rollout_logprobs) for s in samples]}
-    extra.update({k: list(v) for k, v in per_sample.items()})
+    extra = {"rollout_logprobs": [torch.tensor(s.rollout_logprobs) for s in conversations]}
+    extra.update({k: list(v) for k, v in per_conversation.items()})
     placed = {k: torch.zeros((bsz, seq), dtype=torch.float32) for k in extra}
-    for b, s in enumerate(samples):
+    for b, s in enumerate(conversations):
         p, r = len(s.prompt_ids), len(s.response_ids)
         ids = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         input_ids[b, : p + r] = ids
@@ -316,7 +329,7 @@ def collate(
         response_mask[b, p - 1 : p + r - 1] = True
         for k, rows in extra.items():
             placed[k][b, p - 1 : p + r - 1] = rows[b].to(torch.float32)
-    trainable = torch.tensor([s.trainable for s in samples], dtype=torch.bool)
+    trainable = torch.tensor([s.trainable for s in conversations], dtype=torch.bool)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -326,6 +339,11 @@ def collate(
         "response_mask": response_mask,
         "loss_mask": response_mask & trainable.unsqueeze(-1),
         **placed,
-        "traj_index": torch.tensor([s.traj_index for s in samples], dtype=torch.long),
-        "num_loss_tokens": torch.tensor([s.num_loss_tokens for s in samples], dtype=torch.long),
+        "traj_index": torch.tensor([s.traj_index for s in conversations], dtype=torch.long),
+        "num_loss_tokens": torch.tensor([s.num_loss_tokens for s in conversations],
+                                        dtype=torch.long),
     }
+
+
+__getattr__ = moved_names(__name__, {"Sample": "Conversation"})
+"""`Sample`: the old name of `Conversation`, kept for one release (DeprecationWarning)."""

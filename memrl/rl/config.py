@@ -17,18 +17,7 @@ from memrl.config import StrictModel
 
 
 class RLConfig(StrictModel):
-    # ---- rollout (temperature / top_p of training rollouts: memagent.* / memupdate.*)
-    rollout_n: int = Field(4, ge=1)
-    """Trajectories per question: the GRPO group (verl actor_rollout_ref.rollout.n)."""
-    val_n: int = Field(1, ge=1)
-    """Trajectories per validation question."""
-    val_temperature: float = Field(0.0, ge=0)
-    """Sampling temperature of validation rollouts (0 = greedy)."""
-    val_top_p: float | None = Field(None, gt=0, le=1)
-    """Nucleus threshold of validation rollouts (verl rollout.val_kwargs.top_p); None: the
-    agent's own top_p (memagent.top_p / memupdate.top_p)."""
-    generation_batch_size: int = Field(64, ge=1)
-    """Prompts per forward pass of the in-process engine (a micro-batch of generation)."""
+    # (how rollouts sample, `rollout.n` included, is the training config's `rollout`)
     # ---- rewards and advantages
     reward: str | dict[str, float] | None = None
     """The task's reward: one of its named rewards (memagent: sub_em, em, f1, memagent_em,
@@ -41,7 +30,7 @@ class RLConfig(StrictModel):
     """False = mean-centred only (Dr.GRPO, MemAgent); True = classic GRPO."""
     size1_group_advantage: Literal["zero", "raw_reward"] = "zero"
     """Advantage of a group of one trajectory: zero (it has no baseline), or verl's raw
-    reward. rollout_n=1 requires raw_reward."""
+    reward. rollout.n=1 requires raw_reward."""
     dynamic_sampling: bool = True
     """DAPO: drop groups whose rewards are all equal, refill from the next questions."""
     max_refill_rounds: int = Field(2, ge=0)
@@ -92,7 +81,7 @@ class RLConfig(StrictModel):
     # ---- optimisation schedule
     ppo_epochs: int = Field(1, ge=1)
     ppo_mini_batch_size: int = Field(2, ge=1)
-    """Questions per optimizer step; each brings all conversations of its rollout_n
+    """Questions per optimizer step; each brings all conversations of its rollout.n
     trajectories."""
     use_dynamic_bsz: bool = True
     """Micro-batches by token budget (verl use_dynamic_bsz) instead of a fixed size."""
@@ -107,7 +96,7 @@ class RLConfig(StrictModel):
     right-padded to the longest, the budget counting rows × longest row."""
 
     @field_validator(
-        "val_temperature", "kl_reward_coef", "clip_ratio_low", "clip_ratio_high",
+        "kl_reward_coef", "clip_ratio_low", "clip_ratio_high",
         "clip_ratio_c", "entropy_coeff", "kl_loss_coef", "loss_scale_factor",
         "rollout_is_threshold",
     )
@@ -119,17 +108,6 @@ class RLConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RLConfig:
-        if self.rollout_n == 1 and self.size1_group_advantage == "zero":
-            raise ValueError(
-                "rollout_n=1 makes groups of one trajectory, whose advantage is 0: nothing "
-                "is learned. Use rollout_n >= 2, or size1_group_advantage=raw_reward "
-                "(verl's behaviour)"
-            )
-        if self.rollout_n == 1 and self.dynamic_sampling:
-            raise ValueError(
-                "rollout_n=1 with dynamic_sampling drops every group (one reward has no "
-                "spread): set dynamic_sampling=false"
-            )
         if self.rollout_is is not None and self.use_rollout_logprobs:
             raise ValueError(
                 "rollout_is weighs by π_old / π_rollout, which is 1 when the old log-probs are "

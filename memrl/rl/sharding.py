@@ -12,7 +12,7 @@ the same number of forward and backward passes: `memrl.rl.actor` pads a rank's m
 to the largest count (`Dist.all_reduce_max`) with zero-weight ones. Generation is not done
 with the sharded module (ranks generate different numbers of tokens: a deadlock); the
 rollout engine holds a full copy, refreshed tensor by tensor every step
-(`HFGenerator.sync_weights`).
+(`HFEngine.sync_weights`).
 
 `run_as_forward(model, fn, ...)` runs `fn` inside the root module's forward hooks, so code
 that calls the decoder and the output head separately (the fused log-prob path) sees the

@@ -40,7 +40,7 @@ class _Request:
 
 
 class BatchingEngine:
-    """`generator` (an HFGenerator) behind a request queue and one worker thread."""
+    """`generator` (an HFEngine) behind a request queue and one worker thread."""
 
     continuous_batching = True
     """Concurrent `agenerate` calls are batched: agents run their episodes as coroutines."""

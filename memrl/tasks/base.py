@@ -40,11 +40,6 @@ class Task(Protocol):
         for (`memrl.tasks.reward_of(config)`: `rl.reward`, None in the warm start's config)."""
         ...
 
-    @property
-    def sampling_temperature(self) -> float:
-        """Temperature of training rollouts (the actor scales logits by it too)."""
-        ...
-
     def load(self, path: str, fmt: str, *, what: str) -> list[Any]:
         """Read training or validation records; each has a unique string `.id`."""
         ...
@@ -65,8 +60,9 @@ class Task(Protocol):
         """`num_samples` trajectories per record (record_id = record.id), each with its
         scalar `reward` and per-trajectory scores in `metrics` already set.
         `keep_token_ids=False` drops token ids from turns (evaluation does not train).
-        `temperature` / `top_p` (None: the agent config's) override sampling, e.g. for
-        validation. `mode` schedules the agent's episodes (lockstep / async / auto:
+        `temperature` / `top_p` (None: the agent config's) override sampling: training
+        passes `rollout.temperature` / `top_p`, validation `rollout.val.*`; the evaluation
+        commands leave them None. `mode` schedules the agent's episodes (lockstep / async / auto:
         `memrl.inference.base.RolloutMode`); it changes speed, not trajectories, on an engine
         that seeds each request on its own."""
         ...

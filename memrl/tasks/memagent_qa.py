@@ -146,10 +146,6 @@ class MemAgentQATask:
         """From a TrainConfig: its `memagent` section and `rl.reward`."""
         return cls(config.agent_config, reward=reward_of(config))
 
-    @property
-    def sampling_temperature(self) -> float:
-        return self.config.temperature
-
     def load(self, path: str, fmt: str, *, what: str) -> list[QARecord]:
         if fmt == "ruler":
             from memrl.data.ruler_hqa import load_ruler_hqa

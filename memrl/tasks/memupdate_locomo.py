@@ -186,10 +186,6 @@ class MemoryUpdateTask:
         form of the section's `reward_form`)."""
         return cls(config.agent_config, reward=reward_of(config))
 
-    @property
-    def sampling_temperature(self) -> float:
-        return self.config.temperature
-
     # ---- data -------------------------------------------------------------------------
 
     def load(self, path: str, fmt: str, *, what: str) -> list[MemoryEpisode]:
