@@ -26,7 +26,7 @@ from memrl.config import StrictModel
 from memrl.errors import MemrlInputError
 from memrl.inference.base import RolloutMode
 from memrl.inference.config import EngineName, OpenAIConfig, VLLMConfig
-from memrl.rl.config import OptimConfig, RLConfig
+from memrl.rl.config import CriticConfig, OptimConfig, RLConfig
 
 
 class LoraConfig(StrictModel):
@@ -328,6 +328,8 @@ class TrainConfig(AgentSection):
     data: DataConfig
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
+    critic: CriticConfig = CriticConfig()
+    """The value model of rl.adv_estimator=gae (PPO); unused otherwise."""
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 

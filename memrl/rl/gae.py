@@ -23,13 +23,18 @@ its multi-turn sequence, whose response mask skips the tokens between assistant 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from memrl.rl.batch import RolloutBatch
+
 __all__ = [
     "explained_variance",
     "gae_advantages_returns",
+    "gae_batch",
     "masked_whiten",
     "trajectory_gae",
     "value_loss",
@@ -154,3 +159,18 @@ def trajectory_gae(
             advantages[i], returns[i] = adv[k, start:start + n], ret[k, start:start + n]
             start += n
     return advantages, returns
+
+
+def gae_batch(batch: RolloutBatch, *, gamma: float, lam: float) -> RolloutBatch:
+    """The batch with per-token advantages and returns: `trajectory_gae` over its samples
+    (in the batch's order, which is turn order within each trajectory) from its values and
+    rewards, then the advantages whitened over every response token of the batch, as verl
+    (left as they are when the batch has fewer than 2 response tokens)."""
+    if batch.values is None:
+        raise ValueError("GAE needs the critic's values in the batch (with_values)")
+    adv, ret = trajectory_gae(batch.values, [s.traj_index for s in batch.samples],
+                              batch.rewards, gamma=gamma, lam=lam)
+    flat = torch.cat(adv).unsqueeze(0) if adv else torch.zeros(1, 0)
+    if flat.numel() >= 2:
+        flat = masked_whiten(flat, torch.ones_like(flat, dtype=torch.bool))
+    return batch.with_token_advantages(list(flat[0].split([a.numel() for a in adv])), ret)
