@@ -48,7 +48,7 @@ class RLConfig(StrictModel):
     """False = mean-centred only (Dr.GRPO, MemAgent); True = classic GRPO."""
     size1_group_advantage: Literal["zero", "raw_reward"] = "zero"
     """Advantage of a group of one trajectory: zero (it has no baseline), or verl's raw
-    reward. rollout_n=1 requires raw_reward."""
+    reward. rollout_n=1 requires raw_reward (or adv_estimator gae, which needs no group)."""
     dynamic_sampling: bool = True
     """DAPO: drop groups whose rewards are all equal, refill from the next questions."""
     max_refill_rounds: int = Field(2, ge=0)
@@ -131,7 +131,7 @@ class RLConfig(StrictModel):
             raise ValueError(
                 "rollout_n=1 makes groups of one trajectory, whose advantage is 0: nothing "
                 "is learned. Use rollout_n >= 2, or size1_group_advantage=raw_reward "
-                "(verl's behaviour)"
+                "(verl's behaviour), or adv_estimator=gae (PPO with a value model)"
             )
         if self.rollout_n == 1 and self.dynamic_sampling:
             raise ValueError(
