@@ -86,33 +86,22 @@ class CriticStats:
         return {f"critic/{f.name}": getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass
 class Critic:
     """The value model, its optimizer and lr schedule, and its micro-batching."""
 
-    def __init__(
-        self,
-        model: ValueModel,
-        config: RLConfig,
-        *,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
-        grad_clip: float,
-        cliprange_value: float,
-        pad_id: int,
-        max_tokens_per_micro_batch: int,
-        micro_batch_size: int,
-        autocast_dtype: torch.dtype | None = None,
-    ) -> None:
-        self.model = model
-        self.config = config
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.grad_clip = grad_clip
-        self.cliprange_value = cliprange_value
-        self.pad_id = pad_id
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.micro_batch_size = micro_batch_size
-        self.autocast_dtype = autocast_dtype
+    model: ValueModel
+    config: RLConfig
+    """rl: use_dynamic_bsz, ppo_epochs, ppo_mini_batch_size, loss_agg_mode."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    grad_clip: float
+    cliprange_value: float
+    pad_id: int
+    max_tokens_per_micro_batch: int
+    micro_batch_size: int
+    autocast_dtype: torch.dtype | None = None
+    """bf16 autocast on CUDA (model.dtype auto), else None."""
 
     @property
     def device(self) -> torch.device:
