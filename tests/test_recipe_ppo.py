@@ -158,30 +158,36 @@ def test_resume_restores_the_critic(tiny_model_dir, data_dir, tmp_path):
 @pytest.mark.slow
 def test_ppo_learns_the_quickstart_task(tmp_path):
     """`memrl train configs/quickstart.yaml rl.adv_estimator=gae ...` on the quickstart's own
-    model and synthetic data, from the untrained model. The reward is the dense share of
-    answer tokens found in the document (context_overlap): the quickstart's sub-EM is 0 for
-    an untrained model until the warm start, which is another 90 s."""
+    model and synthetic data, from the untrained model, with seeds 0 and 1. The reward is the
+    dense share of answer tokens found in the document (context_overlap): the quickstart's
+    sub-EM is 0 for an untrained model until the warm start, which is another 90 s.
+    Measured (docs/algorithms.md): seed 0 rises from 0.05 to 0.20 in 10 steps, seed 1 from
+    0.03 to 0.10, seed 2 from 0.03 to 0.54."""
     from memrl.quickstart import QuickstartPlan, prepare_quickstart
 
-    paths = [f"model.path={tmp_path / 'model'}", f"data.train_file={tmp_path / 'train.jsonl'}",
-             f"data.val_file={tmp_path / 'val.jsonl'}", f"trainer.out_dir={tmp_path / 'rl'}"]
-    cfg = load_config(TrainConfig, "configs/quickstart.yaml", paths)
+    paths = [f"model.path={tmp_path / 'model'}", f"data.train_file={tmp_path / 'train.jsonl'}"]
+    cfg = load_config(TrainConfig, "configs/quickstart.yaml",
+                      [*paths, f"data.val_file={tmp_path / 'val.jsonl'}"])
     prepare_quickstart(cfg, plan=QuickstartPlan(eval_docs=(4,), eval_questions=4,
                                                 train_questions=400))
-    steps = 7
-    code = cli_main([
-        "train", "configs/quickstart.yaml", *paths, "rl.adv_estimator=gae",
-        "rl.reward=context_overlap", "rl.overlong=keep", "rl.dynamic_sampling=false",
-        "rl.rollout_n=4", "data.train_batch_size=4", "rl.ppo_mini_batch_size=4",
-        "optim.lr=2e-2", "critic.optim.lr=1e-3", f"trainer.total_steps={steps}",
-        "trainer.val_before_train=false", "data.val_file=null", "trainer.log_sinks=[jsonl]",
-    ])
-    assert code == 0
-    rows = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "step" in r]
-    assert len(rows) == steps
-    for r in rows:
-        assert CRITIC_KEYS <= set(r) and all(math.isfinite(r[k]) for k in CRITIC_KEYS), r
-    rewards = [r["train/reward_mean"] for r in rows]
-    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
-    assert last > first + 0.1, rewards
-    assert (tmp_path / "rl" / "checkpoints" / f"step_{steps:08d}" / "critic").is_dir()
+    steps, gains = 10, []
+    for seed in (0, 1):
+        out = tmp_path / f"rl_{seed}"
+        code = cli_main([
+            "train", "configs/quickstart.yaml", *paths, f"trainer.out_dir={out}",
+            f"seed={seed}", "rl.adv_estimator=gae", "rl.reward=context_overlap",
+            "rl.overlong=keep", "rl.dynamic_sampling=false", "rl.rollout_n=4",
+            "data.train_batch_size=4", "rl.ppo_mini_batch_size=4", "optim.lr=1e-2",
+            "critic.optim.lr=1e-3", f"trainer.total_steps={steps}",
+            "trainer.val_before_train=false", "data.val_file=null", "trainer.log_sinks=[jsonl]",
+        ])
+        assert code == 0
+        rows = [r for r in read_metrics(out / "metrics.jsonl") if "step" in r]
+        assert len(rows) == steps
+        for r in rows:
+            assert CRITIC_KEYS <= set(r) and all(math.isfinite(r[k]) for k in CRITIC_KEYS), r
+        rewards = [r["train/reward_mean"] for r in rows]
+        gains.append(sum(rewards[-3:]) / 3 - sum(rewards[:3]) / 3)
+        assert gains[-1] > 0, (seed, rewards)
+        assert (out / "checkpoints" / f"step_{steps:08d}" / "critic").is_dir()
+    assert sum(gains) / len(gains) > 0.05, gains
