@@ -191,3 +191,15 @@ def test_ppo_learns_the_quickstart_task(tmp_path):
         assert gains[-1] > 0, (seed, rewards)
         assert (out / "checkpoints" / f"step_{steps:08d}" / "critic").is_dir()
     assert sum(gains) / len(gains) > 0.05, gains
+
+
+def test_critic_init_from_a_path_and_a_missing_one(tiny_model_dir, tiny_tokenizer, data_dir,
+                                                    tmp_path):
+    cfg = make_config(tiny_model_dir, data_dir, tmp_path, f"critic.init={tiny_model_dir}")
+    critic = models.build_critic(cfg, tiny_tokenizer, total_steps=1)
+    assert critic is not None and critic.model.head.out_features == 1
+    cfg = make_config(tiny_model_dir, data_dir, tmp_path, f"critic.init={tmp_path / 'none'}")
+    with pytest.raises(MemrlInputError, match="none"):
+        models.build_critic(cfg, tiny_tokenizer, total_steps=1)
+    grpo_cfg = make_config(tiny_model_dir, data_dir, tmp_path, "rl.adv_estimator=grpo")
+    assert models.build_critic(grpo_cfg, tiny_tokenizer, total_steps=1) is None
