@@ -346,7 +346,8 @@ def test_a_reward_with_no_meaning_for_memupdate_is_rejected():
         load_config(TrainConfig, CONFIG, ["model.path=m", "rl.reward=f1"])
 
 
-def test_two_grpo_steps_end_to_end(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])  # gae: each tool turn a conversation
+def test_two_training_steps_end_to_end(estimator, tiny_model_dir, tmp_path):
     data = tmp_path / "data"
     train = [
         make_episode(f"conv-t-qa{i}-0000000{i}", [f"My code is {i}{i}17.", "Noted.", "Bye."],
@@ -362,6 +363,7 @@ def test_two_grpo_steps_end_to_end(tiny_model_dir, tmp_path):
         "trainer.num_logged_trajectories=2", "rollout.n=2", "memupdate.embedder=hashing",
         "memupdate.max_response_tokens=12", "memupdate.session_chunk_turns=2",
         "memupdate.memory_view_k=2", "memupdate.max_tool_response_length=200",
+        f"rl.adv_estimator={estimator}",
     ])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. torch / transformers deprecations
@@ -372,6 +374,8 @@ def test_two_grpo_steps_end_to_end(tiny_model_dir, tmp_path):
         assert np.isfinite(r["train/reward_mean"]) and r["train/samples"] >= 8
         assert "train/score_final" in r and "train/format_error_rate" in r
         assert np.isfinite(r["actor/pg_loss"])
+        if estimator == "gae":
+            assert np.isfinite(r["critic/vf_loss"]) and np.isfinite(r["critic/values_mean"])
     logged = read_jsonl(out / "val_samples" / "step_000002.jsonl")
     assert len(logged) == 2 and {"question", "calls", "memory_diff", "reward"} <= set(logged[0])
     assert (out / "checkpoints" / "latest").exists()

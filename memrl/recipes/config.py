@@ -30,7 +30,7 @@ from memrl.inference.config import (
     ValidationSamplingConfig,
     VLLMConfig,
 )
-from memrl.rl.config import OptimConfig, RLConfig
+from memrl.rl.config import CriticConfig, OptimConfig, RLConfig
 
 
 class LoraConfig(StrictModel):
@@ -351,6 +351,8 @@ class TrainConfig(AgentSection):
     data: DataConfig
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
+    critic: CriticConfig = CriticConfig()
+    """The value model of rl.adv_estimator=gae (PPO); unused otherwise."""
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 
@@ -380,11 +382,12 @@ class TrainConfig(AgentSection):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.rollout.n == 1 and self.rl.size1_group_advantage == "zero":
+        if (self.rollout.n == 1 and self.rl.size1_group_advantage == "zero"
+                and self.rl.adv_estimator != "gae"):
             raise ValueError(
                 "rollout.n=1 makes groups of one trajectory, whose advantage is 0: nothing "
                 "is learned. Use rollout.n >= 2, or rl.size1_group_advantage=raw_reward "
-                "(verl's behaviour)"
+                "(verl's behaviour), or rl.adv_estimator=gae (PPO with a value model)"
             )
         if self.rollout.n == 1 and self.rl.dynamic_sampling:
             raise ValueError(

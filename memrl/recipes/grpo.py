@@ -5,8 +5,11 @@
         groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
         batch  = RolloutBatch.from_trajectories(...)  one typed batch, one Conversation per turn
         batch  = with_logprobs(run, batch)           old (actor) and reference log-probs
-        batch  = with_advantages(batch, rl)          one advantage per trajectory
+                                                     (+ the critic's values: PPO)
+        batch  = with_advantages(batch, rl)          one advantage per trajectory (GAE:
+                                                     per token, memrl.rl.gae)
         stats  = actor.update(batch, dist)           PPO over mini/micro-batches
+        critic = run.critic.update(batch)            PPO: the value model (else None)
         return step_metrics(...)                     recipes/step_metrics.py
 
 The loop around it (resume, validate, log, checkpoint) is `recipes/scaffold.py`, shared
@@ -44,6 +47,8 @@ from memrl.rl.actor import Actor, Reference
 from memrl.rl.advantages import compute_advantages
 from memrl.rl.batch import RolloutBatch
 from memrl.rl.config import RLConfig
+from memrl.rl.critic import Critic
+from memrl.rl.gae import gae_batch
 from memrl.rl.correction import check_logprob_mismatch, logprob_mismatch
 from memrl.rl.rollout import Groups, QuestionStream, TrainState, collect_groups
 from memrl.tasks import Task, build_task
@@ -66,6 +71,8 @@ class Run:
     console: Any = None
     trajectory_log: TrajectoryLog | None = None
     """Per-trajectory records of each step (`trainer.log_trajectories`); None: off."""
+    critic: Critic | None = None
+    """PPO's value model (rl.adv_estimator=gae); None for the group estimators."""
 
     @property
     def out_dir(self) -> Path:
@@ -135,6 +142,7 @@ def train_step(run: Run) -> dict[str, float]:
     lr = run.actor.lr
     with phases("update"):
         update = run.actor.update(batch, run.dist)
+        critic = run.critic.update(batch) if run.critic is not None else None
 
     with phases("metrics"):  # 7. Metrics (over every rank's share of the step).
         view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
@@ -143,7 +151,8 @@ def train_step(run: Run) -> dict[str, float]:
             run.trajectory_log.write(phases.step, groups.trajectories, batch, task_rewards,
                                      groups.group_order, entropy)
         return step_metrics(view, run.task, phases, groups_generated=groups.generated, lr=lr,
-                            mismatch=mismatch, update=update, ppo_epochs=rl.ppo_epochs)
+                            mismatch=mismatch, update=update, ppo_epochs=rl.ppo_epochs,
+                            critic=critic)
 
 
 def rollout_groups(run: Run) -> Groups:
@@ -167,12 +176,15 @@ def rollout_groups(run: Run) -> Groups:
 
 def with_logprobs(run: Run, batch: RolloutBatch
                   ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
-    """The batch with its old and reference log-probs; the entropies of the old pass (None
+    """The batch with its old and reference log-probs (and the critic's values: PPO); the
+    entropies of the old pass (None
     when the old log-probs are the engine's: rl.use_rollout_logprobs); and the engine's
     mismatch with the trainer (|engine − trainer| log-probs: `rollout/logprob_diff_*`), which
     stops the run past rollout.max_logprob_diff (on every rank, or none)."""
     cfg = run.config
     ref = run.reference.logprobs(batch) if run.reference is not None else None
+    if run.critic is not None:
+        batch = batch.with_values(run.critic.values(batch))
     engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.conversations]
     if cfg.rl.use_rollout_logprobs:
         return batch.with_logprobs(engine_lp, ref), None, {}
@@ -188,9 +200,12 @@ def with_logprobs(run: Run, batch: RolloutBatch
 
 def with_advantages(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:
     """The batch's rewards less the KL penalty (rl.use_kl_in_reward), and one advantage per
-    trajectory from them (rl.adv_estimator)."""
+    trajectory from them (rl.adv_estimator); gae: per-token advantages and returns from the
+    critic's values (`gae_batch`)."""
     if rl.use_kl_in_reward and rl.kl_reward_coef > 0:
         batch = batch.with_rewards(batch.rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
+    if rl.adv_estimator == "gae":
+        return gae_batch(batch, gamma=rl.gamma, lam=rl.lam)
     return batch.with_advantages(
         compute_advantages(
             rl.adv_estimator,
@@ -238,10 +253,11 @@ def validate(run: Run) -> dict[str, float]:
 
 
 def save(run: Run) -> Path | None:
-    """A checkpoint of the policy, optimizer, schedule, RNG and data cursor (every rank
-    takes part; the next step starts once it is complete)."""
+    """A checkpoint of the policy, optimizer, schedule, RNG and data cursor, and the critic
+    (PPO) (every rank takes part; the next step starts once it is complete)."""
     return save_run(run.config, run.state, model=run.actor.model, optimizer=run.actor.optimizer,
-                    scheduler=run.actor.scheduler, tokenizer=run.tokenizer, dist=run.dist)
+                    scheduler=run.actor.scheduler, tokenizer=run.tokenizer, dist=run.dist,
+                    critic=run.critic)
 
 
 def total_steps(config: TrainConfig, num_records: int) -> int:
@@ -254,10 +270,12 @@ def setup(
     """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint."""
     seed_everything(config.seed)
     dist = dist or Dist.from_environment()
-    if dist.world_size > 1 and config.rl.adv_estimator == "reinforce_plus_plus_baseline":
+    if dist.world_size > 1 and config.rl.adv_estimator in ("reinforce_plus_plus_baseline",
+                                                            "gae"):
         raise MemrlInputError(
-            "reinforce_plus_plus_baseline whitens advantages over the whole batch, which "
-            "data-parallel ranks do not hold: train it on one process, or use grpo / rloo",
+            f"{config.rl.adv_estimator} whitens advantages over the whole batch, which "
+            "data-parallel ranks do not hold (and memrl's critic trains on one process): "
+            "train it on one process, or use grpo / rloo",
             location="rl.adv_estimator",
         )
     task = task if task is not None else build_task(config)
@@ -273,15 +291,17 @@ def setup(
                                total_steps=total_steps(config, len(train_records)))
     reference = models.build_reference(config, policy, tokenizer, temperature, dist)
     engine = models.build_engine(config, policy, tokenizer)
+    critic = models.build_critic(config, tokenizer,
+                                 total_steps=total_steps(config, len(train_records)))
 
     out_dir = Path(config.trainer.out_dir)
     state = resume_or_start(out_dir, config.trainer.resume, model=policy,
                             optimizer=actor.optimizer, scheduler=actor.scheduler, dist=dist,
-                            console=console)
+                            console=console, critic=critic)
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
     log = TrajectoryLog.from_config(
         config.trainer.log_trajectories, out_dir, records=train_records, dist=dist,
         rows_per_step=config.data.train_batch_size * config.rollout.n,
         warn=warn_on_stderr(dist))
     return Run(config, task, engine, actor, reference, tokenizer, stream, state,
-               val_records, dist, console, log)
+               val_records, dist, console, log, critic)

@@ -18,6 +18,7 @@ from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
 from memrl.rl.config import OptimConfig
+from memrl.rl.critic import Critic, ValueModel
 from memrl.rl.sharding import shard
 from memrl.rl.flops import device_peak_flops
 
@@ -163,6 +164,41 @@ def build_reference(
         return Reference(policy, config.rl, adapters_off=True, **kw)
     ref = load_trained(config.model, trainable=False)
     return Reference(ref, config.rl, **kw, **sharding_kwargs(config, dist))
+
+
+def build_critic(config: TrainConfig, tokenizer: Any, *, total_steps: int) -> Critic | None:
+    """PPO's value model (rl.adv_estimator=gae, else None): the body of `critic.init`'s
+    causal LM (`policy`: model.path) with a fresh value head, its own AdamW and schedule.
+    Always whole on this process, fp32 master weights, the policy's autocast."""
+    if config.rl.adv_estimator != "gae":
+        return None
+    ccfg, mcfg = config.critic, config.model
+    path = mcfg.path if ccfg.init == "policy" else ccfg.init
+    lm = load_model(path, device=resolve_device(mcfg.device), dtype=master_dtype(mcfg),
+                    **attention(mcfg))
+    vocab = len(tokenizer)
+    if lm.get_input_embeddings().weight.shape[0] < vocab:
+        raise MemrlInputError(
+            f"the critic's model has {lm.get_input_embeddings().weight.shape[0]} token "
+            f"embeddings, fewer than the policy's tokenizer ({vocab}): it must read the "
+            "policy's token ids", location="critic.init")
+    if mcfg.gradient_checkpointing:
+        lm.gradient_checkpointing_enable()
+    model = ValueModel.from_causal_lm(lm)
+    model.train()
+    optim = ccfg.optim
+    optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
+                                weight_decay=optim.weight_decay)
+    rl = config.rl
+    return Critic(
+        model, rl, optimizer=optimizer, scheduler=lr_schedule(optimizer, optim, total_steps),
+        grad_clip=optim.grad_clip, cliprange_value=ccfg.cliprange_value,
+        pad_id=pad_token_id(tokenizer),
+        max_tokens_per_micro_batch=ccfg.max_tokens_per_micro_batch
+        or rl.max_tokens_per_micro_batch,
+        micro_batch_size=ccfg.micro_batch_size or rl.micro_batch_size,
+        autocast_dtype=autocast_dtype(mcfg),
+    )
 
 
 def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:

@@ -61,14 +61,14 @@ def warn_on_stderr(dist: Dist) -> Callable[[str], None]:
 
 def resume_or_start(
     out_dir: Path, resume: str, *, model: Any, optimizer: Any, scheduler: Any, dist: Dist,
-    console: Any = None,
+    console: Any = None, critic: Any = None,
 ) -> TrainState:
     """The state to start from: the latest checkpoint's (loaded into the live objects) when
     resuming, else a fresh one; a fresh run refuses a directory that holds checkpoints."""
     latest = latest_checkpoint(out_dir / "checkpoints", warn=warn_on_stderr(dist))
     if resume == "auto" and latest is not None:
         saved = load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler,
-                                dist=dist)
+                                dist=dist, critic=critic)
         if dist.is_main:
             truncate_metrics(out_dir / "metrics.jsonl", saved["step"])
             remove_steps_after(out_dir, saved["step"])
@@ -90,7 +90,7 @@ def resume_or_start(
 
 def save_run(
     config: Any, state: TrainState, *, model: Any, optimizer: Any, scheduler: Any,
-    tokenizer: Any, dist: Dist,
+    tokenizer: Any, dist: Dist, critic: Any = None,
 ) -> Path | None:
     """A checkpoint of the policy, optimizer, schedule, RNG and data cursor at `state.step`
     in `trainer.out_dir/checkpoints` (every rank of `dist` takes part; see
@@ -106,6 +106,7 @@ def save_run(
         config_yaml=config_to_yaml(config),
         keep_last=config.trainer.keep_last,
         dist=dist,
+        critic=critic,
     )
 
 

@@ -6,6 +6,7 @@
     step_metrics(view, task, phases, ...)
         = data_metrics        train/*: rewards, groups, lengths, advantages, KL penalty
         + train/lr, rollout/logprob_diff_* (engine vs trainer), UpdateStats.metrics()
+        + CriticStats.metrics()  critic/* (PPO: value loss, explained variance, ...)
         + throughput_metrics  perf/*_tokens_per_s
         + timing_metrics      perf/{sync,rollout,logprobs,update}_s, perf/step_time_s
 
@@ -27,6 +28,7 @@ import numpy as np
 from memrl.distributed import Dist, note
 from memrl.rl.actor import UpdateStats
 from memrl.rl.batch import RolloutBatch
+from memrl.rl.critic import CriticStats
 from memrl.rl.rollout import informative_groups
 
 HEARTBEAT_PHASES = {"sync": "weight sync", "rollout": "rollout", "logprobs": "log-probs",
@@ -150,6 +152,7 @@ def timing_metrics(phases: Phases) -> dict[str, float]:
 def step_metrics(
     view: StepView, task: Any, phases: Phases, *, groups_generated: int, lr: float,
     mismatch: dict[str, float], update: UpdateStats, ppo_epochs: int,
+    critic: CriticStats | None = None,
 ) -> dict[str, float]:
     """The step's line of metrics.jsonl (the step time is measured last)."""
     return {
@@ -157,6 +160,7 @@ def step_metrics(
         "train/lr": lr,
         **mismatch,
         **update.metrics(),
+        **(critic.metrics() if critic is not None else {}),
         **throughput_metrics(view, phases.seconds, ppo_epochs),
         **timing_metrics(phases),
     }

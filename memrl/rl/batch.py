@@ -12,6 +12,8 @@ makes the next version with `with_logprobs` / `with_advantages`):
     old_logprobs        the policy's log-probs before the update (per conversation)
     ref_logprobs        the reference policy's log-probs (per conversation; with a KL term)
     advantages          one per trajectory, shared by all its conversations
+    values, returns     PPO (rl.adv_estimator=gae): the critic's value and the GAE return
+    token_advantages    at each response token (per sample); the update then uses these
 
 No conversation is ever dropped or trimmed to make a batch divide evenly: the micro-batches
 vary in size instead (`pack_token_budget`), and the loss norm (`RolloutBatch.loss_norm`)
@@ -102,7 +104,14 @@ class RolloutBatch:
     old_logprobs: tuple[Tensor, ...] | None = None
     ref_logprobs: tuple[Tensor, ...] | None = None
     advantages: Tensor | None = None
-    """(T,) float32."""
+    """(T,) float32. With token_advantages: their mean over the trajectory's response tokens
+    (for the logs; the update uses token_advantages)."""
+    values: tuple[Tensor, ...] | None = None
+    """The critic's V(s_t) at every response token (per sample; rl.adv_estimator=gae)."""
+    returns: tuple[Tensor, ...] | None = None
+    """The critic's targets, GAE advantage + value, per response token (per sample)."""
+    token_advantages: tuple[Tensor, ...] | None = None
+    """Per response token (per sample): given, the policy loss uses these."""
     group_order: tuple[str, ...] | None = None
     """Data parallelism: every group of the step on every rank, in the order one process
     would hold them, so that mini-batch k is the same questions on any number of ranks
@@ -179,6 +188,29 @@ class RolloutBatch:
             raise ValueError(f"advantages must be {tuple(self.rewards.shape)} finite numbers")
         return dataclasses.replace(self, advantages=advantages.to(torch.float32))
 
+    def with_values(self, values: Sequence[Tensor]) -> RolloutBatch:
+        self._check_per_conversation("value", values)
+        return dataclasses.replace(self, values=tuple(v.to(torch.float32) for v in values))
+
+    def with_token_advantages(
+        self, advantages: Sequence[Tensor], returns: Sequence[Tensor]
+    ) -> RolloutBatch:
+        """Per-token advantages and value targets; `advantages` (T,) becomes each
+        trajectory's mean over its response tokens (0 for none)."""
+        for name, rows in (("advantage", advantages), ("return", returns)):
+            self._check_per_conversation(name, rows)
+            if not all(torch.isfinite(r).all() for r in rows):
+                raise ValueError(f"{name}s must be finite")
+        total = torch.zeros(self.num_trajectories, dtype=torch.float64)
+        for s, a in zip(self.conversations, advantages, strict=True):
+            total[s.traj_index] += a.double().sum()
+        mean = total / self.response_tokens.clamp(min=1).double()
+        return dataclasses.replace(
+            self.with_advantages(mean.to(torch.float32)),
+            token_advantages=tuple(a.to(torch.float32) for a in advantages),
+            returns=tuple(r.to(torch.float32) for r in returns),
+        )
+
     def _check_per_conversation(self, name: str, values: Sequence[Tensor]) -> None:
         if len(values) != len(self.conversations):
             raise ValueError(f"{len(values)} {name} log-prob rows for "
@@ -250,10 +282,16 @@ class RolloutBatch:
             per_conversation["old_logprobs"] = [self.old_logprobs[i] for i in indices]
         if self.ref_logprobs is not None:
             per_conversation["ref_logprobs"] = [self.ref_logprobs[i] for i in indices]
-        if self.advantages is not None:
+        if self.token_advantages is not None:
+            per_conversation["advantages"] = [self.token_advantages[i] for i in indices]
+        elif self.advantages is not None:
             per_conversation["advantages"] = [
                 self.advantages[s.traj_index].expand(len(s.response_ids)) for s in conversations
             ]
+        for name in ("values", "returns"):
+            rows = getattr(self, name)
+            if rows is not None:
+                per_conversation[name] = [rows[i] for i in indices]
         return collate(conversations, pad_id, **per_conversation)
 
 

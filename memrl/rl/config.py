@@ -24,13 +24,20 @@ class RLConfig(StrictModel):
     context_overlap; memupdate: memory_delta), or a weighted sum `{name: weight, ...}`, each
     part logged as `train/reward/<name>` (memrl.tasks.rewards). None: the task's first
     (sub_em / memory_delta)."""
-    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline"] = "grpo"
-    """verl algorithm.adv_estimator."""
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline", "gae"] = "grpo"
+    """verl algorithm.adv_estimator. `gae`: PPO with a learned value model (the `critic`
+    section), per-token advantages by GAE(gamma, lam) over each trajectory's conversations
+    chained in turn order (memrl.rl.gae; docs/algorithms.md)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount of GAE per response token (verl algorithm.gamma); gae only."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """λ of GAE (verl algorithm.lam): 1 = Monte-Carlo return minus the value, 0 = one-step
+    TD; gae only."""
     norm_adv_by_std: bool = False
     """False = mean-centred only (Dr.GRPO, MemAgent); True = classic GRPO."""
     size1_group_advantage: Literal["zero", "raw_reward"] = "zero"
     """Advantage of a group of one trajectory: zero (it has no baseline), or verl's raw
-    reward. rollout.n=1 requires raw_reward."""
+    reward. rollout.n=1 requires raw_reward (or adv_estimator gae, which needs no group)."""
     dynamic_sampling: bool = True
     """DAPO: drop groups whose rewards are all equal, refill from the next questions."""
     max_refill_rounds: int = Field(2, ge=0)
@@ -125,6 +132,8 @@ class RLConfig(StrictModel):
 
 
 class OptimConfig(StrictModel):
+    """The actor's optimizer (`optim`), and the critic's (`critic.optim`)."""
+
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (verl actor.optim.lr)."""
     weight_decay: float = Field(0.01, ge=0)
@@ -155,4 +164,34 @@ class OptimConfig(StrictModel):
     def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
         if not all(0 <= b < 1 for b in value):
             raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
+        return value
+
+
+class CriticConfig(StrictModel):
+    """The value model of `rl.adv_estimator: gae` (verl critic.*): a separate model, a causal
+    LM's transformer body with a linear head giving one value per token (verl's
+    AutoModelForTokenClassification critic). Ignored by the other estimators."""
+
+    init: str = "policy"
+    """Where its body's weights come from: `policy` (model.path, the policy's initial
+    weights; verl critic.model.path = the actor's) or the directory of a Hugging Face
+    causal LM with the policy's vocabulary. The head starts near 0 (normal weights of std
+    1/(hidden_size + 1), bias 0: OpenRLHF's init)."""
+    optim: OptimConfig = OptimConfig(lr=1e-5)
+    """Its own AdamW and lr schedule (verl critic.optim; lr 1e-5 and critic.grad_clip as
+    verl's defaults), stepped with the actor's."""
+    cliprange_value: float = Field(0.5, gt=0)
+    """Clip of the new values around the rollout's (verl critic.cliprange_value)."""
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    """Token budget of one critic forward/backward with rl.use_dynamic_bsz (verl
+    critic.ppo_max_token_len_per_gpu); None: rl.max_tokens_per_micro_batch."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Samples per critic micro-batch without rl.use_dynamic_bsz (verl
+    critic.ppo_micro_batch_size_per_gpu); None: rl.micro_batch_size."""
+
+    @field_validator("cliprange_value")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value}")
         return value

@@ -5,6 +5,8 @@ Layout of one checkpoint, `ROOT/step_00000012/`:
     model/memrl_model.json   which of the two it is, and the base model of an adapter
     tokenizer/          save_pretrained of the tokenizer
     optimizer.pt  scheduler.pt  rng.pt  trainer_state.json  config.yaml
+    critic/             PPO's value model, its optimizer and schedule (rl.adv_estimator=gae;
+                        `memrl.rl.checkpoint.critic`)
 and `ROOT/latest` names the newest complete one.
 
 A policy sharded with FSDP (`model.strategy: fsdp`) is saved sharded instead, by every rank
@@ -43,6 +45,7 @@ SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.pt"
 CONFIG_FILE = "config.yaml"
 SHARDED_DIR = "sharded"
+CRITIC_DIR = "critic"
 RANK_RNG_DIR = "rng"
 TMP_PREFIX = ".tmp-"
 STEP_DIR = re.compile(r"^step_(\d+)$")

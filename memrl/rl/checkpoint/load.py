@@ -23,6 +23,7 @@ from memrl.rl.checkpoint.layout import (
     read_json,
     unwrap,
 )
+from memrl.rl.checkpoint.critic import load_critic
 from memrl.rl.checkpoint.rng import set_rng_state
 from memrl.rl.sharding import is_sharded
 
@@ -34,6 +35,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     dist: Dist = Dist(),
+    critic: Any | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint into live objects and return its trainer state.
 
@@ -41,7 +43,7 @@ def load_checkpoint(
     over them stays valid. Then optimizer, scheduler and RNG states are restored. A sharded
     checkpoint is read by every rank at once (a collective), on any number of ranks, into
     a sharded or a replicated model; each rank takes its own RNG state (rank 0's if it has
-    none).
+    none). `critic` (PPO): its model, optimizer and scheduler from `critic/`.
     """
     path = Path(path)
     if not path.is_dir():
@@ -68,6 +70,8 @@ def load_checkpoint(
             optimizer.load_state_dict(_torch_load(path / OPTIMIZER_FILE))
     if scheduler is not None:
         scheduler.load_state_dict(_torch_load(path / SCHEDULER_FILE))
+    if critic is not None:
+        load_critic(path, critic)
     set_rng_state(_torch_load(rng_file))
     return state
 

@@ -18,6 +18,7 @@ from memrl.errors import MemrlInputError
 from memrl.fileio import MIN_FREE_BYTES, fsync_dir, write_atomic
 from memrl.rl.checkpoint.layout import (
     CONFIG_FILE,
+    CRITIC_DIR,
     LATEST_FILE,
     MODEL_DIR,
     MODEL_MARKER,
@@ -35,6 +36,7 @@ from memrl.rl.checkpoint.layout import (
     step_dir_name,
     unwrap,
 )
+from memrl.rl.checkpoint.critic import save_critic
 from memrl.rl.checkpoint.rng import get_rng_state, set_rng_state
 from memrl.rl.sharding import is_sharded
 
@@ -51,14 +53,16 @@ def save_checkpoint(
     config_yaml: str,
     keep_last: int,
     dist: Dist = Dist(),
+    critic: Any | None = None,
 ) -> Path | None:
     """Write `root/step_{step:08d}/` atomically, point `root/latest` at it, prune old ones.
 
     Called by every rank: the main rank writes the checkpoint (with a sharded model every
     rank writes its shards into it first) and returns its path; the others return None once
-    it is complete. The RNG states are captured on entry and restored on exit, so saving
-    draws nothing from any generator: a run with checkpoints continues exactly like one
-    without.
+    it is complete. `critic` (model, optimizer, scheduler; PPO) is saved beside the policy
+    in `critic/` by the main rank. The RNG states are captured on entry and restored on
+    exit, so saving draws nothing from any generator: a run with checkpoints continues
+    exactly like one without.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -72,7 +76,7 @@ def save_checkpoint(
         _save_atomically(
             root, final, model=model, optimizer=optimizer, scheduler=scheduler,
             tokenizer=tokenizer, rng=rng, state={**trainer_state, "step": step},
-            config_yaml=config_yaml, dist=dist,
+            config_yaml=config_yaml, dist=dist, critic=critic,
         )
         if dist.is_main:
             write_atomic(
@@ -99,6 +103,7 @@ def save_checkpoint(
 def _save_atomically(
     root: Path, final: Path, *, model: torch.nn.Module, optimizer: Any, scheduler: Any,
     tokenizer: Any, rng: dict[str, Any], state: dict[str, Any], config_yaml: str, dist: Dist,
+    critic: Any = None,
 ) -> None:
     """Write the checkpoint into `root/.tmp-*` and rename it to `final`: complete or absent.
     Sharded: every rank writes its shards and RNG state there, then the main rank the rest."""
@@ -128,6 +133,8 @@ def _save_atomically(
             if optimizer is not None:
                 torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
             torch.save(rng, tmp / RNG_FILE)
+        if critic is not None:
+            save_critic(tmp / CRITIC_DIR, critic)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
         if scheduler is not None:

@@ -1,0 +1,210 @@
+"""The value model of PPO (`rl.adv_estimator: gae`) and its training.
+
+    critic.values(batch)   V(s_t) at every response token of every sample (no grad)
+    critic.update(batch)   rl.ppo_epochs × mini-batches (rl.ppo_mini_batch_size questions)
+                           × micro-batches, one optimizer step per mini-batch, on the
+                           clipped value loss against the batch's GAE returns
+
+`ValueModel` is a separate model: a causal LM's transformer body (its decoder, without the
+vocabulary projection) and a linear head giving one value per position, as verl's critic
+(`AutoModelForTokenClassification` with one label) and TRL's value model. Values are read at
+the positions the batch puts per-token numbers (`memrl.rl.batch.collate`: the logit
+position that predicts the token), so V(s_t) is the value of the context before response
+token t. The loss is aggregated with the actor's `rl.loss_agg_mode` and `LossNorm`, so it
+is exact however a mini-batch is cut into micro-batches (verl rescales per micro-batch).
+
+Not here: a value head sharing the policy's body, padding-free (packed) micro-batches,
+several processes (the recipe refuses gae there; docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from memrl.rl.batch import RolloutBatch, pack_token_budget
+from memrl.rl.config import RLConfig
+from memrl.rl.gae import explained_variance, value_loss
+from memrl.rl.losses import agg_loss, masked_mean
+from memrl.rl.optim import optimizer_step
+
+__all__ = ["Critic", "CriticStats", "ValueModel"]
+
+
+class ValueModel(nn.Module):
+    """A transformer body and a linear head: one value per position, (batch, seq)."""
+
+    def __init__(self, body: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.body = body
+        param = next(body.parameters())
+        self.head = nn.Linear(hidden_size, 1, device=param.device, dtype=param.dtype)
+        # OpenRLHF's value-head init: std 1/(H+1), so initial values are O(1/sqrt(H)),
+        # whatever the body's initializer_range.
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_causal_lm(cls, lm: Any) -> ValueModel:
+        """The body of a Hugging Face causal LM (its vocabulary projection dropped)."""
+        body = lm.get_decoder() if hasattr(lm, "get_decoder") else None
+        if body is None or body is lm:
+            raise ValueError(f"{type(lm).__name__} has no separate decoder to read values from")
+        return cls(body, int(lm.config.hidden_size))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticStats:
+    """What one `Critic.update` measured (logged as `critic/<name>`): the loss, clip fraction
+    and grad norm are means over its optimizer steps; values, returns and the explained
+    variance are over the batch's loss tokens before the update (verl's metric_utils)."""
+
+    vf_loss: float
+    vf_clipfrac: float
+    vpred_mean: float
+    """Mean value the critic predicted during the update."""
+    grad_norm: float
+    lr: float
+    """The critic's learning rate of this update."""
+    values_mean: float
+    returns_mean: float
+    vf_explained_var: float
+
+    def metrics(self) -> dict[str, float]:
+        return {f"critic/{f.name}": getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Critic:
+    """The value model, its optimizer and lr schedule, and its micro-batching."""
+
+    model: ValueModel
+    config: RLConfig
+    """rl: use_dynamic_bsz, ppo_epochs, ppo_mini_batch_size, loss_agg_mode."""
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    grad_clip: float
+    cliprange_value: float
+    pad_id: int
+    max_tokens_per_micro_batch: int
+    micro_batch_size: int
+    autocast_dtype: torch.dtype | None = None
+    """bf16 autocast on CUDA (model.dtype auto), else None."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    def micro_batches(self, batch: RolloutBatch, indices: Sequence[int]) -> list[list[int]]:
+        """Positions within `indices` of each micro-batch (token budget, padded rows, or a
+        fixed size: rl.use_dynamic_bsz as the actor)."""
+        if self.config.use_dynamic_bsz:
+            sizes = [batch.conversations[i].num_tokens for i in indices]
+            return pack_token_budget(sizes, self.max_tokens_per_micro_batch, padded=True)
+        n, k = len(indices), self.micro_batch_size
+        return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
+
+    def _forward(self, tensors: dict[str, Tensor]) -> Tensor:
+        dev = self.device
+        with self.autocast():
+            out = self.model(tensors["input_ids"].to(dev), tensors["attention_mask"].to(dev),
+                             tensors["position_ids"].to(dev))
+        return out.float()
+
+    @torch.no_grad()
+    def values(self, batch: RolloutBatch) -> list[Tensor]:
+        """V(s_t) at every response token of every sample (float32, CPU), in eval mode."""
+        was_training = self.model.training
+        self.model.eval()
+        out: list[Tensor] = [torch.empty(0)] * len(batch.conversations)
+        everything = list(range(len(batch.conversations)))
+        try:
+            for micro in self.micro_batches(batch, everything) if everything else []:
+                tensors = batch.collate(micro, self.pad_id)
+                v = self._forward(tensors)
+                mask = tensors["response_mask"].to(v.device)
+                for row, i in enumerate(micro):
+                    out[i] = v[row][mask[row]].cpu()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def update(self, batch: RolloutBatch) -> CriticStats:
+        """PPO epochs over mini-batches of the clipped value loss; one optimizer step each;
+        then one lr-schedule step. Needs the batch's values and returns."""
+        cfg = self.config
+        if batch.values is None or batch.returns is None:
+            raise ValueError("the critic's update needs values and returns in the batch")
+        before = self._before(batch)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        sums = {"vf_loss": 0.0, "grad_norm": 0.0}
+        token_sums = {"vf_clipfrac": 0.0, "vpred_mean": 0.0}
+        steps, tokens = 0, 0.0
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mini in batch.mini_batches(cfg.ppo_mini_batch_size):
+                norm = batch.loss_norm(mini, cfg.loss_agg_mode,
+                                       scale_factor=cfg.loss_scale_factor)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum = 0.0
+                for positions in self.micro_batches(batch, mini):
+                    tensors = batch.collate([mini[p] for p in positions], self.pad_id)
+                    vpreds = self._forward(tensors)
+                    dev = vpreds.device
+                    mask = tensors["loss_mask"].to(dev)
+                    mat, clipfrac = value_loss(vpreds, tensors["returns"].to(dev),
+                                               tensors["values"].to(dev), mask,
+                                               self.cliprange_value)
+                    loss = agg_loss(mat, mask, cfg.loss_agg_mode, norm=norm.rows(positions))
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    n = float(mask.sum())
+                    token_sums["vf_clipfrac"] += float(clipfrac) * n
+                    token_sums["vpred_mean"] += float(masked_mean(vpreds.detach(), mask)) * n
+                    tokens += n
+                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip)
+                sums["vf_loss"] += loss_sum
+                sums["grad_norm"] += grad_norm if math.isfinite(grad_norm) else 0.0
+                steps += 1
+        self.scheduler.step()
+        return CriticStats(
+            vf_loss=sums["vf_loss"] / max(steps, 1),
+            grad_norm=sums["grad_norm"] / max(steps, 1),
+            vf_clipfrac=token_sums["vf_clipfrac"] / max(tokens, 1.0),
+            vpred_mean=token_sums["vpred_mean"] / max(tokens, 1.0),
+            lr=lr,
+            **before,
+        )
+
+    @staticmethod
+    def _before(batch: RolloutBatch) -> dict[str, float]:
+        """Values, returns and explained variance over the batch's loss tokens."""
+        keep = [i for i, s in enumerate(batch.conversations) if s.trainable]
+        assert batch.values is not None and batch.returns is not None
+        values = torch.cat([batch.values[i] for i in keep] or [torch.zeros(0)])
+        returns = torch.cat([batch.returns[i] for i in keep] or [torch.zeros(0)])
+        ones = torch.ones_like(values, dtype=torch.bool)
+        nan = float("nan")
+        return {
+            "values_mean": float(values.mean()) if values.numel() else nan,
+            "returns_mean": float(returns.mean()) if returns.numel() else nan,
+            "vf_explained_var": explained_variance(returns, values, ones),
+        }
+
