@@ -10,17 +10,7 @@ import typer
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import app
-from memrl.cli.common import (
-    BaseUrlOption,
-    GenerationBatchSizeOption,
-    DeviceOption,
-    DtypeOption,
-    EngineOption,
-    check_model_dir,
-    config_options,
-    load_engine,
-    print_warning,
-)
+from memrl.cli import common
 
 AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens",
                  "temperature", "top_p", "seed", "prompts"]
@@ -28,9 +18,10 @@ AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tok
 
 
 @app.command("ask")
-@config_options(MemAgentConfig, AGENT_OPTIONS, overrides=True)
+@common.engine_options([*common.LOCAL, "base_url"])
+@common.config_options(MemAgentConfig, AGENT_OPTIONS, overrides=True)
 def ask(
-    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
+    model: common.ModelOption,
     document: Annotated[
         list[str],
         typer.Option("--document", help="Documents to read, in order: text, Markdown, HTML "
@@ -38,6 +29,7 @@ def ask(
     ],
     question: Annotated[str, typer.Option("--question", help="What to ask about them.")],
     config: dict[str, Any],
+    serving: common.EngineChoice,
     show_memory: Annotated[
         bool, typer.Option("--show-memory", help="Print the memory after each chunk.")
     ] = False,
@@ -46,11 +38,6 @@ def ask(
         typer.Option("--trace", help="Write the episode to this JSONL file (open it with "
                      "`memrl view FILE`)."),
     ] = None,
-    generation_batch_size: GenerationBatchSizeOption = 32,
-    engine: EngineOption = "hf",
-    base_url: BaseUrlOption = None,
-    device: DeviceOption = None,
-    dtype: DtypeOption = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar and no summary.")] = False,
 ) -> None:
     """Read the documents chunk by chunk into a fixed-size memory and answer the question.
@@ -63,7 +50,7 @@ def ask(
     from memrl.errors import MemrlInputError
     from memrl.inference.loader import load_tokenizer
 
-    check_model_dir(model)
+    common.check_model_dir(model)
     try:
         question = check_question(question)
     except MemrlInputError:
@@ -78,10 +65,7 @@ def ask(
         check_output_file(trace, location=f"--trace {trace}")
     cfg = model_agent_config(model, config, "ask")
     chunks = document_chunks(load_tokenizer(model), docs, cfg)
-    generator = load_engine(
-        model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
-        seed=cfg.seed, engine=engine, base_urls=base_url,
-    )
+    generator = serving.load(model, seed=cfg.seed)
     result = run_with_progress(generator, chunks, question, cfg, show_memory=show_memory,
                                quiet=quiet)
     if trace is not None:
@@ -111,8 +95,8 @@ def model_agent_config(model: Path, overrides: dict[str, Any], command: str
 
     stored = stored_settings(model)
     if stored.agent not in (None, "memagent"):
-        print_warning(f"{model} was trained as a {stored.agent} agent; {command} reads with "
-                      "MemAgent and its default settings")
+        common.print_warning(f"{model} was trained as a {stored.agent} agent; {command} reads "
+                             "with MemAgent and its default settings")
     return agent_config(stored, overrides)
 
 

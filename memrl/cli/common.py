@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memrl.errors import MemrlInputError
+from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
 
 
 def config_from_options(model: type[BaseModel], **fields: Any) -> Any:
@@ -135,19 +136,20 @@ def _cli_type(annotation: Any) -> Any:
 
 
 def config_options(
-    model: type[BaseModel], fields: list[str], *, overrides: bool = False, name: str = "config"
+    model: type[BaseModel], fields: list[str], *, overrides: bool = False, name: str = "config",
+    defaults: dict[str, Any] | None = None,
 ) -> Any:
     """Decorate a command: one `--field-name` option per config field, its default and help
     taken from the config model (defined once, there), and the validated config passed to
     the command as `config` (or `name`). A bad value is a one-line error naming its option.
 
     `overrides=True`: the options default to "not given" and the command gets, as `config`,
-    a dict of the options given (to apply over settings from elsewhere; it validates)."""
+    a dict of the options given (to apply over settings from elsewhere; it validates).
+    `defaults`: this command's own defaults of some fields (else the model's)."""
     import functools
     import inspect
     import typing
 
-    import typer
 
     def wrap(command: Any) -> Any:
         hints = typing.get_type_hints(command, include_extras=True)
@@ -162,9 +164,10 @@ def config_options(
             help_text = (info.description or "").split("\n\n")[0].replace("\n", " ")
             option = typer.Option("--" + field.replace("_", "-"), help=help_text)
             kind = _cli_type(info.annotation)
+            default = (defaults or {}).get(field, info.default)
             added.append(inspect.Parameter(
                 field, inspect.Parameter.KEYWORD_ONLY,
-                default=None if overrides else info.default,
+                default=None if overrides else default,
                 annotation=typing.Annotated[kind | None if overrides else kind, option],
             ))
 
@@ -226,34 +229,61 @@ def print_warning(message: str) -> None:
     print(f"warning: {scrub_env_secrets(one_line(message))}", file=sys.stderr, flush=True)
 
 
-# Options every evaluation command takes (declared once).
-GenerationBatchSizeOption = Annotated[
-    int, typer.Option(min=1, help="Prompts per forward pass of the hf engine (a micro-batch; "
-                      "rollout.generation_batch_size in training).")
-]
-EngineOption = Annotated[
-    str, typer.Option(help="Generation engine: hf (in-process), vllm, openai (servers).")
-]
-BaseUrlOption = Annotated[
-    list[str] | None,
-    typer.Option("--base-url", help="A vLLM OpenAI-compatible server (--engine openai); "
-                 "repeat for several."),
-]
-RequestTimeoutOption = Annotated[
-    float,
-    typer.Option("--request-timeout", help="Seconds one server request may take before it is "
-                 "retried on another server (--engine openai; rollout.openai.timeout_s)."),
-]
-HealthCheckOption = Annotated[
-    float,
-    typer.Option("--health-check", help="How often (seconds) the pool checks on its servers, "
-                 "and how long a server's /health may take (--engine openai; "
-                 "rollout.openai.health_check_s)."),
-]
-DeviceOption = Annotated[str | None, typer.Option(help="torch device, e.g. cuda, cpu.")]
-GpuMemoryOption = Annotated[
-    float | None,
-    typer.Option(help="--engine vllm on a GPU: share of its memory the engine may take "
-                 "(verl rollout.gpu_memory_utilization; default 0.5)."),
-]
-DtypeOption = Annotated[str | None, typer.Option(help="Model dtype, e.g. bfloat16.")]
+class EngineChoice(BaseModel):
+    """The engine a command runs its model on: the options every evaluation, `memrl ask` and
+    `memrl serve` share, declared once (`engine_options`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation_batch_size: int = Field(32, ge=1, description=(
+        "Prompts per forward pass of the hf engine (a micro-batch; "
+        "rollout.generation_batch_size in training)."))
+    engine: str = Field("hf", description=(
+        "Generation engine: hf (in-process), vllm, openai (servers)."))
+    base_url: list[str] | None = Field(None, description=(
+        "A vLLM OpenAI-compatible server (--engine openai); repeat for several."))
+    request_timeout: float = Field(DEFAULT_REQUEST_TIMEOUT_S, description=(
+        "Seconds one server request may take before it is retried on another server "
+        "(--engine openai; rollout.openai.timeout_s)."))
+    health_check: float = Field(DEFAULT_HEALTH_CHECK_S, description=(
+        "How often (seconds) the pool checks on its servers, and how long a server's "
+        "/health may take (--engine openai; rollout.openai.health_check_s)."))
+    device: str | None = Field(None, description="torch device, e.g. cuda, cpu.")
+    dtype: str | None = Field(None, description="Model dtype, e.g. bfloat16.")
+    gpu_memory_utilization: float | None = Field(None, description=(
+        "--engine vllm on a GPU: share of its memory the engine may take "
+        "(verl rollout.gpu_memory_utilization; default 0.5)."))
+
+    def load(self, model: Path, *, seed: int | None) -> Any:
+        """The engine for `model` (`load_engine`)."""
+        return load_engine(
+            model, device=self.device, dtype=self.dtype,
+            generation_batch_size=self.generation_batch_size, seed=seed, engine=self.engine,
+            base_urls=self.base_url, gpu_memory_utilization=self.gpu_memory_utilization,
+            request_timeout=self.request_timeout, health_check=self.health_check)
+
+
+LOCAL = ["generation_batch_size", "engine", "device", "dtype"]
+"""The `EngineChoice` options of an in-process engine (hf, or vllm without its memory share)."""
+POOL = ["base_url", "request_timeout", "health_check"]
+"""The `EngineChoice` options of the server pool (`--engine openai`)."""
+VLLM = ["gpu_memory_utilization"]
+"""The `EngineChoice` options of the colocated vLLM engine on a GPU."""
+
+
+def engine_options(fields: list[str], **defaults: Any) -> Any:
+    """Decorate a command: the `EngineChoice` options named in `fields` (with this
+    command's `defaults`), passed to it as `serving`."""
+    return config_options(EngineChoice, fields, name="serving", defaults=defaults)
+
+
+# Options several commands take, declared once.
+ModelOption = Annotated[Path, typer.Option("--model", help="Model directory (HF format).")]
+OutOption = Annotated[Path, typer.Option("--out", help="Run directory for results.")]
+RulerDataOption = Annotated[
+    Path, typer.Option("--data", help="Directory holding eval_{N}.json files.")]
+NumDocsOption = Annotated[
+    list[int], typer.Option("--num-docs", help="Numbers of documents N, e.g. 50 100 200.")]
+ResumeEvalOption = Annotated[bool, typer.Option(
+    "--resume", help="Continue the run in --out (an error if there is none); re-running into "
+    "the same --out resumes anyway.")]

@@ -9,42 +9,26 @@ import typer
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import eval_app
-from memrl.cli.common import (
-    BaseUrlOption,
-    GenerationBatchSizeOption,
-    DeviceOption,
-    DtypeOption,
-    EngineOption,
-    GpuMemoryOption,
-    HealthCheckOption,
-    RequestTimeoutOption,
-    check_model_dir,
-    check_out_dir,
-    config_options,
-    eval_interruptible,
-    load_engine,
-    record_eval,
-)
+from memrl.cli import common
 from memrl.errors import MemrlInputError
-from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
 from memrl.eval.ruler_hqa import DEFAULT_RECORDS_PER_RUN
 from memrl.tasks.memagent_qa import PROTOCOLS
 
 
 @eval_app.command("ruler-hqa")
-@config_options(
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
+@common.config_options(
     MemAgentConfig,
     ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens", "temperature",
      "top_p", "seed"],
 )
 def ruler_hqa(
-    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
-    data: Annotated[Path, typer.Option("--data", help="Directory holding eval_{N}.json files.")],
-    num_docs: Annotated[
-        list[int], typer.Option("--num-docs", help="Numbers of documents N, e.g. 50 100 200.")
-    ],
-    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    model: common.ModelOption,
+    data: common.RulerDataOption,
+    num_docs: common.NumDocsOption,
+    out: common.OutOption,
     config: MemAgentConfig,
+    serving: common.EngineChoice,
     limit: Annotated[
         int | None, typer.Option(min=1, help="Evaluate the first K records per N.")
     ] = None,
@@ -65,18 +49,7 @@ def ruler_hqa(
         int, typer.Option(min=1, help="Records run in lockstep and saved together (a kill "
                           "loses at most these).")
     ] = DEFAULT_RECORDS_PER_RUN,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in --out (an error if there "
-                           "is none); re-running into the same --out resumes anyway.")
-    ] = False,
-    generation_batch_size: GenerationBatchSizeOption = 32,
-    engine: EngineOption = "hf",
-    base_url: BaseUrlOption = None,
-    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
-    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
-    device: DeviceOption = None,
-    dtype: DtypeOption = None,
-    gpu_memory_utilization: GpuMemoryOption = None,
+    resume: common.ResumeEvalOption = False,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bars.")] = False,
 ) -> None:
     """Run MemAgent on RULER-HQA for each N; write results.json, trajectories, plot, table."""
@@ -89,8 +62,8 @@ def ruler_hqa(
             f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}",
             location="--protocol",
         )
-    check_model_dir(model)
-    check_out_dir(out)
+    common.check_model_dir(model)
+    common.check_out_dir(out)
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     for n in num_docs:
@@ -109,16 +82,11 @@ def ruler_hqa(
         raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
     settings = {"model": str(model), "data": str(data), "num_docs": num_docs, "limit": limit,
                 "samples": num_samples, "protocol": protocol, "pool": None if pool is None
-                else str(pool), "engine": engine, "dtype": dtype,
+                else str(pool), "engine": serving.engine, "dtype": serving.dtype,
                 "config": config.model_dump(mode="json")}
-    with record_eval(out, "eval ruler-hqa", engine=engine, device=device, seed=config.seed,
-                     settings=settings), eval_interruptible(out):
-        generator = load_engine(
-            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
-            seed=config.seed, engine=engine, base_urls=base_url,
-            gpu_memory_utilization=gpu_memory_utilization,
-            request_timeout=request_timeout, health_check=health_check,
-        )
+    with common.record_eval(out, "eval ruler-hqa", engine=serving.engine, device=serving.device,
+                     seed=config.seed, settings=settings), common.eval_interruptible(out):
+        generator = serving.load(model, seed=config.seed)
         evaluate_ruler_hqa(
             generator,
             data,

@@ -9,32 +9,19 @@ from typing import Annotated, Any
 import typer
 
 from memrl.cli.app import eval_app
-from memrl.cli.common import (
-    BaseUrlOption,
-    GenerationBatchSizeOption,
-    DeviceOption,
-    DtypeOption,
-    EngineOption,
-    GpuMemoryOption,
-    HealthCheckOption,
-    RequestTimeoutOption,
-    check_model_dir,
-    check_out_dir,
-    eval_interruptible,
-    load_engine,
-    record_eval,
-)
-from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
+from memrl.cli import common
 
 
 @eval_app.command("agent")
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
 def agent(
     agent: Annotated[str | None, typer.Option(
         "--agent", help="memagent, memupdate, or a Task class by import path "
         "package.module:Class (default: the --config's agent).")] = None,
-    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")] = ...,
+    model: common.ModelOption = ...,
     data: Annotated[str, typer.Option("--data", help="Records the task's `load` reads.")] = ...,
-    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")] = ...,
+    out: common.OutOption = ...,
+    serving: common.EngineChoice = None,  # type: ignore[assignment]  (the common.engine_options)
     config: Annotated[Path | None, typer.Option(
         "--config", help="A training config (YAML): its agent section and reward are used; "
         "its model and data are replaced by --model and --data.")] = None,
@@ -48,17 +35,7 @@ def agent(
         "--n", min=1, help="Trajectories per record (as rollout.n in training).")] = 1,
     episodes_per_run: Annotated[int, typer.Option(
         min=1, help="Records rolled out and saved together (a kill loses at most these).")] = 32,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue the run in --out (an error if there is none); re-running "
-        "into the same --out resumes anyway.")] = False,
-    generation_batch_size: GenerationBatchSizeOption = 32,
-    engine: EngineOption = "hf",
-    base_url: BaseUrlOption = None,
-    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
-    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
-    device: DeviceOption = None,
-    dtype: DtypeOption = None,
-    gpu_memory_utilization: GpuMemoryOption = None,
+    resume: common.ResumeEvalOption = False,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
 ) -> None:
     """Roll out any task on its records; write results.json (mean reward and scores),
@@ -69,8 +46,8 @@ def agent(
     from memrl.recipes.config import TrainConfig
     from memrl.tasks import build_task
 
-    check_model_dir(model)
-    check_out_dir(out)
+    common.check_model_dir(model)
+    common.check_out_dir(out)
     sets = [f"model.path={model}", f"data.train_file={data}", f"data.format={data_format}",
             *([f"agent={agent}"] if agent else []), *(overrides or [])]
     cfg = sampling_as_rollout(load_config(TrainConfig, config, sets))
@@ -79,16 +56,11 @@ def agent(
     seed = cfg.agent_config.seed if getattr(cfg.agent_config, "seed", None) is not None \
         else cfg.seed
     settings = {"model": str(model), "data": data, "limit": limit, "samples": num_samples,
-                "engine": engine, "dtype": dtype, "agent": cfg.agent,
+                "engine": serving.engine, "dtype": serving.dtype, "agent": cfg.agent,
                 "config": cfg.agent_config.model_dump(mode="json"), "reward": cfg.rl.reward}
-    with record_eval(out, "eval agent", engine=engine, device=device, seed=seed,
-                     settings=settings), eval_interruptible(out):
-        generator = load_engine(
-            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
-            seed=seed, engine=engine, base_urls=base_url,
-            gpu_memory_utilization=gpu_memory_utilization,
-            request_timeout=request_timeout, health_check=health_check,
-        )
+    with common.record_eval(out, "eval agent", engine=serving.engine, device=serving.device,
+                            seed=seed, settings=settings), common.eval_interruptible(out):
+        generator = serving.load(model, seed=seed)
         header = run_header(f"agent {cfg.agent}", generator, str(model), cfg.agent_config,
                             protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=cfg.agent,
                             data=data, limit=limit, num_samples=num_samples)

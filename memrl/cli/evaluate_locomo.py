@@ -10,23 +10,8 @@ import typer
 
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.cli.app import eval_app
-from memrl.cli.common import (
-    BaseUrlOption,
-    GenerationBatchSizeOption,
-    DeviceOption,
-    DtypeOption,
-    EngineOption,
-    HealthCheckOption,
-    RequestTimeoutOption,
-    check_model_dir,
-    check_out_dir,
-    config_options,
-    eval_interruptible,
-    load_engine,
-    record_eval,
-)
+from memrl.cli import common
 from memrl.errors import MemrlInputError
-from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
 
 _SEPARATORS = re.compile(r"[\s,]+")
 
@@ -52,18 +37,20 @@ def parse_categories(values: list[str] | None) -> list[int]:
 
 
 @eval_app.command("locomo")
-@config_options(
+@common.engine_options([*common.LOCAL, *common.POOL])
+@common.config_options(
     MemUpdateConfig,
     ["embedder", "answerer", "top_k", "max_turns", "max_parallel_calls", "max_response_tokens",
      "session_chunk_turns", "memory_view_k", "temperature", "top_p", "seed"],
 )
 def locomo(
-    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
+    model: common.ModelOption,
     data: Annotated[
         Path, typer.Option("--data", help="Output directory of `memrl prepare locomo`.")
     ],
-    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    out: common.OutOption,
     config: MemUpdateConfig,
+    serving: common.EngineChoice,
     limit: Annotated[
         int | None, typer.Option(min=1, help="Evaluate the first K episodes.")
     ] = None,
@@ -82,20 +69,10 @@ def locomo(
         typer.Option("--judge-model", help="Model directory (HF format) of the LLM judge "
                      "(mem0's judge prompt, greedy); adds the judge accuracy."),
     ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in --out (an error if there "
-                           "is none); re-running into the same --out resumes anyway.")
-    ] = False,
+    resume: common.ResumeEvalOption = False,
     episodes_per_run: Annotated[
         int, typer.Option(min=1, help="Episodes run together in lockstep.")
     ] = 32,
-    generation_batch_size: GenerationBatchSizeOption = 32,
-    engine: EngineOption = "hf",
-    base_url: BaseUrlOption = None,
-    request_timeout: RequestTimeoutOption = DEFAULT_REQUEST_TIMEOUT_S,
-    health_check: HealthCheckOption = DEFAULT_HEALTH_CHECK_S,
-    device: DeviceOption = None,
-    dtype: DtypeOption = None,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
 ) -> None:
     """Run the MemoryUpdate agent on LoCoMo; write results.json, results.md, trajectories."""
@@ -103,11 +80,11 @@ def locomo(
     from memrl.eval.locomo import evaluate_locomo, split_conversations
 
     split_conversations([], split)  # an unknown split is an error before any loading
-    check_model_dir(model)
-    check_out_dir(out)
+    common.check_model_dir(model)
+    common.check_out_dir(out)
     if judge_model is not None:
         try:
-            check_model_dir(judge_model)
+            common.check_model_dir(judge_model)
         except MemrlInputError as exc:
             raise MemrlInputError(exc.message, location=f"--judge-model {judge_model}") from None
     if not data.is_dir():
@@ -118,21 +95,17 @@ def locomo(
         )
     cats = parse_categories(categories)
     settings = {"model": str(model), "data": str(data), "limit": limit, "categories": cats,
-                "samples": num_samples, "split": split, "engine": engine, "dtype": dtype,
+                "samples": num_samples, "split": split, "engine": serving.engine,
+                "dtype": serving.dtype,
                 "judge_model": None if judge_model is None else str(judge_model),
                 "config": config.model_dump(mode="json")}
-    with record_eval(out, "eval locomo", engine=engine, device=device, seed=config.seed,
-                     settings=settings), eval_interruptible(out):
-        generator = load_engine(
-            model, device=device, dtype=dtype, generation_batch_size=generation_batch_size,
-            seed=config.seed, engine=engine, base_urls=base_url, request_timeout=request_timeout,
-            health_check=health_check,
-        )
+    with common.record_eval(out, "eval locomo", engine=serving.engine, device=serving.device,
+                     seed=config.seed, settings=settings), common.eval_interruptible(out):
+        generator = serving.load(model, seed=config.seed)
         judge = None
         if judge_model is not None:
-            judge = (generator if judge_model.resolve() == model.resolve() else load_engine(
-                judge_model, device=device, dtype=dtype,
-                generation_batch_size=generation_batch_size, seed=config.seed))
+            judge = generator if judge_model.resolve() == model.resolve() else \
+                serving.model_copy(update={"engine": "hf"}).load(judge_model, seed=config.seed)
         evaluate_locomo(
             generator,
             data,

@@ -2,62 +2,42 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from memrl.cli.app import eval_app
-from memrl.cli.common import (
-    GenerationBatchSizeOption,
-    DeviceOption,
-    DtypeOption,
-    EngineOption,
-    GpuMemoryOption,
-    check_model_dir,
-    check_out_dir,
-    config_options,
-    eval_interruptible,
-    load_engine,
-)
+from memrl.cli import common
 from memrl.eval.long_context import LongContextConfig
 
 
 @eval_app.command("long-context")
-@config_options(LongContextConfig, ["window", "max_new_tokens", "temperature", "seed"])
+@common.engine_options([*common.LOCAL, *common.VLLM], generation_batch_size=8)
+@common.config_options(LongContextConfig, ["window", "max_new_tokens", "temperature", "seed"])
 def long_context(
-    model: Annotated[Path, typer.Option("--model", help="Model directory (HF format).")],
-    data: Annotated[Path, typer.Option("--data", help="Directory holding eval_{N}.json files.")],
-    num_docs: Annotated[
-        list[int], typer.Option("--num-docs", help="Numbers of documents N, e.g. 50 100 200.")
-    ],
-    out: Annotated[Path, typer.Option("--out", help="Run directory for results.")],
+    model: common.ModelOption,
+    data: common.RulerDataOption,
+    num_docs: common.NumDocsOption,
+    out: common.OutOption,
     config: LongContextConfig,
+    serving: common.EngineChoice,
     limit: Annotated[
         int | None, typer.Option("--limit", min=1, help="Evaluate the first K records per N.")
     ] = None,
-    generation_batch_size: GenerationBatchSizeOption = 8,
-    engine: EngineOption = "hf",
-    device: DeviceOption = None,
-    dtype: DtypeOption = None,
-    gpu_memory_utilization: GpuMemoryOption = None,
 ) -> None:
     """The whole document and the question in one prompt (MemAgent's long-context baseline);
     N whose documents exceed the model's window are reported as "does not fit"."""
     from memrl.errors import MemrlInputError
     from memrl.eval.long_context import evaluate_long_context, model_window
 
-    check_model_dir(model)
-    check_out_dir(out)
+    common.check_model_dir(model)
+    common.check_out_dir(out)
     if not data.is_dir():
         raise MemrlInputError("data directory not found", location=f"--data {data}")
     if config.window is None:
         config = config.model_copy(update={"window": model_window(model)})
-    with eval_interruptible(out):
-        generator = load_engine(model, device=device, dtype=dtype,
-                                generation_batch_size=generation_batch_size,
-                                seed=config.seed, engine=engine,
-                                gpu_memory_utilization=gpu_memory_utilization)
+    with common.eval_interruptible(out):
+        generator = serving.load(model, seed=config.seed)
         evaluate_long_context(generator, data, num_docs, out_dir=out, config=config,
                               limit=limit, model_name=str(model))
     typer.echo(f"results written to {out}")
