@@ -261,3 +261,24 @@ def test_hf_engine_max_batch_size_is_the_old_name_of_generation_batch_size(tiny_
             "HFEngine(max_batch_size=) is deprecated: use HFEngine(generation_batch_size=)")):
         engine = HFEngine(model, tokenizer, max_batch_size=3)
     assert engine.generation_batch_size == 3
+
+
+@pytest.mark.parametrize("agent", ["memagent", "memupdate"])
+def test_a_saved_config_reads_back_the_same_without_a_warning(tmp_path, agent):
+    """A run's config.yaml holds rollout's sampling, not the agent section's (which, read
+    back, would be the deprecated name of rollout's)."""
+    import warnings
+
+    from memrl.config import config_to_yaml, load_config, load_yaml
+    from memrl.deprecation import MemrlDeprecationWarning
+    from memrl.recipes.config import TrainConfig
+
+    extra = ["memupdate.embedder=hashing"] if agent == "memupdate" else []
+    cfg = load_config(TrainConfig, None, [*BASE, f"agent={agent}", "rollout.temperature=1.0",
+                                          *extra])
+    path = tmp_path / "config.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert not {"temperature", "top_p"} & load_yaml(path)[agent].keys()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemrlDeprecationWarning)
+        assert load_config(TrainConfig, path) == cfg

@@ -9,7 +9,7 @@ and checkpoints. docs/configuration.md gives the verl key that each one correspo
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -273,6 +273,8 @@ class AgentSection(StrictModel):
     agent_config: Any = None
     """The agent's section, an instance of its task's `config_class` (set from the section
     keyed by the task's name; never a key of its own)."""
+    not_dumped: ClassVar[tuple[str, ...]] = ()
+    """Fields of the agent's section left out of a dump: settings another section owns."""
 
     @model_validator(mode="before")
     @classmethod
@@ -310,6 +312,8 @@ class AgentSection(StrictModel):
         out = handler(self)
         section = out.pop("agent_config", None)
         if isinstance(out, dict) and section is not None:
+            if isinstance(section, dict):
+                section = {k: v for k, v in section.items() if k not in self.not_dumped}
             out[self.agent_name] = section
         return out
 
@@ -344,6 +348,10 @@ The agent's section's `temperature` and `top_p` (`memagent.temperature`, ...) al
 
 class TrainConfig(AgentSection):
     """Every section of a training run (the agent's own: see `AgentSection`)."""
+
+    not_dumped: ClassVar[tuple[str, ...]] = ("temperature", "top_p")
+    """Training samples as `rollout` says: the agent section's own sampling is not the run's
+    (and, read back, would be the deprecated name of rollout's: `renamed_keys`)."""
 
     seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seeds everything: weights init of LoRA, data order, every sampling call."""
