@@ -86,3 +86,19 @@ def test_tests_and_benchmarks_use_public_names_only(folder):
             if PRIVATE_ATTR.search(line) or PRIVATE_IMPORT.search(line):
                 bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert bad == []
+
+
+def test_no_function_over_100_lines_and_no_module_over_600():
+    """Sizes that keep every piece readable alone (issue: one step of architecture)."""
+    long_functions, long_modules = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 600:
+            long_modules.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > 100:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} "
+                                          f"{node.name}: {size} lines")
+    assert long_modules == [] and long_functions == []
