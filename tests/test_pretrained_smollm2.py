@@ -171,6 +171,42 @@ def test_hf_and_vllm_engines_agree_on_a_memagent_episode(converted, hf_model, to
     assert ours.details == theirs.details and ours.answer == theirs.answer
 
 
+@needs_package
+@pytest.mark.slow
+def test_a_memoryupdate_episode_on_real_locomo_with_the_converted_model(hf_model, tokenizer,
+                                                                       shared_data):
+    """The whole tool-agent path on a real model and a real LoCoMo question: SmolLM2's
+    ChatML template (no `tools=`: memrl puts the tools block in the system message), the
+    model's replies parsed as tool calls, the trial memory scored, the reward equal to the
+    memory-delta formula of what the replies did."""
+    from memrl.agents.memupdate import MemUpdateConfig
+    from memrl.data.locomo import load_locomo
+    from memrl.inference import HFEngine
+    from memrl.memory.embedder import HashingEmbedder
+    from memrl.rewards.memory_delta import efficiency_factor, error_rate, memory_delta_reward
+    from memrl.tasks.memupdate_locomo import MemoryUpdateTask
+
+    episodes, _ = load_locomo(shared_data / "locomo" / "locomo10.json")
+    episode = next(e for e in episodes if not e.adversarial and len(e.dialogue) >= 4)
+    config = MemUpdateConfig(embedder="hashing", session_chunk_turns=4, max_turns=1,
+                             max_response_tokens=48, temperature=0.0)
+    task = MemoryUpdateTask(config, embedder=HashingEmbedder(1024))
+    piece = episode.model_copy(update={"dialogue": episode.dialogue[:4]})
+    [t] = task.rollout(HFEngine(hf_model, tokenizer), [piece], num_samples=1, seed=0)
+    [turn] = t.turns  # one piece, one reply
+    assert "<tool_call>" in tokenizer.decode(turn.prompt_ids)  # the tools block is shown
+    assert 0 < len(turn.response_ids) <= 48 and len(turn.response_logprobs) == \
+        len(turn.response_ids)
+    d, scoring = t.details, t.scoring
+    growth = d.memory_after["tokens"] - d.memory_before["tokens"]
+    expected = memory_delta_reward(
+        scoring.initial.score, scoring.final.score,
+        efficiency_factor(growth, config.efficiency_budget, config.efficiency_scale),
+        error_rate(d.format_error_turns, d.turns), config.format_penalty)
+    assert t.reward == pytest.approx(expected)
+    assert sum(d.ops.values()) + d.invalid_calls == turn.detail.calls  # every call run counted
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 
