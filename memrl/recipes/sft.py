@@ -137,9 +137,11 @@ def save(run: SFTRun) -> Path | None:
 
 def teacher_task(config: SFTConfig) -> Task:
     """The task to warm-start, checked before any model is loaded: it needs an oracle
-    (`Task.oracle`), or a `Task.replay` when `data.trajectories` is given."""
+    (`Task.oracle`) for the training file without `data.trajectories` and for
+    `data.val_file`, and a `Task.replay` when `data.trajectories` is given."""
     task = build_task(config)
-    if config.data.trajectories is None and not hasattr(task, "oracle"):
+    needs_oracle = config.data.trajectories is None or config.data.val_file is not None
+    if needs_oracle and not hasattr(task, "oracle"):
         raise MemrlInputError(
             f"agent {config.agent} has no oracle to warm-start from (Task.oracle); give "
             "data.trajectories, a trajectories file to imitate", location="agent")
@@ -188,9 +190,7 @@ def setup(config: SFTConfig, *, dist: Dist | None = None, console: Any = None) -
     val = []
     if config.data.val_file:
         val = teacher_trajectories(config, tokenizer, config.data.val_file, what="validation",
-                                   task=teacher_task(config.model_copy(
-                                       update={"data": config.data.model_copy(
-                                           update={"trajectories": None})})))
+                                   task=task)
     optim = config.optim
     optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
                                 weight_decay=optim.weight_decay)
