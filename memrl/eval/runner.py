@@ -153,7 +153,7 @@ def evaluate_task(task: Any, engine: Any, records: Sequence[Any], *, out_dir: st
             task, engine, records, run.out / TRAJECTORIES_FILE, num_samples=num_samples,
             per_run=per_run, seed_of=lambda i: None if seed is None else derive_seed(
                 seed, "eval", task.name, i),
-            progress=lambda *_: None, console=run.console,
+            console=run.console,
             add_to_rows=lambda rows: bars.advance(bar, len({r["id"] for r in rows})))
     means = mean_scores(rows)
     run.results.update(results=means, timings={"rollout_s": seconds})
