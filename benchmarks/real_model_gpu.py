@@ -10,16 +10,20 @@ with memrl's own commands (each printed before it runs), so every step is what a
                   (base model reading the whole document), in parallel with
                   memrl sft configs/smollm2_memagent_sft.yaml (warm start on the oracle's
                   trajectories of the training questions) + memrl export
-    4. GRPO       memrl train configs/smollm2_memagent.yaml from the warm start (colocated
-                  vLLM), in parallel with the warm start's evaluation; memrl export
-    5. RL eval    memrl eval ruler-hqa of the trained model
+    4. RL         memrl train configs/smollm2_memagent.yaml from the warm start (GRPO,
+                  colocated vLLM) and, beside it, the same config with rl.adv_estimator=gae
+                  (PPO with a value model), in parallel with the warm start's evaluations;
+                  memrl export of each
+    5. RL eval    memrl eval ruler-hqa of each trained model
     6. report     the Table-2-style table (rows: reader, base MemAgent, warm start, RL
                   MemAgent; columns: lengths), the accuracy-vs-length plot, the training
                   curves, and one archive of every result (results.json, trajectories, memory
                   diagnostics, `memrl view` pages)
 
 Every stage is skipped when its output exists, so a run cut by a time limit continues where
-it stopped. `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU (minutes).
+it stopped. Evaluations run side by side, one engine each (a suite's longest lengths in
+processes of their own: `Suite.groups`), since one 135M-parameter engine leaves the GPU
+mostly idle. `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU (minutes).
 
     python benchmarks/real_model_gpu.py --work /tmp/rm --out results/real_model   # GPU
     python benchmarks/real_model_gpu.py --plan tiny --work /tmp/rm_tiny --out /tmp/rm_tiny/out
@@ -28,13 +32,16 @@ it stopped. `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
 import tarfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import environment, print_environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ("base_long_context", "base_memagent", "warm_start", "rl")
+ROWS = ("base_long_context", "base_memagent", "warm_start", "rl", "ppo")
 ROW_NAMES = {"base_long_context": "base model, whole document in one prompt",
              "base_memagent": "base model as MemAgent", "warm_start": "warm start (SFT) MemAgent",
-             "rl": "RL (GRPO) MemAgent"}
+             "rl": "RL (GRPO) MemAgent", "ppo": "RL (PPO, value model) MemAgent"}
+PPO_OVERRIDES = ("rl.adv_estimator=gae", "rl.dynamic_sampling=false")
+"""PPO beside GRPO (issue 27): the GRPO config with GAE advantages from a value model
+(verl's defaults: gamma = lam = 1, critic initialised from the policy, critic lr 1e-5),
+every group kept (dynamic sampling is a group filter of GRPO's)."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +73,21 @@ class Suite:
     protocols: tuple[str, ...] = ("memagent-boxed",)
     published_rows: tuple[str, ...] = ("base_memagent", "rl")
     """Rows also evaluated under the published protocol (when `protocols` has it)."""
+    groups: tuple[tuple[int, ...], ...] = ()
+    """Multiples evaluated by separate processes side by side (the GPU is far from full with
+    one 135M-parameter engine, and the longest length alone sets the wall time); the
+    multiples in no group run together in one more process."""
 
     @property
     def eval_docs(self) -> list[int]:
         return [self.train_docs * m for m in self.multiples]
+
+    def doc_groups(self) -> list[list[int]]:
+        """The numbers of documents of each evaluation process, shortest first."""
+        grouped = {m for g in self.groups for m in g}
+        rest = [m for m in self.multiples if m not in grouped]
+        groups = ([rest] if rest else []) + [list(g) for g in self.groups]
+        return [[self.train_docs * m for m in g] for g in groups]
 
 
 @dataclass(frozen=True)
@@ -73,9 +95,10 @@ class Plan:
     """Sizes of one run (GPU defaults; `--tiny` shrinks them for a CPU check)."""
 
     model: str = "smollm2-135m-instruct"
-    bio: Suite = Suite("biographies", 24, (1, 2, 4, 8, 16, 32, 64), 128)
+    bio: Suite = Suite("biographies", 24, (1, 2, 4, 8, 16, 32, 64), 128, groups=((32,), (64,)))
     hqa: Suite | None = Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
-                              protocols=("memagent-boxed", "memagent"))
+                              protocols=("memagent-boxed", "memagent"),
+                              rows=("base_long_context", "base_memagent", "warm_start", "rl"))
     train_questions: int = 4000
     val_questions: int = 64
     engine: str = "vllm"
@@ -83,13 +106,20 @@ class Plan:
     rl_overrides: tuple[str, ...] = ()
     eval_options: tuple[str, ...] = ("--chunk-size", "512", "--max-memory-tokens", "96",
                                      "--max-final-tokens", "32")
+    ppo: bool = True
+    """Also train PPO (`PPO_OVERRIDES`) from the same warm start, beside GRPO, and evaluate it."""
     gpu_share: dict[str, str] = field(default_factory=lambda: {
-        "base_memagent": "0.25", "base_long_context": "0.2", "warm_start": "0.25", "rl": "0.5"})
+        "base_memagent": "0.07", "base_long_context": "0.15", "warm_start": "0.07",
+        "rl": "0.07", "ppo": "0.07"})
+    train_gpu_share: str = "0.15"
+    """The colocated vLLM engine's share of GPU memory in each RL run (GRPO and PPO side by
+    side with the warm start's evaluations)."""
 
 
 TINY = Plan(
-    model="tiny", bio=Suite("biographies", 4, (1, 2, 4), 8),
-    hqa=Suite("ruler_hqa", 4, (1, 2), 4, protocols=("memagent-boxed", "memagent")),
+    model="tiny", bio=Suite("biographies", 4, (1, 2, 4), 8, groups=((4,),)),
+    hqa=Suite("ruler_hqa", 4, (1, 2), 4, protocols=("memagent-boxed", "memagent"),
+              rows=("base_long_context", "base_memagent", "warm_start", "rl")),
     train_questions=64, val_questions=8, engine="hf",
     sft_overrides=("trainer.total_steps=4", "sft.batch_size=4", "memagent.chunk_size=128",
                    "memagent.max_memory_tokens=16", "memagent.max_final_tokens=8"),
@@ -109,23 +139,59 @@ SMOKE = Plan(
                   "data.train_batch_size=4"),
 )
 """The GPU pipeline at a few minutes' size: every stage and engine path once."""
-PLANS = {"full": Plan(), "smoke": SMOKE, "tiny": TINY}
+
+_AT_TRAINING_LENGTH = ("warm_start", "rl", "ppo")
+PPO_VS_GRPO = Plan(
+    bio=Suite("biographies", 24, (1,), 128, rows=_AT_TRAINING_LENGTH),
+    hqa=Suite("ruler_hqa", 20, (1,), 90, rows=_AT_TRAINING_LENGTH),
+    sft_overrides=("trainer.total_steps=150", "trainer.save_freq=150"),
+    rl_overrides=("trainer.total_steps=40", "trainer.save_freq=40"),
+)
+"""PPO beside GRPO from one shorter warm start, both for the same steps of the same batch
+(8 questions x 8 samples), evaluated at the training length: a device hold of ~20 minutes."""
+PLANS = {"full": Plan(), "smoke": SMOKE, "tiny": TINY, "ppo-vs-grpo": PPO_VS_GRPO}
 
 
 class Runner:
     """Runs memrl commands (printed first, logged to WORK/logs), alone or side by side."""
 
-    def __init__(self, work: Path) -> None:
+    ENGINE_READY = "init engine"
+    """What vLLM logs once its engine has profiled memory and allocated its KV cache."""
+
+    def __init__(self, work: Path, engine_start_timeout: float = 300.0) -> None:
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.engine_start_timeout = engine_start_timeout
+        self._engine_start = threading.Lock()
 
-    def start(self, name: str, *args: str) -> tuple[str, subprocess.Popen]:
-        cmd = [sys.executable, "-m", "memrl", *args]
-        print(f"[{time.strftime('%H:%M:%S')}] {name}: memrl {shlex.join(args)}", flush=True)
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
-        return name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                      cwd=ROOT)
+    def start(self, name: str, *args: str, engine: bool = False
+              ) -> tuple[str, subprocess.Popen]:
+        """Start `memrl ARGS`. engine=True: the command builds a vLLM engine on the GPU; it
+        starts once every engine started before it is up (or its process has ended), and
+        returns once its own is: vLLM profiles the GPU's free memory while it starts, and a
+        start-up beside another one fails ("Error in memory profiling", or no memory left
+        for the KV cache: both happened on the first device run of this pipeline)."""
+        with self._engine_start if engine else contextlib.nullcontext():
+            cmd = [sys.executable, "-m", "memrl", *args]
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: memrl {shlex.join(args)}", flush=True)
+            path = self.logs / f"{name}.log"
+            start = path.stat().st_size if path.is_file() else 0
+            log = open(path, "ab")  # noqa: SIM115 (closed with the process)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                    cwd=ROOT)
+            if engine:
+                self._await_engine(path, start, proc)
+        return name, proc
+
+    def _await_engine(self, path: Path, start: int, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + self.engine_start_timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            with open(path, "rb") as f:
+                f.seek(start)
+                if self.ENGINE_READY.encode() in f.read():
+                    return
+            time.sleep(2)
 
     def wait(self, *procs: tuple[str, subprocess.Popen]) -> None:
         failed = []
@@ -148,19 +214,42 @@ def done(path: Path) -> bool:
     return (path / "results.json").is_file() or (path / "config.json").is_file()
 
 
-def eval_dir(res: Path, suite: Suite, row: str, protocol: str) -> Path:
-    """Where one evaluation's results go: RES/<suite>/<row>[_published]."""
-    return res / suite.name / (row + ("_published" if protocol == "memagent" else ""))
+def eval_dir(res: Path, suite: Suite, row: str, protocol: str, first_docs: int | None = None
+             ) -> Path:
+    """Where one evaluation process's results go: RES/<suite>/<row>[_published], and
+    `.n<N>` after it for a process whose shortest document count N is not the suite's."""
+    name = row + ("_published" if protocol == "memagent" else "")
+    if first_docs is not None and first_docs != suite.eval_docs[0]:
+        name += f".n{first_docs}"
+    return res / suite.name / name
+
+
+def row_dirs(res: Path, suite: Suite, row: str, protocol: str) -> list[Path]:
+    """Every results directory of one row and protocol (one per evaluation process)."""
+    base = eval_dir(res, suite, row, protocol)
+    if not base.parent.is_dir():
+        return []
+    return sorted(p for p in base.parent.iterdir()
+                  if p.name == base.name or p.name.startswith(base.name + ".n"))
+
+
+def row_results(res: Path, suite: Suite, row: str, protocol: str) -> dict[int, Any]:
+    """The per-N results of one row, gathered from all its directories."""
+    out: dict[int, Any] = {}
+    for path in row_dirs(res, suite, row, protocol):
+        if (path / "results.json").is_file():
+            results = json.loads((path / "results.json").read_text())["results"]
+            out.update({int(n): r for n, r in results.items()})
+    return out
 
 
 def eval_args(plan: Plan, suite: Suite, model: Path, data: Path, out: Path, row: str,
-              protocol: str = "memagent-boxed") -> list[str]:
+              protocol: str, docs: list[int]) -> list[str]:
     engine = ["--engine", plan.engine]
     if plan.engine == "vllm":
         engine += ["--gpu-memory-utilization", plan.gpu_share[row]]
-    docs = [str(n) for n in suite.eval_docs]
-    common = ["--model", str(model), "--data", str(data), "--num-docs", *docs, "--out",
-              str(out), "--limit", str(suite.questions), *engine]
+    common = ["--model", str(model), "--data", str(data), "--num-docs", *map(str, docs),
+              "--out", str(out), "--limit", str(suite.questions), *engine]
     if row == "base_long_context":
         return ["eval", "long-context", *common, "--max-new-tokens", "32"]
     return ["eval", "ruler-hqa", *common, "--temperature", "0", "--protocol", protocol,
@@ -169,7 +258,8 @@ def eval_args(plan: Plan, suite: Suite, model: Path, data: Path, out: Path, row:
 
 def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: str
                 ) -> list[tuple[str, list[str]]]:
-    """(name, command) of every evaluation of `row`'s model not yet in `res`."""
+    """(name, command) of every evaluation process of `row`'s model whose lengths are not
+    all in `res` yet (one per suite, protocol and document group)."""
     out = []
     for suite in (plan.bio, plan.hqa):
         if suite is None or row not in suite.rows:
@@ -177,18 +267,24 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
         for protocol in suite.protocols if row != "base_long_context" else ("boxed",):
             if protocol == "memagent" and row not in suite.published_rows:
                 continue
-            target = eval_dir(res, suite, row, protocol)
-            if not done(target):
+            finished = row_results(res, suite, row, protocol)
+            groups = suite.doc_groups() if row != "base_long_context" else [suite.eval_docs]
+            for docs in groups:
+                if all(n in finished for n in docs):
+                    continue
+                target = eval_dir(res, suite, row, protocol, docs[0])
                 out.append((f"{suite.name}_{target.name}",
                             eval_args(plan, suite, model, data[suite.name], target, row,
-                                      protocol)))
+                                      protocol, docs)))
     return out
 
 
-def run_evaluations(runner: Runner, commands: list[tuple[str, list[str]]]) -> None:
-    """One after the other (each a separate engine; the GPU is shared with training)."""
-    for name, command in commands:
-        runner.run(name, *command)
+def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]]
+                      ) -> list[tuple[str, subprocess.Popen]]:
+    """Every evaluation at once, each its own engine (a 135M model leaves the GPU mostly
+    idle: side by side, the longest length alone sets the wall time)."""
+    return [runner.start(name, *command, engine=command[command.index("--engine") + 1] == "vllm")
+            for name, command in commands]
 
 
 def train_then_export(runner: Runner, name: str, command: list[str], run_dir: Path,
@@ -275,31 +371,58 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     procs = []
     if not done(work / "model_warm"):
         procs.append(runner.start("sft", *sft_cmd))
-    run_evaluations(runner, evaluations(plan, model, suites, res, "base_memagent")
-                    + evaluations(plan, model, suites, res, "base_long_context"))
+    procs += start_evaluations(runner, evaluations(plan, model, suites, res, "base_memagent")
+                               + evaluations(plan, model, suites, res, "base_long_context"))
+    runner.wait(*procs)
     if until == "baselines":
-        runner.wait(*procs)
         report(plan, work, res)
         return
-    runner.wait(*procs)
     if not done(work / "model_warm"):
         runner.run("sft_export", "export", str(work / "sft"), str(work / "model_warm"))
 
-    # 4. GRPO, side by side with the warm start's evaluations
-    rl_cmd = ["train", "configs/smollm2_memagent.yaml", f"model.path={work / 'model_warm'}",
-              f"data.train_file={data['train_file']}", f"data.val_file={data['val_file']}",
-              f"trainer.out_dir={work / 'rl'}", *plan.rl_overrides]
-    procs = []
-    if not done(work / "model_rl"):
-        procs.append(runner.start("rl_train", *rl_cmd))
-    run_evaluations(runner, evaluations(plan, work / "model_warm", suites, res, "warm_start"))
-    runner.wait(*procs)
-    if not done(work / "model_rl"):
-        runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
-
-    # 5. the trained model
-    run_evaluations(runner, evaluations(plan, work / "model_rl", suites, res, "rl"))
+    # 4. GRPO (and PPO) from the warm start, side by side with the warm start's evaluations;
+    # 5. each trained model evaluated as soon as it is exported
+    warm = start_evaluations(runner, evaluations(plan, work / "model_warm", suites, res,
+                                                 "warm_start"))
+    warm_done = threading.Event()
+    branches = {"rl": plan.rl_overrides}
+    if plan.ppo:
+        branches["ppo"] = (*PPO_OVERRIDES, *plan.rl_overrides)
+    with ThreadPoolExecutor(len(branches)) as pool:
+        futures = {row: pool.submit(train_and_evaluate, runner, plan, work, res, data, suites,
+                                    row, overrides, warm_done)
+                   for row, overrides in branches.items()}
+        try:
+            runner.wait(*warm)
+        finally:
+            warm_done.set()
+        failed = {}
+        for row, future in futures.items():
+            try:
+                future.result()
+            except (Exception, SystemExit) as exc:  # report what the other branch made
+                failed[row] = exc
     report(plan, work, res)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} ({'; '.join(map(str, failed.values()))})")
+
+
+def train_and_evaluate(runner: Runner, plan: Plan, work: Path, res: Path,
+                       data: dict[str, Path], suites: dict[str, Path], row: str,
+                       overrides: tuple[str, ...], warm_done: threading.Event) -> None:
+    """`memrl train` from the warm start (row rl: GRPO; ppo: PPO), `memrl export`, then the
+    trained model's evaluations once the warm start's have ended (GPU memory)."""
+    model = work / f"model_{row}"
+    if not done(model):
+        runner.wait(runner.start(
+            f"{row}_train", "train", "configs/smollm2_memagent.yaml",
+            f"model.path={work / 'model_warm'}", f"data.train_file={data['train_file']}",
+            f"data.val_file={data['val_file']}", f"trainer.out_dir={work / row}",
+            f"rollout.vllm.gpu_memory_utilization={plan.train_gpu_share}", *overrides,
+            engine=plan.engine == "vllm"))
+        runner.run(f"{row}_export", "export", str(work / row), str(model))
+    warm_done.wait()
+    runner.wait(*start_evaluations(runner, evaluations(plan, model, suites, res, row)))
 
 
 def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, Any]]:
@@ -308,10 +431,10 @@ def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, 
     for row in suite.rows:
         if protocol == "memagent" and row not in suite.published_rows:
             continue
-        path = eval_dir(res, suite, row, "boxed" if row == "base_long_context" else protocol)
-        if (path / "results.json").is_file():
-            results = json.loads((path / "results.json").read_text())["results"]
-            per_row[row] = {int(n): r for n, r in results.items()}
+        results = row_results(res, suite, row,
+                              "boxed" if row == "base_long_context" else protocol)
+        if results:
+            per_row[row] = results
     docs = suite.eval_docs
     tokens = {n: next((r[n]["context_tokens"] for r in per_row.values()
                        if r.get(n) and r[n].get("context_tokens")), None) for n in docs}
@@ -359,6 +482,41 @@ def plot(path: Path, title: str, table: dict[str, Any], docs: list[int]) -> None
     plt.close(fig)
 
 
+CURVES = (("train/reward_mean", "training reward (sub-EM)"),
+          ("val/score", "validation sub-EM at the training length"),
+          ("actor/entropy", "policy entropy"),
+          ("kept_response_tokens", "generated tokens trained on (cumulative)"))
+
+
+def compare_runs(path: Path, runs: dict[str, Path]) -> None:
+    """GRPO's and PPO's curves on shared axes, by step: reward, validation score, entropy and
+    the cumulative generated tokens each trained on (their budgets)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
+    for row, metrics in runs.items():
+        lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        total = 0.0
+        for line in lines:  # response tokens of the kept batch = rollout tokens/s x rollout s
+            total += line.get("perf/rollout_tokens_per_s", 0.0) * line.get("perf/rollout_s", 0.0)
+            line["kept_response_tokens"] = total
+        for ax, (key, title) in zip(axes, CURVES, strict=True):
+            pts = [(m["step"], m[key]) for m in lines if key in m and "step" in m]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="." if key == "val/score" else None,
+                        label=ROW_NAMES[row])
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     """The Table-2-style tables (Markdown + JSON), the plots, the curves and one archive."""
     tables, text = {}, []
@@ -373,23 +531,26 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
                  suite.eval_docs)
     (res / "tables.md").write_text("\n".join(text))
     print("\n".join(text), flush=True)
-    for name in ("sft", "rl"):
+    for name in ("sft", "rl", "ppo"):
         metrics = work / name / "metrics.jsonl"
         if metrics.is_file():
             (res / f"{name}_metrics.jsonl").write_bytes(metrics.read_bytes())
+    runs = {row: res / f"{row}_metrics.jsonl" for row in ("rl", "ppo")
+            if (res / f"{row}_metrics.jsonl").is_file()}
+    if runs:
+        compare_runs(res / "rl_curves.png", runs)
     summary = {"model": plan.model, "tables": tables, "environment": environment(),
                "plan": {"train_questions": plan.train_questions, "engine": plan.engine,
                         "suites": {s.name: {"train_docs": s.train_docs,
                                             "eval_docs": s.eval_docs, "questions": s.questions}
                                    for s in (plan.bio, plan.hqa) if s is not None}}}
     (res / "summary.json").write_text(json.dumps(summary, indent=2))
-    for row in ("base_memagent", "warm_start", "rl"):
+    for row in ("base_memagent", "warm_start", "rl", "ppo"):
         for suite in (plan.bio, plan.hqa):
-            if suite is not None and (eval_dir(res, suite, row, "boxed") / "results.json"
-                                      ).is_file():
-                subprocess.run([sys.executable, "-m", "memrl", "view",
-                                str(eval_dir(res, suite, row, "boxed"))], cwd=ROOT,
-                               check=False, stdout=subprocess.DEVNULL)
+            for path in row_dirs(res, suite, row, "boxed") if suite is not None else []:
+                if (path / "results.json").is_file():
+                    subprocess.run([sys.executable, "-m", "memrl", "view", str(path)],
+                                   cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
     with tarfile.open(res.parent / f"{res.name}.tar.gz", "w:gz") as tar:
         tar.add(res, arcname=res.name)
     return summary

@@ -24,6 +24,7 @@ def load_script(name: str):
     """A benchmark script as a module (its `main` guarded by __name__, so nothing runs)."""
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -157,3 +158,40 @@ def test_rollout_profile_script_times_memrl_against_vllm_directly(tmp_path):
     for r in runs:  # every run made batch x new tokens (the script asserts it too)
         assert out["new_tokens_per_s"][r] * out["seconds"][r] == pytest.approx(
             out["batch"] * out["new_tokens"])
+
+
+# ------------------------------------------------- the real-model pipeline's evaluation split
+
+
+def test_real_model_pipeline_splits_lengths_into_processes_and_merges_them(tmp_path):
+    """The longest lengths run as processes of their own (`Suite.groups`), each into its own
+    directory; the table gathers a row from all of them, and only unfinished groups re-run."""
+    rm = load_script("real_model_gpu")
+    suite = rm.Suite("biographies", 24, (1, 2, 4, 8, 16, 32, 64), 128, groups=((32,), (64,)))
+    assert suite.doc_groups() == [[24, 48, 96, 192, 384], [768], [1536]]
+    res = tmp_path / "out"
+    assert rm.eval_dir(res, suite, "rl", "memagent-boxed", 24) == res / "biographies" / "rl"
+    assert rm.eval_dir(res, suite, "rl", "memagent-boxed", 1536).name == "rl.n1536"
+    assert rm.eval_dir(res, suite, "rl", "memagent", 768).name == "rl_published.n768"
+
+    def write(name: str, scores: dict[int, float]) -> None:
+        d = res / "biographies" / name
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({"results": {
+            str(n): {"score": s, "context_tokens": 60.0 * n} for n, s in scores.items()}}))
+
+    write("rl", {24: 60.0, 48: 55.0, 96: 50.0, 192: 45.0, 384: 40.0})
+    write("rl.n1536", {1536: 20.0})
+    write("rl_published", {24: 1.0})  # another protocol: not part of the row
+    assert sorted(rm.row_results(res, suite, "rl", "memagent-boxed")) == [
+        24, 48, 96, 192, 384, 1536]
+    plan = rm.Plan(bio=suite, hqa=None, engine="hf")
+    todo = rm.evaluations(plan, tmp_path / "model", {"biographies": tmp_path / "data"}, res,
+                          "rl")
+    assert [name for name, _ in todo] == ["biographies_rl.n768"]
+    (_, command), = todo
+    assert command[command.index("--num-docs") + 1:command.index("--out")] == ["768"]
+    markdown, table = rm.suite_table(res, suite, "memagent-boxed")
+    assert table["scores"]["rl"] == {"24": 60.0, "48": 55.0, "96": 50.0, "192": 45.0,
+                                     "384": 40.0, "768": None, "1536": 20.0}
+    assert "| RL (GRPO) MemAgent | 60.0 | 55.0 | 50.0 | 45.0 | 40.0 | - | 20.0 |" in markdown

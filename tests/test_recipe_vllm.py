@@ -71,6 +71,22 @@ def test_two_grpo_steps_on_vllm_log_a_small_mismatch(tiny_model_dir, data_dir, t
     assert (tmp_path / "run" / "checkpoints").is_dir()
 
 
+@pytest.mark.slow
+def test_ppo_with_a_value_model_trains_on_vllm_rollouts(tiny_model_dir, data_dir, tmp_path):
+    """rl.adv_estimator=gae on the colocated vLLM engine (the device's PPO-beside-GRPO run):
+    rollouts, the critic's values and update, the policy update, two steps."""
+    cfg = train_config(tiny_model_dir, data_dir, tmp_path / "run", "rollout.engine=vllm",
+                       "rl.adv_estimator=gae", "rl.lam=0.95", "critic.optim.lr=1e-3",
+                       "trainer.val_before_train=false", "data.val_file=null", *ENGINE)
+    assert grpo.train(cfg).step == 2
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "train/samples" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["critic/vf_loss"] > 0 and 0 <= r["critic/vf_clipfrac"] <= 1
+        assert r["rollout/logprob_diff_max"] < 1e-3
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
 def test_engine_logprobs_as_old_logprobs(tiny_model_dir, data_dir, tmp_path):
     """use_rollout_logprobs skips the recompute pass (no mismatch to log) and trains."""
     cfg = train_config(tiny_model_dir, data_dir, tmp_path / "run", "rollout.engine=vllm",

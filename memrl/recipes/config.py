@@ -156,7 +156,9 @@ class RolloutConfig(SamplingConfig):
     rank): the engine then does not sample the policy being trained (stale weights; a server
     computing log-probs at another temperature). Any engine: measured ~1e-5 in float32 (HF,
     vLLM on CPU, the server pool) and 0.06-0.11 for vLLM in bfloat16 on a GPU (0.5B model,
-    docs/benchmarks.md); mixture-of-experts models in bfloat16 can exceed 1 — raise it there.
+    docs/benchmarks.md), but single tokens of long bfloat16 runs reach 1-1.5 (SmolLM2-135M,
+    60 steps; configs/smollm2_memagent.yaml uses 2); mixture-of-experts models in bfloat16
+    can exceed 1 — raise it there.
     null: no check. Not checked with rl.use_rollout_logprobs (the trainer recomputes nothing
     to compare with)."""
 
