@@ -29,8 +29,9 @@ overall, for the answer the final memory yields (the `llm` answerer's prediction
 generator, `judge` (share of CORRECT verdicts for mem0's judge prompt, greedy) and
 `judge_unreadable` (verdicts that could not be read; they count as WRONG).
 
-`split` keeps the conversations of one side of the 7/3 conversation split
-(`split_conversations`). Files in `out_dir`: `results.json`, `results.md`,
+`split` keeps the conversations of one side of the training / held-out split
+(`memrl.data.locomo.split_conversations`: conv-48, conv-49 and conv-50 held out). Files in
+`out_dir`: `results.json`, `results.md`,
 `trajectories.jsonl` (one log row per trajectory, appended after every run of
 `episodes_per_run` episodes). Running again into the same `out_dir` (same model, config and
 judge, else a one-line error) skips the episodes already there and finishes the rest.
@@ -45,7 +46,13 @@ from typing import Any
 import numpy as np
 
 from memrl.agents.memupdate import MemUpdateConfig
-from memrl.data.locomo import ADVERSARIAL_CATEGORY, CATEGORY_NAMES, MemoryEpisode
+from memrl.data.locomo import (
+    ADVERSARIAL_CATEGORY,
+    CATEGORY_NAMES,
+    MemoryEpisode,
+    check_split,
+    split_by_conversation,
+)
 from memrl.errors import MemrlInputError
 from memrl.eval.memory_trace import (
     SESSION_COLUMNS,
@@ -67,25 +74,8 @@ TABLE_COLUMNS = (
     "recall init", "recall final", "ins/ep", "upd/ep", "del/ep", "growth (words)",
     "format err %",
 )
-SPLITS = ("all", "train", "test")
-TRAIN_FRACTION = 0.7
-"""Share of conversations (in the order of the data) on the train side of the split."""
 JUDGE_MAX_TOKENS = 128
 """New tokens of a judge verdict (one sentence and a JSON label)."""
-
-
-def split_conversations(conversation_ids: Sequence[str], split: str) -> list[str]:
-    """The conversations of one side of the MemoryUpdate workflow's 7/3 split.
-
-    Distinct ids in order of first appearance; the first round(0.7 * k) are `train`, the
-    rest `test` (LoCoMo's 10 conversations: 7 and 3); `all` keeps every one.
-    """
-    if split not in SPLITS:
-        raise MemrlInputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}",
-                              location="--split")
-    ids = list(dict.fromkeys(conversation_ids))
-    cut = round(TRAIN_FRACTION * len(ids))
-    return {"all": ids, "train": ids[:cut], "test": ids[cut:]}[split]
 
 
 def literature_answer(row: dict[str, Any]) -> str:
@@ -231,7 +221,7 @@ def evaluate_locomo(
     """Run the MemoryUpdate agent on prepared LoCoMo episodes; write and return results.
 
     `data` is a `memrl prepare locomo` directory (precomputed embeddings are used when they
-    match the embedder). `split` keeps one side of the 7/3 conversation split; `limit` keeps
+    match the embedder). `split` keeps one side of the training / held-out split; `limit` keeps
     the first K episodes of the chosen categories; `episodes_per_run` episodes run together
     (in lockstep on the HF engine, as independent coroutines on vLLM and the server pool)
     and are appended to trajectories.jsonl together. `judge` (any Generator, e.g.
@@ -240,7 +230,7 @@ def evaluate_locomo(
     """
     categories = check_categories([int(c) for c in categories])
     check_counts(limit=limit, samples=num_samples, episodes_per_run=episodes_per_run)
-    split_conversations([], split)  # validates the name
+    split = check_split(split)
     task, episodes = _setup(data, config, categories, split, limit, embedder)
     judge_id = None if judge is None else (
         judge_name or getattr(judge, "name_or_path", None) or type(judge).__name__)
@@ -288,8 +278,8 @@ def _setup(data: str | Path, config: MemUpdateConfig, categories: Sequence[int],
     )
     task = MemoryUpdateTask(config, embedder=embedder)
     loaded: list[MemoryEpisode] = task.load(str(data), "locomo", what="evaluation")
-    keep = set(split_conversations([e.sample_id for e in loaded], split))
-    episodes = [e for e in loaded if e.category in categories and e.sample_id in keep][:limit]
+    episodes = [e for e in split_by_conversation(loaded, split)
+                if e.category in categories][:limit]
     if not episodes:
         raise MemrlInputError(
             f"no episodes of categories {', '.join(map(str, categories))} in split {split}",
