@@ -13,6 +13,13 @@ the question is then answered over the initial and over the final memory. Per ca
 - `recall_initial`, `recall_final`: share of episodes where one of the top-k memories
   retrieved for the question covers an evidence turn (token F1 >= `recall_threshold`,
   default 0.5, with the turn's text; `memrl.rewards.memory_delta.evidence_recall`).
+- `recall_at_k_initial`, `recall_at_k_final`: evidence recall@k (k = `top_k`), a memory
+  quality that does not depend on any QA model: per question, the share of its evidence
+  turns held by the top-k memories retrieved for it, a turn being held by a memory within
+  token F1 `recall_threshold` of the turn's text or of a LoCoMo observation fact written
+  from it (`memrl.rewards.memory_delta.evidence_recall_at_k`); mean over questions.
+- `valid_call_rate`: of the tool calls the replies attempted, the share that parsed and
+  passed the schema (None when no call was attempted).
 - `reward`: the training reward (memory delta x efficiency - format penalty).
 - memory statistics per episode: inserts / updates / deletes / searches, growth in words
   and in entries, replies and the share of replies with a format error;
@@ -65,14 +72,14 @@ from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
 from memrl.inference.base import Generator, derive_seed
 from memrl.memory.embedder import Embedder
 from memrl.rewards.locomo_metrics import bleu1, judge_prompt, parse_judge_label, token_set_f1
-from memrl.tasks.memupdate_locomo import MemoryUpdateTask
+from memrl.tasks.memupdate_locomo import MemoryUpdateTask, valid_call_rate
 
 ALL_CATEGORIES = (1, 2, 3, 4, 5)
 DEFAULT_CATEGORIES = (1, 2, 3, 4)
 TABLE_COLUMNS = (
     "category", "episodes", "F1 init", "F1 final", "ΔF1", "set-F1", "BLEU-1", "judge",
-    "recall init", "recall final", "ins/ep", "upd/ep", "del/ep", "growth (words)",
-    "format err %",
+    "recall init", "recall final", "recall@k init", "recall@k final", "valid calls %",
+    "ins/ep", "upd/ep", "del/ep", "growth (words)", "format err %",
 )
 JUDGE_MAX_TOKENS = 128
 """New tokens of a judge verdict (one sentence and a JSON label)."""
@@ -125,6 +132,8 @@ def aggregate(rows: Sequence[dict[str, Any]], scored: bool = True) -> dict[str, 
     """Means over trajectories (rows of the trajectories file; every sample counts once);
     scores None when not `scored`."""
     m = lambda key: _mean([r["scores"][key] for r in rows])  # noqa: E731
+    some = lambda key: _mean([r["scores"][key] for r in rows  # noqa: E731
+                              if r["scores"].get(key) is not None])
     info = lambda f: _mean([f(r) for r in rows])  # noqa: E731
     lit = lambda key: _mean([r["literature"][key] for r in rows  # noqa: E731
                              if r["literature"][key] is not None])
@@ -141,6 +150,9 @@ def aggregate(rows: Sequence[dict[str, Any]], scored: bool = True) -> dict[str, 
         "reward": _mean([float(r["reward"]) for r in rows]),
         "recall_initial": m("recall_initial"),
         "recall_final": m("recall_final"),
+        "recall_at_k_initial": some("recall_at_k_initial"),
+        "recall_at_k_final": some("recall_at_k_final"),
+        "valid_call_rate": valid_call_rate([r["scores"] for r in rows]),
         "inserts": m("inserts"),
         "updates": m("updates"),
         "deletes": m("deletes"),
@@ -167,7 +179,8 @@ def table_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
         rows.append([
             name, r["episodes"], pct(r["f1_initial"]), pct(r["f1_final"]), pct(r["delta"]),
             pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["recall_initial"]),
-            pct(r["recall_final"]), r["inserts"], r["updates"], r["deletes"],
+            pct(r["recall_final"]), pct(r["recall_at_k_initial"]), pct(r["recall_at_k_final"]),
+            pct(r["valid_call_rate"]), r["inserts"], r["updates"], r["deletes"],
             r["memory_growth_tokens"], pct(r["format_error_rate"]),
         ])
     return rows
