@@ -37,11 +37,12 @@ def parse_categories(values: list[str] | None) -> list[int]:
 
 
 @eval_app.command("locomo")
-@common.engine_options([*common.LOCAL, *common.POOL])
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
 @common.config_options(
     MemUpdateConfig,
     ["embedder", "answerer", "top_k", "max_turns", "max_parallel_calls", "max_response_tokens",
-     "session_chunk_turns", "memory_view_k", "temperature", "top_p", "seed"],
+     "max_tool_response_length", "session_chunk_turns", "memory_view_k", "efficiency_budget",
+     "temperature", "top_p", "seed"],
 )
 def locomo(
     model: common.ModelOption,
