@@ -227,3 +227,37 @@ def profile_call(fn: Any, *, cuda: bool, rows: int = 15) -> dict[str, Any]:
             scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}[found.group(2)]
             out["gpu_busy_s"] = float(found.group(1)) * scale
     return out
+
+
+def pipeline_parser(doc: str, plans: list[str], plan_help: str) -> Any:
+    """The command line of a model-training pipeline script: --work, --out, --plan and
+    --report-only (the script adds its own data paths)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True,
+                        help="models, data, checkpoints and logs (large)")
+    parser.add_argument("--out", type=Path, required=True, help="results (small)")
+    parser.add_argument("--plan", choices=sorted(plans), default="full", help=plan_help)
+    parser.add_argument("--report-only", action="store_true")
+    return parser
+
+
+def archive(res: Path) -> Path:
+    """RES as one RES.tar.gz beside it (what comes back from the device)."""
+    import tarfile
+
+    out = res.parent / f"{res.name}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(res, arcname=res.name)
+    return out
+
+
+def shared_data_file(*parts: str) -> Path | None:
+    """A file of the shared data folder (MEMRL_SHARED_DATA, else ../shared/data beside the
+    project), or None when it is not there."""
+    import os
+
+    root = Path(__file__).resolve().parents[2] / "shared" / "data"
+    path = Path(os.environ.get("MEMRL_SHARED_DATA", root)).joinpath(*parts)
+    return path if path.is_file() else None

@@ -158,8 +158,8 @@ def test_aggregate_traces_hand_computed():
 
 def memupdate_line(evidence, ops, before, after):
     return {"evidence": evidence, "memory_before": before, "memory_after": after,
-            "scores": dict(zip(("inserts", "updates", "deletes", "searches"), ops,
-                               strict=True))}
+            "scores": {**dict(zip(("inserts", "updates", "deletes", "searches"), ops,
+                                  strict=True)), "tool_calls": sum(ops)}}
 
 
 def test_memory_per_session_hand_computed():
@@ -174,12 +174,13 @@ def test_memory_per_session_hand_computed():
     m = memory_per_session(rows)
     assert m["per_session"] == pytest.approx({
         "inserts": 1.0, "updates": 1 / 3, "deletes": 1 / 3, "searches": 1 / 6,
-        "growth_entries": 0.5, "growth_chars": 20.0})
+        "calls": (7 / 2 + 2 / 1 + 0) / 3, "growth_entries": 0.5, "growth_chars": 20.0})
     assert {k: v for k, v in m.items() if k != "per_session"} == pytest.approx({
         "sessions": 4 / 3, "memory_entries_initial": 16 / 3, "memory_entries_final": 19 / 3,
         "memory_chars_initial": 70.0, "memory_chars_final": 105.0})
     assert session_line("all", m) == (
-        "all: 1.33 sessions read per episode; per session 1.00 inserts, 0.33 updates, "
+        "all: 1.33 sessions read per episode; per session 1.83 tool calls: 1.00 inserts, "
+        "0.33 updates, "
         "0.33 deletes, 0.17 searches; memory 5.33 → 6.33 entries, 70.00 → 105.00 chars")
 
 

@@ -37,11 +37,12 @@ def parse_categories(values: list[str] | None) -> list[int]:
 
 
 @eval_app.command("locomo")
-@common.engine_options([*common.LOCAL, *common.POOL])
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
 @common.config_options(
     MemUpdateConfig,
     ["embedder", "answerer", "top_k", "max_turns", "max_parallel_calls", "max_response_tokens",
-     "session_chunk_turns", "memory_view_k", "temperature", "top_p", "seed"],
+     "max_tool_response_length", "session_chunk_turns", "memory_view_k", "efficiency_budget",
+     "temperature", "top_p", "seed"],
 )
 def locomo(
     model: common.ModelOption,
@@ -61,8 +62,8 @@ def locomo(
     num_samples: Annotated[int, typer.Option(
         "--n", min=1, help="Trajectories per episode (as rollout.n in training).")] = 1,
     split: Annotated[
-        str, typer.Option(help="Conversations to evaluate: all, or the train / test side of "
-                          "the 7/3 conversation split (first 7 of 10 conversations: train).")
+        str, typer.Option(help="Conversations to evaluate: all, or the train / heldout side "
+                          "of the conversation split (held out: conv-48, conv-49, conv-50).")
     ] = "all",
     judge_model: Annotated[
         Path | None,
@@ -77,9 +78,10 @@ def locomo(
 ) -> None:
     """Run the MemoryUpdate agent on LoCoMo; write results.json, results.md, trajectories."""
     from memrl.data.locomo import EPISODES_FILE
-    from memrl.eval.locomo import evaluate_locomo, split_conversations
+    from memrl.data.locomo import check_split
+    from memrl.eval.locomo import evaluate_locomo
 
-    split_conversations([], split)  # an unknown split is an error before any loading
+    split = check_split(split)  # an unknown split is an error before any loading
     common.check_model_dir(model)
     common.check_out_dir(out)
     if judge_model is not None:

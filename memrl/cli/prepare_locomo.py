@@ -14,11 +14,14 @@ from rich.table import Table
 from memrl.cli.app import prepare_app
 from memrl.data.locomo import (
     CATEGORY_NAMES,
+    HELDOUT_CONVERSATIONS,
     SKIPPED_FILE,
+    check_split,
     load_locomo,
     precompute_embeddings,
     save_episodes,
     save_skipped,
+    split_by_conversation,
     unique_memory_texts,
 )
 from memrl.errors import MemrlInputError
@@ -35,17 +38,32 @@ def prepare_locomo(
         "--embed", help="Also embed the unique initial-memory facts with MiniLM."
     )] = False,
     embed_batch_size: Annotated[int, typer.Option("--embed-batch-size")] = 128,
+    split: Annotated[str, typer.Option(
+        "--split", help="Conversations to write: all, train, or heldout (conv-48, conv-49, "
+        "conv-50; docs/protocols.md)."
+    )] = "all",
 ) -> None:
     """Write one memory-update episode per LoCoMo QA pair; skipped pairs go to skipped.jsonl."""
     if embed_batch_size < 1:
         raise MemrlInputError(f"--embed-batch-size must be at least 1, got {embed_batch_size}")
+    split = check_split(split)
     check_output_dir(out, location=f"--out {out}")
     start = time.perf_counter()
     episodes, skipped = load_locomo(input)
+    if split != "all":
+        episodes = split_by_conversation(episodes, split)
+        skipped = split_by_conversation(skipped, split)
+        if not episodes:
+            side = ("held-out conversations (" + ", ".join(HELDOUT_CONVERSATIONS) + ")"
+                    if split == "heldout" else "training conversations")
+            raise MemrlInputError(f"the file holds no episodes of the {side}",
+                                  location=f"--input {input}")
     path = save_episodes(episodes, out)
     skipped_path = save_skipped(skipped, out)
 
-    table = Table(title=f"LoCoMo episodes from {input}")
+    conversations = len({e.sample_id for e in episodes})
+    table = Table(title=f"LoCoMo episodes from {input} (split {split}: "
+                  f"{conversations} conversations)")
     table.add_column("category")
     table.add_column("episodes", justify="right")
     counts = Counter(e.category for e in episodes)

@@ -13,6 +13,13 @@ the question is then answered over the initial and over the final memory. Per ca
 - `recall_initial`, `recall_final`: share of episodes where one of the top-k memories
   retrieved for the question covers an evidence turn (token F1 >= `recall_threshold`,
   default 0.5, with the turn's text; `memrl.rewards.memory_delta.evidence_recall`).
+- `recall_at_k_initial`, `recall_at_k_final`: evidence recall@k (k = `top_k`), a memory
+  quality that does not depend on any QA model: per question, the share of its evidence
+  turns held by the top-k memories retrieved for it, a turn being held by a memory within
+  token F1 `recall_threshold` of the turn's text or of a LoCoMo observation fact written
+  from it (`memrl.rewards.memory_delta.evidence_recall_at_k`); mean over questions.
+- `valid_call_rate`: of the tool calls the replies attempted, the share that parsed and
+  passed the schema (None when no call was attempted).
 - `reward`: the training reward (memory delta x efficiency - format penalty).
 - memory statistics per episode: inserts / updates / deletes / searches, growth in words
   and in entries, replies and the share of replies with a format error;
@@ -29,8 +36,9 @@ overall, for the answer the final memory yields (the `llm` answerer's prediction
 generator, `judge` (share of CORRECT verdicts for mem0's judge prompt, greedy) and
 `judge_unreadable` (verdicts that could not be read; they count as WRONG).
 
-`split` keeps the conversations of one side of the 7/3 conversation split
-(`split_conversations`). Files in `out_dir`: `results.json`, `results.md`,
+`split` keeps the conversations of one side of the training / held-out split
+(`memrl.data.locomo.split_conversations`: conv-48, conv-49 and conv-50 held out). Files in
+`out_dir`: `results.json`, `results.md`,
 `trajectories.jsonl` (one log row per trajectory, appended after every run of
 `episodes_per_run` episodes). Running again into the same `out_dir` (same model, config and
 judge, else a one-line error) skips the episodes already there and finishes the rest.
@@ -45,7 +53,13 @@ from typing import Any
 import numpy as np
 
 from memrl.agents.memupdate import MemUpdateConfig
-from memrl.data.locomo import ADVERSARIAL_CATEGORY, CATEGORY_NAMES, MemoryEpisode
+from memrl.data.locomo import (
+    ADVERSARIAL_CATEGORY,
+    CATEGORY_NAMES,
+    MemoryEpisode,
+    check_split,
+    split_by_conversation,
+)
 from memrl.errors import MemrlInputError
 from memrl.eval.memory_trace import (
     SESSION_COLUMNS,
@@ -58,34 +72,17 @@ from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
 from memrl.inference.base import Generator, derive_seed
 from memrl.memory.embedder import Embedder
 from memrl.rewards.locomo_metrics import bleu1, judge_prompt, parse_judge_label, token_set_f1
-from memrl.tasks.memupdate_locomo import MemoryUpdateTask
+from memrl.tasks.memupdate_locomo import MemoryUpdateTask, valid_call_rate
 
 ALL_CATEGORIES = (1, 2, 3, 4, 5)
 DEFAULT_CATEGORIES = (1, 2, 3, 4)
 TABLE_COLUMNS = (
     "category", "episodes", "F1 init", "F1 final", "ΔF1", "set-F1", "BLEU-1", "judge",
-    "recall init", "recall final", "ins/ep", "upd/ep", "del/ep", "growth (words)",
-    "format err %",
+    "recall init", "recall final", "recall@k init", "recall@k final", "valid calls %",
+    "ins/ep", "upd/ep", "del/ep", "growth (words)", "format err %",
 )
-SPLITS = ("all", "train", "test")
-TRAIN_FRACTION = 0.7
-"""Share of conversations (in the order of the data) on the train side of the split."""
 JUDGE_MAX_TOKENS = 128
 """New tokens of a judge verdict (one sentence and a JSON label)."""
-
-
-def split_conversations(conversation_ids: Sequence[str], split: str) -> list[str]:
-    """The conversations of one side of the MemoryUpdate workflow's 7/3 split.
-
-    Distinct ids in order of first appearance; the first round(0.7 * k) are `train`, the
-    rest `test` (LoCoMo's 10 conversations: 7 and 3); `all` keeps every one.
-    """
-    if split not in SPLITS:
-        raise MemrlInputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}",
-                              location="--split")
-    ids = list(dict.fromkeys(conversation_ids))
-    cut = round(TRAIN_FRACTION * len(ids))
-    return {"all": ids, "train": ids[:cut], "test": ids[cut:]}[split]
 
 
 def literature_answer(row: dict[str, Any]) -> str:
@@ -135,6 +132,8 @@ def aggregate(rows: Sequence[dict[str, Any]], scored: bool = True) -> dict[str, 
     """Means over trajectories (rows of the trajectories file; every sample counts once);
     scores None when not `scored`."""
     m = lambda key: _mean([r["scores"][key] for r in rows])  # noqa: E731
+    some = lambda key: _mean([r["scores"][key] for r in rows  # noqa: E731
+                              if r["scores"].get(key) is not None])
     info = lambda f: _mean([f(r) for r in rows])  # noqa: E731
     lit = lambda key: _mean([r["literature"][key] for r in rows  # noqa: E731
                              if r["literature"][key] is not None])
@@ -151,6 +150,9 @@ def aggregate(rows: Sequence[dict[str, Any]], scored: bool = True) -> dict[str, 
         "reward": _mean([float(r["reward"]) for r in rows]),
         "recall_initial": m("recall_initial"),
         "recall_final": m("recall_final"),
+        "recall_at_k_initial": some("recall_at_k_initial"),
+        "recall_at_k_final": some("recall_at_k_final"),
+        "valid_call_rate": valid_call_rate([r["scores"] for r in rows]),
         "inserts": m("inserts"),
         "updates": m("updates"),
         "deletes": m("deletes"),
@@ -177,7 +179,8 @@ def table_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
         rows.append([
             name, r["episodes"], pct(r["f1_initial"]), pct(r["f1_final"]), pct(r["delta"]),
             pct(r["set_f1"]), pct(r["bleu1"]), pct(r["judge"]), pct(r["recall_initial"]),
-            pct(r["recall_final"]), r["inserts"], r["updates"], r["deletes"],
+            pct(r["recall_final"]), pct(r["recall_at_k_initial"]), pct(r["recall_at_k_final"]),
+            pct(r["valid_call_rate"]), r["inserts"], r["updates"], r["deletes"],
             r["memory_growth_tokens"], pct(r["format_error_rate"]),
         ])
     return rows
@@ -231,7 +234,7 @@ def evaluate_locomo(
     """Run the MemoryUpdate agent on prepared LoCoMo episodes; write and return results.
 
     `data` is a `memrl prepare locomo` directory (precomputed embeddings are used when they
-    match the embedder). `split` keeps one side of the 7/3 conversation split; `limit` keeps
+    match the embedder). `split` keeps one side of the training / held-out split; `limit` keeps
     the first K episodes of the chosen categories; `episodes_per_run` episodes run together
     (in lockstep on the HF engine, as independent coroutines on vLLM and the server pool)
     and are appended to trajectories.jsonl together. `judge` (any Generator, e.g.
@@ -240,7 +243,7 @@ def evaluate_locomo(
     """
     categories = check_categories([int(c) for c in categories])
     check_counts(limit=limit, samples=num_samples, episodes_per_run=episodes_per_run)
-    split_conversations([], split)  # validates the name
+    split = check_split(split)
     task, episodes = _setup(data, config, categories, split, limit, embedder)
     judge_id = None if judge is None else (
         judge_name or getattr(judge, "name_or_path", None) or type(judge).__name__)
@@ -288,8 +291,8 @@ def _setup(data: str | Path, config: MemUpdateConfig, categories: Sequence[int],
     )
     task = MemoryUpdateTask(config, embedder=embedder)
     loaded: list[MemoryEpisode] = task.load(str(data), "locomo", what="evaluation")
-    keep = set(split_conversations([e.sample_id for e in loaded], split))
-    episodes = [e for e in loaded if e.category in categories and e.sample_id in keep][:limit]
+    episodes = [e for e in split_by_conversation(loaded, split)
+                if e.category in categories][:limit]
     if not episodes:
         raise MemrlInputError(
             f"no episodes of categories {', '.join(map(str, categories))} in split {split}",

@@ -220,6 +220,7 @@ def memory_per_session(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     sessions = [sessions_read(r) for r in rows]
     values = {op: [(r.get("scores") or {}).get(op) for r in rows] for op in OPERATIONS}
+    values["calls"] = [(r.get("scores") or {}).get("tool_calls") for r in rows]
     values["growth_entries"] = [growth(r, "count") for r in rows]
     values["growth_chars"] = [growth(r, "chars") for r in rows]
     per_session = {key: _mean([None if v is None else float(v) / k
@@ -240,14 +241,15 @@ def session_line(name: str, memory: Mapping[str, Any]) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     ops = memory["per_session"]
     return (f"{name}: {fmt(memory['sessions'])} sessions read per episode; per session "
+            f"{fmt(ops['calls'])} tool calls: "
             + ", ".join(f"{fmt(ops[op])} {op}" for op in OPERATIONS)
             + f"; memory {fmt(memory['memory_entries_initial'])} → "
             f"{fmt(memory['memory_entries_final'])} entries, "
             f"{fmt(memory['memory_chars_initial'])} → {fmt(memory['memory_chars_final'])} chars")
 
 
-SESSION_COLUMNS = ("category", "sessions/ep", "ins/session", "upd/session", "del/session",
-                   "search/session", "entries init", "entries final", "chars init",
+SESSION_COLUMNS = ("category", "sessions/ep", "calls/session", "ins/session", "upd/session",
+                   "del/session", "search/session", "entries init", "entries final", "chars init",
                    "chars final")
 
 
@@ -257,7 +259,8 @@ def session_rows(per_category: Mapping[str, Mapping[str, Any]]) -> list[list[Any
     rows = []
     for key, r in per_category.items():
         m = r["memory"]
-        rows.append([key, m["sessions"], *(m["per_session"][op] for op in OPERATIONS),
+        rows.append([key, m["sessions"], m["per_session"]["calls"],
+                     *(m["per_session"][op] for op in OPERATIONS),
                      m["memory_entries_initial"], m["memory_entries_final"],
                      m["memory_chars_initial"], m["memory_chars_final"]])
     return rows

@@ -119,6 +119,29 @@ def evidence_recall(
     return 0.0
 
 
+def evidence_recall_at_k(
+    hits_texts: Sequence[str], evidence: Sequence[Sequence[str]], threshold: float = 0.5
+) -> float | None:
+    """Evidence recall@k: the share of a question's evidence turns found among the k
+    memories retrieved for it (`hits_texts`, the top k).
+
+    Each evidence turn is given by the texts that stand for it (the turn itself and, on
+    LoCoMo, the observation facts written from it); a memory holds the turn when its token F1
+    (SQuAD-normalised words) with one of them is at least `threshold`: a stored copy or close
+    paraphrase of the turn or of its fact counts, a memory sharing a few words does not.
+    Turns whose texts all normalise to nothing are not counted; None when no turn is left.
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    turns = [[t for t in texts if answer_tokens(t)] for texts in evidence]
+    turns = [texts for texts in turns if texts]
+    if not turns:
+        return None
+    found = sum(any(f1_score(hit, t) >= threshold for t in texts for hit in hits_texts)
+                for texts in turns)
+    return found / len(turns)
+
+
 def efficiency_factor(net_added_tokens: float, budget: float, scale: float) -> float:
     """1.0 if the memory grew by at most `budget` words, else exp(-(net - budget) / scale).
 

@@ -36,6 +36,7 @@ from memrl.data.locomo import (
     load_embeddings,
     load_episodes,
     load_locomo,
+    parse_dia_ids,
 )
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator, RolloutMode
@@ -47,6 +48,7 @@ from memrl.rewards.memory_delta import (
     efficiency_factor,
     error_rate,
     evidence_recall,
+    evidence_recall_at_k,
     llm_answer_scores,
     memory_delta_reward,
     retrieval_answer_score,
@@ -72,6 +74,8 @@ class MemoryScore:
     """1.0 if a hit covers an evidence turn (`evidence_recall`)."""
     prediction: str | None = None
     """The llm answerer's answer (None for the retrieval answerer)."""
+    recall_at_k: float | None = None
+    """Share of the evidence turns held by the hits (`evidence_recall_at_k`)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,19 @@ def evidence_texts(episode: MemoryEpisode) -> list[str]:
     """Texts of the dialogue turns the episode's evidence ids point to."""
     wanted = set(episode.evidence)
     return [t.text for t in episode.dialogue if t.dia_id in wanted]
+
+
+def evidence_turn_texts(episode: MemoryEpisode) -> list[list[str]]:
+    """Per evidence turn, the texts that stand for it: the turn's own text and the LoCoMo
+    observation facts written from it (`MemoryEpisode.dialogue_facts`)."""
+    evidence = set(episode.evidence)
+    texts = {t.dia_id: [t.text] for t in episode.dialogue if t.dia_id in evidence}
+    wanted = {ids[0]: d for d in texts if len(ids := parse_dia_ids(d)) == 1}
+    for fact in episode.dialogue_facts:
+        for ids in parse_dia_ids(fact.source):
+            if ids in wanted:
+                texts[wanted[ids]].append(fact.text)
+    return [texts[d] for d in episode.evidence if d in texts]
 
 
 def score_memories(
@@ -118,6 +135,10 @@ def score_memories(
         evidence_recall(h, evidence_texts(ep), config.recall_threshold)
         for h, ep in zip(hits, episodes, strict=True)
     ]
+    at_k = [
+        evidence_recall_at_k(h, evidence_turn_texts(ep), config.recall_threshold)
+        for h, ep in zip(hits, episodes, strict=True)
+    ]
     scores: list[float] = [0.0] * len(episodes)
     predictions: list[str | None] = [None] * len(episodes)
     if config.answerer == "retrieval":
@@ -139,9 +160,17 @@ def score_memories(
         for i, (score, prediction) in zip(todo, answered, strict=True):
             scores[i], predictions[i] = score, prediction
     return [
-        MemoryScore(s, h, r, p)
-        for s, h, r, p in zip(scores, hits, recalls, predictions, strict=True)
+        MemoryScore(s, h, r, p, k)
+        for s, h, r, p, k in zip(scores, hits, recalls, predictions, at_k, strict=True)
     ]
+
+
+def valid_call_rate(metrics: Sequence[dict[str, float]]) -> float | None:
+    """Of every tool call the replies attempted, the share that parsed and passed the schema
+    (`tool_calls` / (`tool_calls` + `malformed_calls`), pooled); None when none was tried."""
+    ok = sum(m.get("tool_calls", 0.0) for m in metrics)
+    tried = ok + sum(m.get("malformed_calls", 0.0) for m in metrics)
+    return ok / tried if tried else None
 
 
 class MemoryUpdateTask:
@@ -358,6 +387,11 @@ class MemoryUpdateTask:
             "format_error_rate": rate,
             "recall_initial": init.recall,
             "recall_final": final.recall,
+            **({"recall_at_k_initial": init.recall_at_k, "recall_at_k_final": final.recall_at_k}
+               if final.recall_at_k is not None and init.recall_at_k is not None else {}),
+            "tool_calls": float(sum(d.ops.values()) + d.invalid_calls),
+            "malformed_calls": float(sum(n for kind, n in d.format_errors.items()
+                                         if kind != "too_many_calls")),
             "memory_growth_tokens": float(growth),
             "turns": float(d.turns),
             **{_OP_METRICS[op]: float(n) for op, n in d.ops.items()},
@@ -365,6 +399,13 @@ class MemoryUpdateTask:
         answer = final.prediction if scoring.llm_answerer else t.answer
         return dataclasses.replace(t, answer=answer, reward=self.weights["memory_delta"] * reward,
                                    metrics=metrics, scoring=scoring)
+
+    def oracle(self, tokenizer: Any, records: Sequence[MemoryEpisode]) -> Generator:
+        """The warm start's teacher (`memrl.agents.memupdate_oracle`): each piece's LoCoMo
+        observation facts inserted through valid tool calls, then a reply without a call."""
+        from memrl.agents.memupdate_oracle import memupdate_oracle
+
+        return memupdate_oracle(tokenizer, records, self.config)
 
     # ---- reporting ----------------------------------------------------------------------
 
@@ -376,6 +417,13 @@ class MemoryUpdateTask:
                 "recall_initial", "recall_final", "memory_growth_tokens", "turns",
                 "inserts", "updates", "deletes", "searches")
         out = {k: float(np.mean([t.metrics.get(k, 0.0) for t in trajectories])) for k in keys}
+        for k in ("recall_at_k_initial", "recall_at_k_final"):
+            values = [t.metrics[k] for t in trajectories if k in t.metrics]
+            if values:
+                out[k] = float(np.mean(values))
+        rate = valid_call_rate([t.metrics for t in trajectories])
+        if rate is not None:
+            out["valid_call_rate"] = rate
         out["format_error_traj_frac"] = float(
             np.mean([t.metrics.get("format_errors", 0.0) > 0 for t in trajectories])
         )

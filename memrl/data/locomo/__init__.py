@@ -1,6 +1,7 @@
 """LoCoMo (`locomo10.json`) read into episodes for the tool-based memory agent (MemoryUpdate).
 
 `episodes`: the episodes read from the file (one per QA pair), saved and loaded;
+`split`: the training / held-out split of the conversations (by sample id);
 `embeddings`: the initial memory's embeddings, precomputed once per unique fact text.
 """
 
@@ -25,6 +26,14 @@ from memrl.data.locomo.episodes import (
     save_episodes,
     save_skipped,
 )
+from memrl.data.locomo.split import (
+    HELDOUT_CONVERSATIONS,
+    SPLITS,
+    check_split,
+    conversation_side,
+    split_by_conversation,
+    split_conversations,
+)
 from memrl.data.locomo.embeddings import (
     EMBEDDINGS_FILE,
     EmbeddingIndex,
@@ -42,14 +51,18 @@ __all__ = [
     "EMBEDDINGS_FILE",
     "EPISODES_FILE",
     "EmbeddingIndex",
+    "HELDOUT_CONVERSATIONS",
     "ID_PATTERN",
     "META_FILE",
     "MemoryEpisode",
     "MemoryFact",
     "SKIPPED_FILE",
+    "SPLITS",
     "SkipNote",
     "TEXTS_FILE",
     "build_locomo_episodes",
+    "check_split",
+    "conversation_side",
     "episode_id",
     "load_embeddings",
     "load_episodes",
@@ -59,5 +72,7 @@ __all__ = [
     "sample_slug",
     "save_episodes",
     "save_skipped",
+    "split_by_conversation",
+    "split_conversations",
     "unique_memory_texts",
 ]

@@ -2,7 +2,8 @@
 
 One episode per QA pair. The agent reads the *evidence sessions* (every turn of each session
 that holds an evidence dialog id) and edits a memory store that starts from the generated
-observation facts of all *other* sessions of the conversation; the reward asks how much the
+observation facts of all *other* sessions of the conversation (those of the evidence sessions
+are kept apart, in `dialogue_facts`, for scoring and the oracle); the reward asks how much the
 final memory improves retrieval-augmented QA over that initial memory. The question is never
 part of the agent's input.
 
@@ -119,6 +120,11 @@ class MemoryEpisode(BaseModel):
     evidence_sessions: list[int] = Field(min_length=1)
     dialogue: list[DialogueTurn]
     initial_memory: list[MemoryFact]
+    dialogue_facts: list[MemoryFact] = []
+    """LoCoMo's observation facts of the dialogue's sessions (those left out of the initial
+    memory), each with its source dialog id(s). Never shown to the agent: they tell the
+    evidence recall which memories were written from an evidence turn, and the oracle what
+    to insert (`memrl.agents.memupdate_oracle`). Empty in files prepared before they existed."""
 
 
 class SkipNote(BaseModel):
@@ -375,6 +381,7 @@ def _episode_or_skip(conv: _Conversation, i: int, j: int,
         evidence_sessions=sessions,
         dialogue=dialogue,
         initial_memory=memory,
+        dialogue_facts=[f for n in sessions for f in conv.observations.get(n, [])],
     )
 
 

@@ -1,0 +1,76 @@
+"""benchmarks/real_model_memupdate_gpu.py: its settings and table by hand, and `--plan tiny`
+end to end on the CPU (the tiny model, the real LoCoMo file; every stage, then a re-run that
+skips them all)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "real_model_memupdate_gpu.py"
+
+
+def load_script():
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("bench_real_model_memupdate", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evaluations_use_the_training_settings_and_the_table_reads_results():
+    bench = load_script()
+    settings = bench.memupdate_settings(bench.PLANS["full"])
+    assert settings["embedder"] == "minilm" and settings["answerer"] == "retrieval"
+    args = bench.eval_args(bench.PLANS["full"], settings, Path("m"), Path("d"), Path("o"))
+    for key in bench.EVAL_KEYS:  # every memupdate setting of the config reaches the eval
+        assert args[args.index(f"--{key.replace('_', '-')}") + 1] == str(settings[key])
+    assert args[args.index("--split") + 1] == "heldout"
+    per = {"n": 2, "valid_call_rate": 0.5, "memory_size_final": 12.0, "reward": 0.125,
+           "recall_at_k_final": 0.25, "f1_final": 0.5,
+           "memory": {"per_session": {"calls": 3.0}}}
+    results = {"all": per, "2": {**per, "f1_final": 1.0}}
+    assert bench.row_cells(results) == ["50.0", "3.00", "12.00", "0.125", "25.0", "-", "100.0",
+                                        "-", "-", "50.0"]
+
+
+@pytest.mark.slow
+def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "TORCH_COMPILE_DISABLE": "1"}
+    work, out = tmp_path / "work", tmp_path / "out"
+    command = [sys.executable, str(SCRIPT), "--plan", "tiny", "--work", str(work), "--out",
+               str(out), "--locomo", str(shared_data / "locomo" / "locomo10.json")]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for stage in ("init_model", "data_train", "data_heldout", "sft", "eval_base",
+                  "sft_export", "rl_train", "eval_warm_start", "rl_export", "eval_rl"):
+        assert f"] {stage}: exit 0" in proc.stdout, stage
+    table = (out / "tables.md").read_text()
+    for name in ("base model", "warm start (SFT on the oracle)", "RL (GRPO)"):
+        assert f"| {name} |" in table
+    assert "| evidence recall@5 % |" in table and "QA F1 2 temporal %" in table
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["results"]) == {"base", "warm_start", "rl"}
+    assert summary["plan"]["memupdate"]["embedder"] == "hashing"
+    assert summary["reward_curve"] and (out / "reward_curve.png").stat().st_size > 0
+    for row in ("base", "warm_start", "rl"):
+        assert (out / row / "view.html").is_file()
+        results = json.loads((out / row / "results.json").read_text())
+        assert results["split"] == "heldout" and results["num_episodes"] == 9
+    with tarfile.open(tmp_path / "out.tar.gz") as tar:
+        assert "out/tables.md" in tar.getnames()
+    # run again: every stage is skipped, the report is written again
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "exit 0" not in again.stdout
+    assert (out / "tables.md").read_text() == table
