@@ -31,14 +31,12 @@ mostly idle. `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +46,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import environment, print_environment  # noqa: E402
+from gpu_common import (  # noqa: E402
+    archive,
+    environment,
+    pipeline_parser,
+    print_environment,
+    shared_data_file,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("base_long_context", "base_memagent", "warm_start", "rl", "ppo")
@@ -551,24 +555,20 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
                 if (path / "results.json").is_file():
                     subprocess.run([sys.executable, "-m", "memrl", "view", str(path)],
                                    cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
-    with tarfile.open(res.parent / f"{res.name}.tar.gz", "w:gz") as tar:
-        tar.add(res, arcname=res.name)
+    archive(res)
     return summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, required=True,
-                        help="models, data, checkpoints and logs (large)")
-    parser.add_argument("--out", type=Path, required=True, help="results (small)")
-    parser.add_argument("--plan", choices=sorted(PLANS), default="full",
-                        help="full (GPU), smoke (GPU, minutes), tiny (CPU, the tiny model)")
+    parser = pipeline_parser(__doc__, list(PLANS),
+                             "full (GPU), ppo-vs-grpo (GPU, PPO beside GRPO at the training "
+                             "length), smoke (GPU, minutes), tiny (CPU, the tiny model)")
     parser.add_argument("--until", choices=("baselines", "report"), default="report",
                         help="baselines: stop after the base model's evaluations (and the "
                         "warm start's training)")
-    parser.add_argument("--hotpotqa", type=Path, default=_shared_hotpotqa(),
+    parser.add_argument("--hotpotqa", type=Path,
+                        default=shared_data_file("hotpotqa", "dev_subsampled.jsonl"),
                         help="HotpotQA questions (IRCoT JSONL) for RULER-HQA; none: skipped")
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     plan = PLANS[args.plan]
     print_environment(environment())
@@ -576,12 +576,6 @@ def main() -> None:
         report(plan, args.work, args.out)
     else:
         pipeline(plan, args.work, args.out, args.hotpotqa, args.until)
-
-
-def _shared_hotpotqa() -> Path | None:
-    base = Path(os.environ.get("MEMRL_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    path = base / "hotpotqa" / "dev_subsampled.jsonl"
-    return path if path.is_file() else None
 
 
 if __name__ == "__main__":
