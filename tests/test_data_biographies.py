@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memrl.agents.memagent import MemAgentConfig
-from memrl.agents.oracle import OracleGenerator
+from memrl.agents.oracle import OracleGenerator, corrected, hard_distractor
 from memrl.cli import main
 from memrl.data.biographies import (
     FORMS,
@@ -326,6 +326,45 @@ def test_the_oracle_keeps_the_gold_fact_and_answers_it(tiny_tokenizer, tmp_path)
             assert t.details.memories[-1] == r.facts[0]
             assert t.details.final_response == f"\\boxed{{{r.answers[0]}}}"
             assert t.answer == r.answers[0] and t.reward == 1.0
+
+
+def test_hard_distractor_is_a_namesakes_sentence_about_the_asked_attribute():
+    record = QARecord(id="q", question="In which country was Dajal Xyz born?", answers=["Peru"],
+                      context="Dajal Xyz works as a baker. Dajal Abc was born in Chile. "
+                              "Dajal Xyz was born in Peru. Mika Lo was born in Fiji.",
+                      facts=["Dajal Xyz was born in Peru."])
+    assert hard_distractor(record, record.facts) == "Dajal Abc was born in Chile."
+    assert hard_distractor(record.model_copy(update={"question": "Zzz?"}), record.facts) is None
+    assert corrected("any", 1.0) and not corrected("any", 0.0)
+    ids = [f"bio-{i}" for i in range(400)]
+    assert 0.2 < sum(corrected(i, 0.25) for i in ids) / len(ids) < 0.3
+
+
+def test_oracle_corrections_train_the_recovery_never_the_mistake(tiny_tokenizer):
+    """With oracle_corrections=1 every episode whose hard distractor is read before its last
+    chunk shows, at the next update, a memory holding that sentence, answered with the right
+    memory; the update that wrote it is not in the trajectory."""
+    records = make_biography_records(6, 8, seed=5, split="train")
+    agent = AGENT.model_copy(update={"oracle_corrections": 1.0})
+    plain = MemAgentQATask(AGENT).rollout(OracleGenerator(tiny_tokenizer, records, AGENT),
+                                          records, num_samples=1, seed=0)
+    oracle = OracleGenerator(tiny_tokenizer, records, agent)
+    trajs = MemAgentQATask(agent).rollout(oracle, records, num_samples=1, seed=0)
+    assert len({rid for rid, _ in oracle.mistakes}) == len(records)
+    recovered = 0
+    for t, p, r in zip(trajs, plain, records, strict=True):
+        (k,) = [k for rid, k in oracle.mistakes if rid == r.id]
+        wrong = hard_distractor(r, r.facts)
+        assert len(t.turns) == len(p.turns) - 1  # the mistaken update is dropped
+        assert [u.detail.chunk_index for u in t.turns if u.kind == "memory_update"] == [
+            i for i in range(t.details.num_chunks) if i != k]
+        assert wrong in t.details.memories[k] and wrong not in p.details.memories[k]
+        after = next(iter(u for u in t.turns if u.detail.chunk_index in (k + 1, None)))
+        assert wrong in tiny_tokenizer.decode(after.prompt_ids)  # the next prompt shows it
+        assert wrong not in after.response_text  # ... and the answer drops it
+        recovered += after.kind == "memory_update"
+        assert t.details.final_response == p.details.final_response  # still the gold answer
+    assert recovered >= 1
 
 
 # --- the command line -------------------------------------------------------------------------

@@ -94,6 +94,14 @@ class MemAgentConfig(BaseModel):
     prompts: str | MemAgentPrompts = "memagent"
     """A preset name (memagent, memagent-published, memagent-answer-is: see
     memrl.agents.prompts.PROMPT_PRESETS) or custom templates."""
+    oracle_corrections: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    """Warm start only (the oracle of `memrl sft`; ignored by the agent itself): the share of
+    the oracle's episodes in which it first writes a wrong sentence into memory — the
+    context's sentence outside the needed facts sharing most words with the question, at the
+    chunk that completes it — and corrects it at the next turn. The wrong turn is left out of
+    the trajectory; the correcting one (a memory holding the wrong sentence, answered with
+    the right memory) is trained. The oracle alone never shows a wrong memory, so a model
+    imitating it never learns to drop one (docs/results.md, SmolLM2)."""
 
     @field_validator("prompts")
     @classmethod

@@ -11,6 +11,14 @@ each prompt, finds its record by the question, and answers
                     order ("No previous memory" until the first one appears)
     final answer:   \\boxed{first gold answer}
 
+Corrections (`MemAgentConfig.oracle_corrections`, a share of the episodes, chosen by a hash
+of the record id): in a chosen episode the oracle also makes one mistake, at the chunk that
+completes the record's hard distractor (`hard_distractor`: the sentence outside the needed
+facts sharing most words with the question), answering that update with the right memory
+plus the distractor; the next update sees the wrong memory and answers the right one. The
+mistaken turn is dropped from the episode's trajectory (`OracleGenerator.without_mistakes`),
+so what is trained is the recovery, never the mistake.
+
 The facts a question needs are the record's `facts` (memrl's RULER-HQA files carry them), else
 the first sentences of its supporting documents (`Document.is_supporting`); the synthetic
 data (`memrl.data.synthetic`) puts the one fact of each gold paragraph there. A fact counts
@@ -25,7 +33,9 @@ and its response is the logged text, encoded, plus the end-of-turn token.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +58,33 @@ def oracle_memory(facts: Sequence[str], read: str, no_memory: str) -> str:
     appearance, joined by spaces; `no_memory` when none has appeared."""
     seen = sorted((read.find(f), f) for f in dict.fromkeys(facts) if f in read)
     return " ".join(f for _, f in seen) if seen else no_memory
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"\w+")
+
+
+def hard_distractor(record: QARecord, facts: Sequence[str]) -> str | None:
+    """The context's sentence that is not (part of) a needed fact and shares the most distinct
+    words (case-insensitive) with the question, the first of equals; None when no sentence
+    shares a word. On the biographies task that is a namesake's sentence about the asked
+    attribute ("Dajal Abc was born in Peru." for "In which country was Dajal Xyz born?")."""
+    asked = {w.lower() for w in _WORD.findall(record.question)}
+    best, best_overlap = None, 0
+    for sentence in _SENTENCE_END.split(record.render_context()):
+        sentence = sentence.strip()
+        if not sentence or any(sentence in f or f in sentence for f in facts):
+            continue
+        overlap = len(asked & {w.lower() for w in _WORD.findall(sentence)})
+        if overlap > best_overlap:
+            best, best_overlap = sentence, overlap
+    return best
+
+
+def corrected(record_id: str, share: float) -> bool:
+    """Whether the oracle's episode of `record_id` makes (and corrects) a mistake: a stable
+    hash of the id below `share` of its range."""
+    return share > 0 and zlib.crc32(record_id.encode()) < share * 2**32
 
 
 def _template_pattern(template: str) -> re.Pattern[str]:
@@ -87,6 +124,9 @@ class OracleGenerator:
                 )
             self._records.setdefault(r.question.strip(), r)
         self._chunks: dict[str, list[str]] = {}
+        self._share = config.oracle_corrections
+        self.mistakes: set[tuple[str, int]] = set()
+        """(record id, chunk index) of every memory update answered with a mistake."""
 
     def respond(self, prompt_text: str) -> str:
         """The oracle's response to one decoded prompt."""
@@ -98,11 +138,31 @@ class OracleGenerator:
             chunk = update["chunk"]
             if chunk not in chunks:
                 raise ValueError(f"the oracle got a chunk of {record.id} it did not cut")
-            read = "".join(chunks[: chunks.index(chunk) + 1])
-            return oracle_memory(needed_facts(record), read, self.agent.prompts.no_memory)
+            index = chunks.index(chunk)
+            read = "".join(chunks[: index + 1])
+            facts = needed_facts(record)
+            memory = oracle_memory(facts, read, self.agent.prompts.no_memory)
+            if corrected(record.id, self._share):
+                wrong = hard_distractor(record, facts)
+                if wrong is not None and wrong in read and wrong not in read[: -len(chunk)]:
+                    self.mistakes.add((record.id, index))
+                    return wrong if memory == self.agent.prompts.no_memory else (
+                        f"{memory} {wrong}")
+            return memory
         if final is not None:
             return f"\\boxed{{{self._record(final['prompt']).answers[0]}}}"
         raise ValueError("the oracle got a prompt that is neither a memory update nor final")
+
+    def without_mistakes(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """The trajectories without the memory updates this oracle answered with a mistake
+        (`mistakes`): their recoveries stay, the mistakes are never trained."""
+        out = []
+        for t in trajectories:
+            turns = tuple(u for u in t.turns if not (
+                isinstance(u.detail, MemAgentTurn) and u.detail.chunk_index is not None
+                and (t.record_id, u.detail.chunk_index) in self.mistakes))
+            out.append(t if len(turns) == len(t.turns) else dataclasses.replace(t, turns=turns))
+        return out
 
     def _record(self, question: str) -> QARecord:
         try:

@@ -187,6 +187,8 @@ class MemAgentQATask:
             records, num_samples=num_samples, progress=progress, keep_token_ids=keep_token_ids,
             mode=mode,
         )
+        if hasattr(generator, "without_mistakes"):  # the warm start's oracle
+            trajectories = generator.without_mistakes(trajectories)
         by_id = {r.id: r for r in records}
         evidence = {r.id: EvidenceTrace(locate_evidence(agent.chunk(r).texts, r.answers,
                                                         supporting_facts(r)))
