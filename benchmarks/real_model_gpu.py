@@ -291,13 +291,6 @@ def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]]
             for name, command in commands]
 
 
-def train_then_export(runner: Runner, name: str, command: list[str], run_dir: Path,
-                      model_out: Path) -> None:
-    if not done(model_out):
-        runner.run(name, *command)
-        runner.run(f"{name}_export", "export", str(run_dir), str(model_out))
-
-
 def split_hotpotqa(source: Path, out: Path) -> tuple[Path, Path]:
     """The 500 HotpotQA questions split by a hash of their id: about 1 in 5 held out for
     evaluation, the rest for training (no paragraph of a held-out question is in training:
@@ -384,38 +377,37 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     if not done(work / "model_warm"):
         runner.run("sft_export", "export", str(work / "sft"), str(work / "model_warm"))
 
-    # 4. GRPO (and PPO) from the warm start, side by side with the warm start's evaluations;
-    # 5. each trained model evaluated as soon as it is exported
+    # 4. GRPO (and PPO) from the warm start, side by side with the warm start's evaluations
+    # (their engines start first: a trainer's engine sleeps and wakes every step, and memory
+    # freed while another engine profiles at start-up fails that start-up);
+    # 5. the trained models' evaluations, once no trainer runs
     warm = start_evaluations(runner, evaluations(plan, work / "model_warm", suites, res,
                                                  "warm_start"))
-    warm_done = threading.Event()
     branches = {"rl": plan.rl_overrides}
     if plan.ppo:
         branches["ppo"] = (*PPO_OVERRIDES, *plan.rl_overrides)
+    failed: dict[str, BaseException] = {}
     with ThreadPoolExecutor(len(branches)) as pool:
-        futures = {row: pool.submit(train_and_evaluate, runner, plan, work, res, data, suites,
-                                    row, overrides, warm_done)
+        futures = {row: pool.submit(train_then_export, runner, plan, work, data, row, overrides)
                    for row, overrides in branches.items()}
-        try:
-            runner.wait(*warm)
-        finally:
-            warm_done.set()
-        failed = {}
         for row, future in futures.items():
             try:
                 future.result()
-            except (Exception, SystemExit) as exc:  # report what the other branch made
+            except (Exception, SystemExit) as exc:  # evaluate what the other branch made
                 failed[row] = exc
+    runner.wait(*warm)
+    trained = [row for row in branches if row not in failed]
+    runner.wait(*start_evaluations(runner, [
+        command for row in trained
+        for command in evaluations(plan, work / f"model_{row}", suites, res, row)]))
     report(plan, work, res)
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)} ({'; '.join(map(str, failed.values()))})")
 
 
-def train_and_evaluate(runner: Runner, plan: Plan, work: Path, res: Path,
-                       data: dict[str, Path], suites: dict[str, Path], row: str,
-                       overrides: tuple[str, ...], warm_done: threading.Event) -> None:
-    """`memrl train` from the warm start (row rl: GRPO; ppo: PPO), `memrl export`, then the
-    trained model's evaluations once the warm start's have ended (GPU memory)."""
+def train_then_export(runner: Runner, plan: Plan, work: Path, data: dict[str, Path], row: str,
+                      overrides: tuple[str, ...]) -> None:
+    """`memrl train` from the warm start (row rl: GRPO; ppo: PPO), then `memrl export`."""
     model = work / f"model_{row}"
     if not done(model):
         runner.wait(runner.start(
@@ -425,8 +417,6 @@ def train_and_evaluate(runner: Runner, plan: Plan, work: Path, res: Path,
             f"rollout.vllm.gpu_memory_utilization={plan.train_gpu_share}", *overrides,
             engine=plan.engine == "vllm"))
         runner.run(f"{row}_export", "export", str(work / row), str(model))
-    warm_done.wait()
-    runner.wait(*start_evaluations(runner, evaluations(plan, model, suites, res, row)))
 
 
 def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, Any]]:

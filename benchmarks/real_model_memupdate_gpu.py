@@ -184,7 +184,7 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
     if not done(work / "model_warm"):
         runner.run("sft_export", "export", str(work / "sft"), str(work / "model_warm"))
 
-    # 4. GRPO, side by side with the warm start's evaluation
+    # 4. GRPO, then the warm start's evaluation
     procs = []
     if not done(work / "model_rl"):
         procs.append(runner.start(
@@ -192,8 +192,9 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
             f"data.train_file={data['train']}", f"data.val_file={data['heldout']}",
             f"trainer.out_dir={work / 'rl'}", f"rollout.vllm.gpu_memory_utilization="
             f"{plan.gpu_share}", *overrides(settings), *plan.rl_overrides))
+    runner.wait(*procs)  # (no evaluation beside it: a vLLM engine starting beside the
+    # trainer's, which frees memory as it sleeps every step, fails its memory profiling)
     evaluate("warm_start", work / "model_warm")
-    runner.wait(*procs)
     if not done(work / "model_rl"):
         runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
 

@@ -98,15 +98,22 @@ def test_an_outside_agent_with_an_oracle_is_warm_started(tiny_model_dir, questio
     assert [m["train/tokens"] > 0 for m in metrics if "train/nll" in m] == [True] * 3
 
 
-def test_a_warm_start_without_an_oracle_is_one_line(tiny_model_dir, questions, tmp_path):
+def test_a_warm_start_without_an_oracle_is_one_line(tiny_model_dir, questions, tmp_path,
+                                                    monkeypatch):
+    # the plug-in's task without its oracle (every task memrl ships has one)
+    (tmp_path / "noteacher.py").write_text(
+        "from mem1.task import Mem1Task\n"
+        "NoTeacher = type('NoTeacher', (), {k: v for k, v in vars(Mem1Task).items()\n"
+        "                                   if k not in ('oracle', '__dict__', '__weakref__')})\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     config = tmp_path / "sft.yaml"
-    config.write_text("agent: memupdate\n")
+    config.write_text("agent: noteacher:NoTeacher\n")
     done = memrl("sft", str(config), f"model.path={tiny_model_dir}",
                  f"data.train_file={questions}", f"trainer.out_dir={tmp_path / 'sft'}")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "error: agent: agent memupdate has no oracle to warm-start from (Task.oracle); give "
-        "data.trajectories, a trajectories file to imitate"], done.stderr
+        "error: agent: agent noteacher:NoTeacher has no oracle to warm-start from "
+        "(Task.oracle); give data.trajectories, a trajectories file to imitate"], done.stderr
 
 
 def test_a_bad_import_path_is_one_line(tmp_path, questions, tiny_model_dir):
