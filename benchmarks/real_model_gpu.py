@@ -14,7 +14,7 @@ with memrl's own commands (each printed before it runs), so every step is what a
                   colocated vLLM) and, beside it, the same config with rl.adv_estimator=gae
                   (PPO with a value model), in parallel with the warm start's evaluations;
                   memrl export of each
-    5. RL eval    memrl eval ruler-hqa of each trained model
+    5. RL eval    memrl eval ruler-hqa of each trained model, once no trainer runs
     6. report     the Table-2-style table (rows: reader, base MemAgent, warm start, RL
                   MemAgent; columns: lengths), the accuracy-vs-length plot, the training
                   curves, and one archive of every result (results.json, trajectories, memory
@@ -23,7 +23,9 @@ with memrl's own commands (each printed before it runs), so every step is what a
 Every stage is skipped when its output exists, so a run cut by a time limit continues where
 it stopped. Evaluations run side by side, one engine each (a suite's longest lengths in
 processes of their own: `Suite.groups`), since one 135M-parameter engine leaves the GPU
-mostly idle. `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU (minutes).
+mostly idle; engines start one after the other (`Runner.start(engine=True)`). `--plan
+ppo-vs-grpo` trains both from a shorter warm start and evaluates them at the training length
+only; `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU (minutes).
 
     python benchmarks/real_model_gpu.py --work /tmp/rm --out results/real_model   # GPU
     python benchmarks/real_model_gpu.py --plan tiny --work /tmp/rm_tiny --out /tmp/rm_tiny/out
