@@ -41,7 +41,7 @@ from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import load_ruler_hqa_dir
 from memrl.data.synthetic import entity_split
 from memrl.errors import MemrlInputError
-from memrl.tasks.memagent_qa import MemAgentQATask
+from memrl.tasks.memagent_qa import MemAgentQATask, score_trajectory
 
 NAME = r"[A-Z][a-z]+ [A-Z][a-z]+"
 VALUE = {
@@ -326,6 +326,21 @@ def test_the_oracle_keeps_the_gold_fact_and_answers_it(tiny_tokenizer, tmp_path)
             assert t.details.memories[-1] == r.facts[0]
             assert t.details.final_response == f"\\boxed{{{r.answers[0]}}}"
             assert t.answer == r.answers[0] and t.reward == 1.0
+
+
+def test_the_oracle_answers_where_the_prompts_ask_and_is_scored_there(tiny_tokenizer):
+    """Prompts `memagent-answer-is` (the published evaluation's final prompt): the oracle
+    answers "Therefore, the answer is ...", and both the training format and the published
+    protocol read that answer; the boxed format would read none."""
+    records = make_biography_records(3, 6, seed=2, split="train")
+    agent = AGENT.model_copy(update={"prompts": "memagent-answer-is"})
+    for protocol in ("memagent-boxed", "memagent"):
+        trajs = MemAgentQATask(agent, protocol=protocol).rollout(
+            OracleGenerator(tiny_tokenizer, records, agent), records, num_samples=1, seed=0)
+        for t, r in zip(trajs, records, strict=True):
+            assert t.details.final_response == f"Therefore, the answer is {r.answers[0]}."
+            assert t.answer == r.answers[0] and t.metrics["sub_em"] == 1.0
+    assert score_trajectory(trajs[0], records[0]).answer is None  # boxed: no \\boxed{}
 
 
 def test_hard_distractor_is_a_namesakes_sentence_about_the_asked_attribute():

@@ -9,7 +9,8 @@ each prompt, finds its record by the question, and answers
 
     memory update:  the facts the question needs that have appeared so far, in document
                     order ("No previous memory" until the first one appears)
-    final answer:   \\boxed{first gold answer}
+    final answer:   \\boxed{first gold answer} ("Therefore, the answer is <first gold
+                    answer>." where the prompts ask for that: `answer_format` answer_is)
 
 Corrections (`MemAgentConfig.oracle_corrections`, a share of the episodes, chosen by a hash
 of the record id): in a chosen episode the oracle also makes one mistake, at the chunk that
@@ -150,7 +151,10 @@ class OracleGenerator:
                         f"{memory} {wrong}")
             return memory
         if final is not None:
-            return f"\\boxed{{{self._record(final['prompt']).answers[0]}}}"
+            gold = self._record(final["prompt"]).answers[0]
+            if self.agent.prompts.answer_format == "answer_is":
+                return f"Therefore, the answer is {gold}."
+            return f"\\boxed{{{gold}}}"
         raise ValueError("the oracle got a prompt that is neither a memory update nor final")
 
     def without_mistakes(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:

@@ -16,7 +16,7 @@ happens to contain `{memory}` is not substituted again.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -93,6 +93,10 @@ class MemAgentPrompts(BaseModel):
     """Final answer prompt; must contain {prompt} and {memory}."""
     no_memory: str = MEMAGENT_NO_MEMORY
     """Initial memory before the first chunk."""
+    answer_format: Literal["boxed", "answer_is"] = "boxed"
+    """Where the final prompt asks for the answer, hence where the training format reads it
+    and how the warm start's oracle gives it: `boxed` (the last `\\boxed{}`) or `answer_is`
+    ("Therefore, the answer is ...", read by `memrl.rewards.memagent.extract_answer_is`)."""
 
     @model_validator(mode="after")
     def _has_placeholders(self) -> MemAgentPrompts:
@@ -118,7 +122,8 @@ class MemAgentPrompts(BaseModel):
 PROMPT_PRESETS: dict[str, MemAgentPrompts] = {
     "memagent": MemAgentPrompts(),
     "memagent-published": MemAgentPrompts(final_template=MEMAGENT_FINAL_PUBLISHED_TEMPLATE),
-    "memagent-answer-is": MemAgentPrompts(final_template=MEMAGENT_FINAL_ANSWER_IS_TEMPLATE),
+    "memagent-answer-is": MemAgentPrompts(final_template=MEMAGENT_FINAL_ANSWER_IS_TEMPLATE,
+                                          answer_format="answer_is"),
 }
 """Named prompt formats: `memagent` is MemAgent's training format as its template reads once
 formatted (final answer in `\\boxed{}`); `memagent-published` the same with the final prompt

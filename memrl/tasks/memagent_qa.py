@@ -19,7 +19,7 @@ from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator, RolloutMode
 from memrl.rewards.evidence import locate_evidence
-from memrl.rewards.memagent import memagent_em, memagent_protocol_scores
+from memrl.rewards.memagent import extract_answer_is, memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
 from memrl.tasks.rewards import (
@@ -82,10 +82,12 @@ def score_protocol_trajectory(trajectory: Trajectory, record: QARecord) -> Traje
                                metrics={**trajectory.metrics, **scores})
 
 
-def score_trajectory(trajectory: Trajectory, record: QARecord) -> Trajectory:
-    """A copy with the answer (last \\boxed{} of the final response) and its QA scores in
-    `metrics`."""
-    answer = extract_boxed(trajectory.details.final_response)
+def score_trajectory(trajectory: Trajectory, record: QARecord,
+                     answer_format: str = "boxed") -> Trajectory:
+    """A copy with the answer (the last \\boxed{} of the final response; with answer_format
+    `answer_is`, the text after the last "the answer is") and its QA scores in `metrics`."""
+    reply = trajectory.details.final_response
+    answer = extract_answer_is(reply) if answer_format == "answer_is" else extract_boxed(reply)
     return dataclasses.replace(trajectory, answer=answer,
                                metrics={**trajectory.metrics, **qa_scores(answer, record.answers)})
 
@@ -193,7 +195,9 @@ class MemAgentQATask:
         evidence = {r.id: EvidenceTrace(locate_evidence(agent.chunk(r).texts, r.answers,
                                                         supporting_facts(r)))
                     for r in records} if self.trace_evidence else {}
-        score = score_protocol_trajectory if published else score_trajectory
+        fmt = self.config.resolved_prompts.answer_format
+        score = score_protocol_trajectory if published else (
+            lambda t, r: score_trajectory(t, r, fmt))
         scored = [self._scored(score(t, by_id[t.record_id]), by_id[t.record_id],
                                generator.tokenizer, evidence.get(t.record_id))
                   for t in trajectories]
