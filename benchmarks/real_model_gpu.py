@@ -287,8 +287,9 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
 
 def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]]
                       ) -> list[tuple[str, subprocess.Popen]]:
-    """Every evaluation at once, each its own engine (a 135M model leaves the GPU mostly
-    idle: side by side, the longest length alone sets the wall time)."""
+    """Every evaluation side by side, each its own engine (a 135M model leaves the GPU mostly
+    idle: the longest length alone sets the wall time); vLLM engines start one after the
+    other (`Runner.start`)."""
     return [runner.start(name, *command, engine=command[command.index("--engine") + 1] == "vllm")
             for name, command in commands]
 
@@ -492,9 +493,11 @@ def compare_runs(path: Path, runs: dict[str, Path]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from memrl.metrics import read_metrics
+
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
     for row, metrics in runs.items():
-        lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        lines = read_metrics(metrics)
         total = 0.0
         for line in lines:  # response tokens of the kept batch = rollout tokens/s x rollout s
             total += line.get("perf/rollout_tokens_per_s", 0.0) * line.get("perf/rollout_s", 0.0)

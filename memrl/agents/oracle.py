@@ -126,6 +126,7 @@ class OracleGenerator:
             self._records.setdefault(r.question.strip(), r)
         self._chunks: dict[str, list[str]] = {}
         self._share = config.oracle_corrections
+        self._distractors: dict[str, str | None] = {}
         self.mistakes: set[tuple[str, int]] = set()
         """(record id, chunk index) of every memory update answered with a mistake."""
 
@@ -144,7 +145,9 @@ class OracleGenerator:
             facts = needed_facts(record)
             memory = oracle_memory(facts, read, self.agent.prompts.no_memory)
             if corrected(record.id, self._share):
-                wrong = hard_distractor(record, facts)
+                if record.id not in self._distractors:  # one scan of the context per record
+                    self._distractors[record.id] = hard_distractor(record, facts)
+                wrong = self._distractors[record.id]
                 if wrong is not None and wrong in read and wrong not in read[: -len(chunk)]:
                     self.mistakes.add((record.id, index))
                     return wrong if memory == self.agent.prompts.no_memory else (

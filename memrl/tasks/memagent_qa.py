@@ -216,7 +216,8 @@ class MemAgentQATask:
 
     def oracle(self, tokenizer: Any, records: Sequence[QARecord]) -> Generator:
         """The warm start's teacher (`memrl.agents.oracle.OracleGenerator`): memories of the
-        facts the question needs as they appear, then the boxed gold answer."""
+        facts the question needs as they appear, then the gold answer where the prompts ask
+        for it (`answer_format`)."""
         from memrl.agents.oracle import OracleGenerator
 
         return OracleGenerator(tokenizer, records, self.config)
