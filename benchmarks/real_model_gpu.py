@@ -76,13 +76,24 @@ class Suite:
     multiples: tuple[int, ...]
     questions: int
     rows: tuple[str, ...] = ROWS
-    protocols: tuple[str, ...] = ("memagent-boxed",)
+    protocols: tuple[str, ...] = ()
+    """`memrl eval ruler-hqa --protocol` values; none: the protocol of the recipe's training
+    format (`trained_protocol`)."""
     published_rows: tuple[str, ...] = ("base_memagent", "rl")
-    """Rows also evaluated under the published protocol (when `protocols` has it)."""
+    """Rows evaluated under the published protocol when the recipe trains another format."""
     groups: tuple[tuple[int, ...], ...] = ()
     """Multiples evaluated by separate processes side by side (the GPU is far from full with
     one 135M-parameter engine, and the longest length alone sets the wall time); the
     multiples in no group run together in one more process."""
+
+    def protocols_of(self, plan: Plan) -> tuple[str, ...]:
+        return self.protocols or (trained_protocol(plan),)
+
+    def evaluated(self, plan: Plan, row: str, protocol: str) -> bool:
+        """Whether `row` is evaluated under `protocol` (the training format's protocol: every
+        row; the published one besides it: `published_rows`)."""
+        return (row in self.rows and (protocol == trained_protocol(plan)
+                                      or protocol != "memagent" or row in self.published_rows))
 
     @property
     def eval_docs(self) -> list[int]:
@@ -122,6 +133,29 @@ class Plan:
     side with the warm start's evaluations)."""
 
 
+def trained_protocol(plan: Plan) -> str:
+    """The evaluation protocol of the format the recipe trains (configs/smollm2_memagent.yaml's
+    `memagent.prompts`, or the plan's override of it): `memagent` (the published one,
+    "Therefore, the answer is ...") for prompts whose answer_format is answer_is, else
+    `memagent-boxed` (the \\boxed{} answer)."""
+    import yaml
+
+    from memrl.agents import resolve_prompts
+
+    prompts = {}
+    for name, overrides in (("smollm2_memagent.yaml", plan.rl_overrides),
+                            ("smollm2_memagent_sft.yaml", plan.sft_overrides)):
+        value = yaml.safe_load((ROOT / "configs" / name).read_text())["memagent"]["prompts"]
+        for o in overrides:
+            if o.startswith("memagent.prompts="):
+                value = o.split("=", 1)[1]
+        prompts[name] = value
+    if len(set(prompts.values())) != 1:
+        raise SystemExit(f"the warm start and RL train different prompts: {prompts}")
+    fmt = resolve_prompts(next(iter(prompts.values()))).answer_format
+    return "memagent" if fmt == "answer_is" else "memagent-boxed"
+
+
 TINY = Plan(
     model="tiny", bio=Suite("biographies", 4, (1, 2, 4), 8, groups=((4,),)),
     hqa=Suite("ruler_hqa", 4, (1, 2), 4, protocols=("memagent-boxed", "memagent"),
@@ -148,14 +182,25 @@ SMOKE = Plan(
 
 _AT_TRAINING_LENGTH = ("warm_start", "rl", "ppo")
 PPO_VS_GRPO = Plan(
-    bio=Suite("biographies", 24, (1,), 128, rows=_AT_TRAINING_LENGTH),
+    bio=Suite("biographies", 24, (1,), 128, rows=("base_memagent", *_AT_TRAINING_LENGTH)),
     hqa=Suite("ruler_hqa", 20, (1,), 90, rows=_AT_TRAINING_LENGTH),
     sft_overrides=("trainer.total_steps=150", "trainer.save_freq=150"),
     rl_overrides=("trainer.total_steps=40", "trainer.save_freq=40"),
 )
 """PPO beside GRPO from one shorter warm start, both for the same steps of the same batch
-(8 questions x 8 samples), evaluated at the training length: a device hold of ~20 minutes."""
-PLANS = {"full": Plan(), "smoke": SMOKE, "tiny": TINY, "ppo-vs-grpo": PPO_VS_GRPO}
+(8 questions x 8 samples), evaluated at the training length (with the base model): a device
+hold of ~20 minutes."""
+
+_PUBLISHED_FORMAT = "memagent.prompts=memagent-answer-is"
+PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90),
+                 sft_overrides=(_PUBLISHED_FORMAT, "memagent.oracle_corrections=0.25"),
+                 rl_overrides=(_PUBLISHED_FORMAT,))
+"""The full plan trained in the published evaluation's answer format ("Therefore, the answer
+is ...": every row evaluated under `--protocol memagent`) from a corrective warm start (in a
+quarter of the episodes the oracle first keeps a namesake's sentence and replaces it when the
+gold one is read: the RL model's failure at 64x). Not run yet."""
+PLANS = {"full": Plan(), "published": PUBLISHED, "smoke": SMOKE, "tiny": TINY,
+         "ppo-vs-grpo": PPO_VS_GRPO}
 
 
 class Runner:
@@ -270,8 +315,8 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
     for suite in (plan.bio, plan.hqa):
         if suite is None or row not in suite.rows:
             continue
-        for protocol in suite.protocols if row != "base_long_context" else ("boxed",):
-            if protocol == "memagent" and row not in suite.published_rows:
+        for protocol in suite.protocols_of(plan) if row != "base_long_context" else ("boxed",):
+            if not suite.evaluated(plan, row, protocol):
                 continue
             finished = row_results(res, suite, row, protocol)
             groups = suite.doc_groups() if row != "base_long_context" else [suite.eval_docs]
@@ -422,11 +467,12 @@ def train_then_export(runner: Runner, plan: Plan, work: Path, data: dict[str, Pa
         runner.run(f"{row}_export", "export", str(work / row), str(model))
 
 
-def suite_table(res: Path, suite: Suite, protocol: str) -> tuple[str, dict[str, Any]]:
+def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
+                ) -> tuple[str, dict[str, Any]]:
     """The Markdown table of one suite and protocol, and its scores."""
     per_row: dict[str, dict[int, Any]] = {}
     for row in suite.rows:
-        if protocol == "memagent" and row not in suite.published_rows:
+        if row != "base_long_context" and not suite.evaluated(plan, row, protocol):
             continue
         results = row_results(res, suite, row,
                               "boxed" if row == "base_long_context" else protocol)
@@ -522,9 +568,9 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     for suite in (plan.bio, plan.hqa):
         if suite is None or not (res / suite.name).is_dir():
             continue
-        for protocol in suite.protocols:
+        for protocol in suite.protocols_of(plan):
             key = f"{suite.name}_{'published' if protocol == 'memagent' else 'boxed'}"
-            markdown, tables[key] = suite_table(res, suite, protocol)
+            markdown, tables[key] = suite_table(plan, res, suite, protocol)
             text.append(f"### {suite.name}, protocol {protocol}\n\n{markdown}")
             plot(res / f"{key}.png", f"{plan.model} · {suite.name} · {protocol}", tables[key],
                  suite.eval_docs)
@@ -539,14 +585,16 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     if runs:
         compare_runs(res / "rl_curves.png", runs)
     summary = {"model": plan.model, "tables": tables, "environment": environment(),
+               "protocol": trained_protocol(plan),
                "plan": {"train_questions": plan.train_questions, "engine": plan.engine,
                         "suites": {s.name: {"train_docs": s.train_docs,
                                             "eval_docs": s.eval_docs, "questions": s.questions}
                                    for s in (plan.bio, plan.hqa) if s is not None}}}
     (res / "summary.json").write_text(json.dumps(summary, indent=2))
     for row in ("base_memagent", "warm_start", "rl", "ppo"):
-        for suite in (plan.bio, plan.hqa):
-            for path in row_dirs(res, suite, row, "boxed") if suite is not None else []:
+        for suite in (s for s in (plan.bio, plan.hqa) if s is not None):
+            for path in (p for protocol in suite.protocols_of(plan)
+                         for p in row_dirs(res, suite, row, protocol)):
                 if (path / "results.json").is_file():
                     subprocess.run([sys.executable, "-m", "memrl", "view", str(path)],
                                    cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
@@ -556,8 +604,10 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = pipeline_parser(__doc__, list(PLANS),
-                             "full (GPU), ppo-vs-grpo (GPU, PPO beside GRPO at the training "
-                             "length), smoke (GPU, minutes), tiny (CPU, the tiny model)")
+                             "full (GPU), published (GPU, the full plan in the published "
+                             "answer format, corrective warm start), ppo-vs-grpo (GPU, PPO "
+                             "beside GRPO at the training length), smoke (GPU, minutes), tiny "
+                             "(CPU, the tiny model)")
     parser.add_argument("--until", choices=("baselines", "report"), default="report",
                         help="baselines: stop after the base model's evaluations (and the "
                         "warm start's training)")

@@ -13,7 +13,8 @@ run with memrl's own commands (each printed before it runs, logged to WORK/logs)
                   conversations) + memrl export
     4. GRPO       memrl train configs/smollm2_memupdate.yaml from the warm start (colocated
                   vLLM; reward: memory delta with the retrieval answerer), side by side with
-                  the warm start's evaluation; memrl export
+                  the warm start's evaluation (its engine starts first); memrl export; a
+                  failed GRPO run still gets the report of the rows before it
     5. RL eval    memrl eval locomo of the trained model
     6. report     a Markdown table (rows base / warm start / RL; valid tool-call rate, calls
                   per session, final memory size, reward, evidence recall@5, QA F1 per LoCoMo
@@ -28,10 +29,12 @@ setting comes from configs/smollm2_memupdate.yaml (the evaluations pass the same
     python benchmarks/real_model_memupdate_gpu.py --work /tmp/mu --out results/real_model_mu
     python benchmarks/real_model_memupdate_gpu.py --plan tiny --work /tmp/mu_t --out /tmp/mu_t/out
 
-`--plan full` on one H100, estimated (not yet run): model 0.5 min, data 0.5 min, base
-evaluation of ~126 episodes 2 min (vLLM start-up included) beside SFT 60 steps ~4 min,
-GRPO 16 steps x 8 episodes x 8 samples ~5 min beside the warm start's evaluation, RL
-evaluation 2 min: about 13-15 minutes.
+`--plan full` on one H100, as measured on its first run (2026-11-25; it stopped at GRPO step
+10 on the log-prob guard, since raised to 2): model 0.8 min, data 0.6 min, the base model's
+evaluation of 126 held-out episodes 2.4 min (vLLM start-up included) beside SFT, 60 steps in
+13.4 min (8.3-8.8 s of update a step); GRPO 24-47 s a step (8 episodes x 8 samples), with
+validation on 32 held-out episodes at steps 0 and 8. With 16 GRPO steps and the two
+remaining evaluations: about 28 minutes.
 """
 
 from __future__ import annotations
@@ -184,22 +187,35 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
     if not done(work / "model_warm"):
         runner.run("sft_export", "export", str(work / "sft"), str(work / "model_warm"))
 
-    # 4. GRPO, then the warm start's evaluation
-    procs = []
-    if not done(work / "model_rl"):
-        procs.append(runner.start(
-            "rl_train", "train", str(RL_CONFIG), f"model.path={work / 'model_warm'}",
-            f"data.train_file={data['train']}", f"data.val_file={data['heldout']}",
-            f"trainer.out_dir={work / 'rl'}", f"rollout.vllm.gpu_memory_utilization="
-            f"{plan.gpu_share}", *overrides(settings), *plan.rl_overrides))
-    runner.wait(*procs)  # (no evaluation beside it: a vLLM engine starting beside the
-    # trainer's, which frees memory as it sleeps every step, fails its memory profiling)
-    evaluate("warm_start", work / "model_warm")
-    if not done(work / "model_rl"):
-        runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
+    # 4. GRPO from the warm start, side by side with the warm start's evaluation (its engine
+    # starts first: the trainer's engine frees and takes back memory every step, which fails
+    # the memory profiling of an engine starting beside it); a failed GRPO run still leaves
+    # the warm start's row and the report
+    warm = []
+    if not done(res / "warm_start"):
+        warm.append(runner.start("eval_warm_start", *eval_args(
+            plan, settings, work / "model_warm", data["heldout"], res / "warm_start"),
+            engine=plan.engine == "vllm"))
+    failed = None
+    try:
+        if not done(work / "model_rl"):
+            runner.wait(runner.start(
+                "rl_train", "train", str(RL_CONFIG), f"model.path={work / 'model_warm'}",
+                f"data.train_file={data['train']}", f"data.val_file={data['heldout']}",
+                f"trainer.out_dir={work / 'rl'}", f"rollout.vllm.gpu_memory_utilization="
+                f"{plan.gpu_share}", *overrides(settings), *plan.rl_overrides,
+                engine=plan.engine == "vllm"))
+            runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
+    except SystemExit as exc:
+        failed = exc
+    runner.wait(*warm)
 
     # 5. the trained model
-    evaluate("rl", work / "model_rl")
+    if failed is None:
+        evaluate("rl", work / "model_rl")
+    report(plan, work, res)
+    if failed is not None:
+        raise failed
     report(plan, work, res)
 
 

@@ -44,7 +44,7 @@ def test_evaluations_use_the_training_settings_and_the_table_reads_results():
 
 
 @pytest.mark.slow
-def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data):
+def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data, monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "TORCH_COMPILE_DISABLE": "1"}
@@ -74,3 +74,19 @@ def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data)
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "exit 0" not in again.stdout
     assert (out / "tables.md").read_text() == table
+
+    # a GRPO run that fails (here: a key the config does not have) still leaves the warm
+    # start's row, evaluated beside it, and the report; then the pipeline fails naming it
+    for path in (work / "model_rl", work / "rl", out / "rl", out / "warm_start"):
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    for key in ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_COMPILE_DISABLE"):
+        monkeypatch.setenv(key, env[key])
+    bench = load_script()
+    plan = bench.PLANS["tiny"]
+    failing = type(plan)(**{**plan.__dict__, "rl_overrides": (*plan.rl_overrides,
+                                                              "rl.no_such_key=1")})
+    with pytest.raises(SystemExit, match="rl_train"):
+        bench.pipeline(failing, work, out, shared_data / "locomo" / "locomo10.json")
+    assert (out / "warm_start" / "results.json").is_file() and not (out / "rl").exists()
+    table = (out / "tables.md").read_text()
+    assert "| warm start (SFT on the oracle) |" in table and "| RL (GRPO) |" not in table

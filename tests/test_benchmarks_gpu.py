@@ -191,7 +191,33 @@ def test_real_model_pipeline_splits_lengths_into_processes_and_merges_them(tmp_p
     assert [name for name, _ in todo] == ["biographies_rl.n768"]
     (_, command), = todo
     assert command[command.index("--num-docs") + 1:command.index("--out")] == ["768"]
-    markdown, table = rm.suite_table(res, suite, "memagent-boxed")
+    markdown, table = rm.suite_table(plan, res, suite, "memagent-boxed")
     assert table["scores"]["rl"] == {"24": 60.0, "48": 55.0, "96": 50.0, "192": 45.0,
                                      "384": 40.0, "768": None, "1536": 20.0}
     assert "| RL (GRPO) MemAgent | 60.0 | 55.0 | 50.0 | 45.0 | 40.0 | - | 20.0 |" in markdown
+
+
+def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_format(tmp_path):
+    """`--plan published` overrides the recipe's prompts for the warm start and RL alike; every
+    row of both suites is then evaluated under `--protocol memagent` only (directories
+    `<row>_published`), while the full plan keeps the boxed protocol (and the published one for
+    the base and RL rows of RULER-HQA)."""
+    rm = load_script("real_model_gpu")
+    full, published = rm.PLANS["full"], rm.PLANS["published"]
+    assert rm.trained_protocol(full) == "memagent-boxed"
+    assert rm.trained_protocol(published) == "memagent"
+    data = {"biographies": tmp_path / "bio", "ruler_hqa": tmp_path / "hqa"}
+
+    def protocols(plan, row):
+        commands = rm.evaluations(plan, tmp_path / "m", data, tmp_path / "out", row)
+        return {(name.split("_")[0], c[c.index("--protocol") + 1]) for name, c in commands}
+
+    assert protocols(published, "warm_start") == {("biographies", "memagent"),
+                                                  ("ruler", "memagent")}
+    assert protocols(full, "warm_start") == {("biographies", "memagent-boxed"),
+                                             ("ruler", "memagent-boxed")}
+    assert protocols(full, "rl") == {("biographies", "memagent-boxed"),
+                                     ("ruler", "memagent-boxed"), ("ruler", "memagent")}
+    mixed = rm.Plan(rl_overrides=("memagent.prompts=memagent-answer-is",))
+    with pytest.raises(SystemExit, match="different prompts"):
+        rm.trained_protocol(mixed)
