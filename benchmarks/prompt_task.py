@@ -89,8 +89,8 @@ class PromptConfig(BaseModel):
     max_new_tokens: int = Field(256, ge=1)
     """Tokens sampled per answer."""
     ignore_eos: bool = True
-    """Sample past EOS: every answer has exactly max_new_tokens tokens (as TRL's
-    `min_tokens` / `min_new_tokens` make its answers)."""
+    """Sample past EOS: every answer has exactly max_new_tokens tokens (as TRL's answers
+    with vLLM's `ignore_eos`, or transformers' `min_new_tokens`)."""
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int | None = Field(None, ge=0)

@@ -38,8 +38,9 @@ step timing and batch shapes come from `train_step_gpu.py` (`record_update_shape
 What is the same on both sides:
 - model weights and tokenizer; prompt token ids (the prompt is the chat-template text,
   tokenized as TRL tokenizes a plain-text prompt, `tokenizer(text)["input_ids"]`);
-- answers of exactly `--answer-tokens` tokens (memrl `ignore_eos`; TRL `min_tokens` on vLLM,
-  `min_new_tokens` on transformers), temperature 1.0, top-p 1.0, no top-k;
+- answers of exactly `--answer-tokens` tokens (vLLM's `ignore_eos` on both; without vLLM
+  memrl's HF engine `ignore_eos`, transformers `min_new_tokens`), temperature 1.0, top-p 1.0,
+  no top-k;
 - reward: `prompt_task.parity_reward` of the answer's token ids (deterministic, cheap,
   length-independent; gives random-weight models non-zero advantages);
 - GRPO: group-normalised advantages (mean and std of the group), no KL term and no
@@ -109,6 +110,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
     SHAPES,
     build_model_dir,
+    command_line,
     environment,
     print_environment,
     run_record,
@@ -124,7 +126,7 @@ PLANS: dict[str, dict[str, Any]] = {
     "full": {"models": ["smollm2-135m-instruct", "qwen2.5-0.5b"], "engine": "vllm",
              "prompt_tokens": 4096, "answer_tokens": 256, "group_size": 8,
              "prompts_per_step": 8, "micro_batch": 8, "steps": 4, "warmup": 1,
-             "timeout_s": 1800},
+             "timeout_s": 290},
     "tiny": {"models": ["tiny"], "engine": "hf", "prompt_tokens": 128, "answer_tokens": 16,
              "group_size": 8, "prompts_per_step": 2, "micro_batch": 8, "steps": 2,
              "warmup": 1, "timeout_s": 600},
@@ -155,12 +157,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    p.add_argument("--model-dir", action="append", default=[], metavar="NAME=DIR",
+                   help="use the model directory DIR for model NAME instead of writing one "
+                        "(e.g. smollm2-135m-instruct converted elsewhere); repeatable")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="only merge these summaries (one per model run) into --out")
     # A child process runs one framework on a spec the parent wrote.
     p.add_argument("--side", choices=FRAMEWORKS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--spec", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.side:
         return args
+    if args.merge is not None:
+        if args.out is None:
+            p.error("--merge needs --out")
+        return args
+    try:
+        args.model_dir = dict(item.split("=", 1) for item in args.model_dir)
+    except ValueError:
+        p.error("--model-dir: NAME=DIR")
+    if any(name not in MODELS for name in args.model_dir):
+        p.error(f"--model-dir: NAME is one of {', '.join(MODELS)}")
     for key, value in PLANS[args.plan].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -284,6 +301,7 @@ class PeakMemory:
             self.peak_gib = used if self.peak_gib is None else max(self.peak_gib, used)
 
     def close(self) -> float | None:
+        """Stop sampling; the peak in GiB."""
         self.stop.set()
         if self.cuda:
             self.thread.join()
@@ -430,7 +448,7 @@ def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         gradient_accumulation_steps=batch // spec["micro_batch"],
         num_generations=spec["group_size"], max_completion_length=n,
         temperature=spec["temperature"], top_p=spec["top_p"],
-        generation_kwargs={"min_tokens": n} if use_vllm else {"min_new_tokens": n},
+        generation_kwargs={"ignore_eos": True} if use_vllm else {"min_new_tokens": n},
         learning_rate=spec["lr"], weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
         max_grad_norm=1.0, lr_scheduler_type="constant", warmup_steps=0,
         beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group",
@@ -517,7 +535,10 @@ def run_side(args: argparse.Namespace, spec_file: Path, side: str, timeout_s: in
 def child(args: argparse.Namespace) -> None:
     spec = json.loads(args.spec.read_text())
     out_dir = args.spec.parent / f"{args.side}_run"
+    env = environment()
+    print_environment(env)
     result = (run_trl if args.side == "trl" else run_memrl)(spec, out_dir)
+    result["environment"] = env
     (args.spec.parent / f"{args.side}.json").write_text(json.dumps(result, default=str))
 
 
@@ -526,32 +547,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.side:
         child(args)
         return {}
+    if args.merge is not None:
+        return merge(args.merge, args.out)
     with run_record(str(args.out) if args.out else None, "trl_side_by_side", args,
                     engine=args.engine, device=args.device):
         return run(args, argv)
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """The driver. It never creates a CUDA context (models are built on the CPU, versions and
+    the GPU are read in the children), so the children have the whole GPU and the device
+    memory they see in use is their own."""
     import torch
 
-    env = environment()
     from memrl.runrecord import package_version
 
-    env["trl"] = package_version("trl")
-    print_environment(env)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"command: {command_line()}\nversions: trl {package_version('trl')}, memrl via "
+          f"{sys.executable}; device {device}", flush=True)
     batch = args.prompts_per_step * args.group_size
     results = []
     for name in args.models:
         work = args.work / name
         work.mkdir(parents=True, exist_ok=True)
-        info = build_model(name, work / "model", args.seed, device)
+        model_dir = Path(args.model_dir.get(name, work / "model"))
+        if name in args.model_dir:
+            from memrl.models.tiny import count_parameters
+
+            info = {"name": name, "params": count_parameters(model_dir), "dir": str(model_dir)}
+        else:
+            info = build_model(name, model_dir, args.seed, "cpu")
         prompts = work / "prompts.jsonl"
-        lengths = write_prompts(work / "model", prompts, args.prompts_per_step * args.steps,
+        lengths = write_prompts(model_dir, prompts, args.prompts_per_step * args.steps,
                                 args.prompt_tokens, args.seed)
         spec_file = work / "spec.json"
-        spec_file.write_text(json.dumps(side_spec(args, name, work / "model", prompts,
-                                                  device)))
+        spec_file.write_text(json.dumps(side_spec(args, name, model_dir, prompts, device)))
         entry: dict[str, Any] = {"model": name, "model_info": info, "prompts": lengths}
         for side in args.frameworks:
             entry[side] = run_side(args, spec_file, side, args.timeout_s)
@@ -559,6 +589,10 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         memrl_s = entry.get("memrl", {}).get("step_s")
         entry["step_time_ratio_vs_trl"] = memrl_s / trl_s if trl_s and memrl_s else None
         results.append(entry)
+    envs = [r[side]["environment"] for r in results for side in FRAMEWORKS
+            if "environment" in r.get(side, {})]
+    env = {**(envs[0] if envs else {}), "command": command_line(),
+           "trl": package_version("trl"), "memrl": package_version("memrl")}
     summary = {
         "benchmark": "memrl beside TRL GRPOTrainer: single-conversation GRPO",
         "environment": env, "plan": args.plan,
@@ -577,6 +611,22 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     }
     print_table(results)
     write_summary(summary, str(args.out) if args.out else None)
+    return summary
+
+
+def merge(paths: list[Path], out: Path) -> dict[str, Any]:
+    """Summaries of separate runs (one model each: a device command may not run both) as one:
+    the first one's fields, every run's models, each run's environment and argv kept."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    models = [m for r in runs for m in r["models"]]
+    summary = {**runs[0], "merged_from": [{"file": str(p), "argv": r["argv"],
+                                           "environment": r["environment"]}
+                                          for p, r in zip(paths, runs, strict=True)],
+               "models": models,
+               "step_time_ratio_vs_trl": {m["model"]: m["step_time_ratio_vs_trl"]
+                                          for m in models}}
+    print_table(models)
+    write_summary(summary, str(out))
     return summary
 
 
