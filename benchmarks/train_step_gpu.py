@@ -265,6 +265,12 @@ def make_run(config, reward_seed: int):
             return [dataclasses.replace(t, reward=float(rng.random() < 0.5)) for t in trajs]
 
     run = grpo.setup(config, task=RandomReward(config.memagent))
+    return run, record_update_shapes(run), time_engine_hooks(run.engine)
+
+
+def record_update_shapes(run: Any) -> list[dict[str, Any]]:
+    """Wrap the actor's public `update` to record the shapes of each step's batch; returns
+    the list a row is appended to at every update (`run_steps` reads its last)."""
     shapes: list[dict[str, Any]] = []
     update = run.actor.update
 
@@ -282,7 +288,7 @@ def make_run(config, reward_seed: int):
         return update(batch) if dist is None else update(batch, dist)
 
     run.actor.update = recording_update
-    return run, shapes, time_engine_hooks(run.engine)
+    return shapes
 
 
 def time_engine_hooks(engine: Any) -> dict[str, float]:

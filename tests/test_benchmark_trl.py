@@ -1,0 +1,112 @@
+"""The TRL side-by-side benchmark (benchmarks/trl_side_by_side.py): its prompt plug-in task
+(benchmarks/prompt_task.py) and, when `trl` is installed, its tiny plan on a CPU (TRL without
+vLLM beside memrl's HF engine), so the script's code paths run before the GPU run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memrl.errors import MemrlInputError
+from memrl.runrecord import read_record
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+prompt_task = load("prompt_task")
+
+
+def test_parity_reward_hand_computed():
+    # CRC-32 of 01 00 00 00 is 2583214201 (odd); of 01 00 00 00 02 00 00 00, 58791804 (even).
+    assert prompt_task.parity_reward([1]) == 1.0
+    assert prompt_task.parity_reward([1, 2]) == 0.0
+    assert prompt_task.parity_reward([]) == 0.0  # CRC-32 of nothing is 0
+    assert zlib.crc32((1).to_bytes(4, "little")) == 2583214201
+
+
+def test_prompts_round_trip_and_errors(tmp_path):
+    records = [prompt_task.PromptRecord("a", "x y", ("z",)), prompt_task.PromptRecord("b", "w")]
+    path = tmp_path / "p.jsonl"
+    prompt_task.save_prompts(records, path)
+    assert prompt_task.load_prompts(path) == records
+    for line, message in [('{"id": "a", "prompt": "x"}\n' * 2, "duplicate id"),
+                          ('{"id": 1, "prompt": "x"}\n', "need"),
+                          ('{"id": "a", "prompt": "x", "answers": [1]}\n', "answers"),
+                          ("{not json\n", "not JSON")]:
+        path.write_text(line)
+        with pytest.raises(MemrlInputError, match=message):
+            prompt_task.load_prompts(path)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(
+    st.text(max_size=40),
+    st.dictionaries(st.sampled_from(["id", "prompt", "answers", "x"]),
+                    st.one_of(st.text(max_size=5), st.integers(), st.lists(st.text(max_size=3)),
+                              st.none()), max_size=4).map(json.dumps)), max_size=5))
+def test_load_prompts_reads_or_names_the_line(tmp_path_factory, lines):
+    path = tmp_path_factory.mktemp("p") / "p.jsonl"
+    path.write_text("\n".join(line.replace("\n", " ").replace("\r", " ") for line in lines))
+    try:
+        records = prompt_task.load_prompts(path)
+    except MemrlInputError as exc:
+        assert str(path) in str(exc)
+    else:
+        assert len({r.id for r in records}) == len(records)
+        assert all(isinstance(r.prompt, str) for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                    reason="trl is not installed (pip install -e '.[bench]')")
+def test_tiny_plan_runs_both_frameworks(tmp_path):
+    bench = load("trl_side_by_side")
+    out = tmp_path / "trl.json"
+    summary = bench.main(["--plan", "tiny", "--work", str(tmp_path / "work"), "--out",
+                          str(out), "--device", "cpu"])
+    (entry,) = summary["models"]
+    trl, memrl = entry["trl"], entry["memrl"]
+    assert "error" not in trl, trl.get("log_tail")
+    assert "error" not in memrl, memrl.get("log_tail")
+    batch = summary["settings"]["answers_per_step"]
+    for side in (trl, memrl):
+        assert side["measured_steps"] == [2]  # 2 steps, the first one warm-up
+        for row in side["steps"]:
+            # the same work: every answer exactly 16 tokens, the same prompts in each step
+            assert row["samples"] == batch and row["response_tokens"] == 16 * batch
+            assert row["rollout_s"] + row["update_s"] == pytest.approx(row["step_s"])
+            assert 0 < row["rollout_s"] < row["step_s"]
+    assert [r["prompt_tokens"] for r in trl["steps"]] == \
+        [r["prompt_tokens"] for r in memrl["steps"]]
+    assert entry["step_time_ratio_vs_trl"] == pytest.approx(memrl["step_s"] / trl["step_s"])
+    assert summary["step_time_ratio_vs_trl"] == {"tiny": entry["step_time_ratio_vs_trl"]}
+    assert json.loads(out.read_text())["models"][0]["model"] == "tiny"
+    record = read_record(tmp_path / "trl.run.json")
+    assert (record["kind"], record["status"]) == ("benchmark trl_side_by_side", "ok")
+
+    # memrl alone on the model directory of the first run, then both runs merged into one
+    model = tmp_path / "work" / "tiny" / "model"
+    alone = bench.main(["--plan", "tiny", "--work", str(tmp_path / "w2"), "--out",
+                        str(tmp_path / "memrl.json"), "--frameworks", "memrl",
+                        "--model-dir", f"tiny={model}", "--device", "cpu"])
+    assert alone["models"][0]["model_info"]["dir"] == str(model)
+    assert "trl" not in alone["models"][0] and alone["step_time_ratio_vs_trl"] == {"tiny": None}
+    merged = bench.main(["--merge", str(out), str(tmp_path / "memrl.json"), "--out",
+                         str(tmp_path / "merged.json")])
+    assert [m["model"] for m in merged["models"]] == ["tiny", "tiny"]
+    assert len(merged["merged_from"]) == 2
