@@ -266,14 +266,13 @@ def reward_curve(metrics: Path, out: Path, title: str) -> list[dict[str, float]]
 
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     train = [(r["step"], r["train/reward_mean"]) for r in rows if "train/reward_mean" in r]
-    val_key = next((k for r in rows for k in r if k.startswith("val/") and "reward" in k),
-                   None)
-    val = [(r["step"], r[val_key]) for r in rows if val_key and val_key in r]
+    val_key = "val/score"  # the task's validation score is its reward, greedy
+    val = [(r["step"], r[val_key]) for r in rows if val_key in r]
     fig, ax = plt.subplots(figsize=(6.5, 4))
     if train:
         ax.plot(*zip(*train, strict=True), marker=".", label="training reward (mean)")
     if val:
-        ax.plot(*zip(*val, strict=True), marker="o", label=f"held-out {val_key}")
+        ax.plot(*zip(*val, strict=True), marker="o", label="held-out reward (greedy)")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("memory-delta reward")
     ax.set_title(title, fontsize=10)
