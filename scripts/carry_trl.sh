@@ -16,19 +16,17 @@
 #
 # Why these: trl 1.15.0 is the newest TRL that declares vLLM 0.21 (its `vllm` extra:
 # 0.21.0 <= vllm <= 0.31.0; trl 1.16.0 wants >= 0.22.0) and it accepts transformers >= 4.56.2.
-# Its requirements the device lacks: accelerate, datasets (and datasets' multiprocess,
-# xxhash, pyarrow, pandas, python-dateutil, tzdata, dill < 0.4.2). Everything else it needs
-# (numpy, packaging, psutil, pyyaml, jinja2, huggingface_hub, fsspec, tqdm, filelock) comes
-# with torch, transformers or vLLM.
+# Its requirements the device lacks: datasets and datasets' multiprocess and xxhash. The
+# device's image has accelerate, pyarrow, pandas and python-dateutil (the library's
+# device/KINDS.md, "Python packages already there"), vLLM's carried site has dill 0.4.1, and
+# the rest (numpy, packaging, psutil, pyyaml, jinja2, huggingface_hub, fsspec, tqdm,
+# filelock) comes with torch, transformers or vLLM. One part of about 2.5 MB.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/.carry/trl"
 python="${PYTHON:-$root/.venv/bin/python}"
 [ -x "$python" ] || python=python3
-wheels=(
-  trl==1.15.0 accelerate==1.15.0 datasets==5.2.0 multiprocess==0.70.19 xxhash==4.1.0
-  dill==0.4.1 pyarrow==26.0.1 pandas==3.1.1 python-dateutil==4.0.0 tzdata==2026.6
-)
+wheels=(trl==1.15.0 datasets==5.2.0 multiprocess==0.70.19 xxhash==4.1.0)
 rm -rf "$out"
 mkdir -p "$out/wheels"
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \

@@ -136,3 +136,26 @@ def test_default_embedder_is_cached():
 def test_minilm_rejects_bad_batch_size():
     with pytest.raises(ValueError):
         MiniLMEmbedder(batch_size=0)
+    with pytest.raises(ValueError, match="cache_size"):
+        MiniLMEmbedder(cache_size=-1)
+
+
+def test_minilm_cache_serves_repeated_texts_with_the_models_vectors(minilm):
+    """A repeated text is not encoded again and gets the vector the model gave it; the cache
+    keeps the most recently used texts only; cache_size=0 encodes every call."""
+    texts = ["Alice moved to Oslo.", "Bob plays the violin.", "Alice moved to Oslo."]
+    small = MiniLMEmbedder(device="cpu", cache_size=2)
+    first = small.embed(texts)
+    assert small.cache_info() == {"hits": 1, "misses": 2, "size": 2}  # the repeat, in-call
+    np.testing.assert_array_equal(first[0], first[2])
+    again = small.embed(["Bob plays the violin."])
+    assert small.cache_info()["hits"] == 2
+    np.testing.assert_array_equal(again[0], first[1])
+    np.testing.assert_allclose(first, minilm.embed(texts), atol=1e-5)  # the model's vectors
+    small.embed(["It rained all week."])  # evicts the least recently used: Alice
+    assert small.cache_info()["size"] == 2
+    small.embed(["Alice moved to Oslo."])
+    assert small.cache_info()["misses"] == 4
+    uncached = MiniLMEmbedder(device="cpu", cache_size=0)
+    np.testing.assert_allclose(uncached.embed(texts), first, atol=1e-5)
+    assert uncached.cache_info() == {"hits": 0, "misses": 0, "size": 0}

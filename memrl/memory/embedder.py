@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
@@ -51,16 +52,28 @@ class MiniLMEmbedder:
     store costs nothing until text arrives. Inputs longer than 256 word pieces are truncated by
     the model (a memory entry should be a short fact anyway). Thread-safe: loading is guarded,
     and encoding holds a lock because one torch module is shared.
+
+    Vectors are cached by text (the `cache_size` most recently used; 0: no cache): a memory
+    store embeds one text per call, and the episodes of one conversation insert and search the
+    same facts again and again (the SmolLM2 MemoryUpdate warm start's oracle: 78% of its
+    texts are repeats, docs/benchmarks.md). The texts a call misses are encoded in one
+    batch, as every text was without the cache; `cache_info` counts hits and misses.
     """
 
     name = MINILM_NAME
     dim = MINILM_DIM
 
-    def __init__(self, device: str | None = None, batch_size: int = 64) -> None:
+    def __init__(self, device: str | None = None, batch_size: int = 64,
+                 cache_size: int = 65536) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         self.device = device
         self.batch_size = batch_size
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._hits = self._misses = 0
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -87,15 +100,36 @@ class MiniLMEmbedder:
         texts = _as_text_list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if not self.cache_size:
+            with self._lock:
+                return self._encode(texts)
         with self._lock:
-            model = self._load()
-            out = model.encode(
-                texts,
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+            if missing:
+                self._cache.update(zip(missing, self._encode(missing), strict=True))
+            self._misses += len(missing)
+            self._hits += len(texts) - len(missing)
+            for t in texts:
+                self._cache.move_to_end(t)
+            out = np.stack([self._cache[t] for t in texts])
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return out
+
+    def cache_info(self) -> dict[str, int]:
+        """Texts served from the cache (hits), encoded (misses), and the cache's size."""
+        with self._lock:
+            return {"hits": self._hits, "misses": self._misses, "size": len(self._cache)}
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        """The model's vectors (caller holds the lock)."""
+        out = self._load().encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         # Re-normalise in float32: the model's own normalisation leaves ~1e-7 drift.
         return l2_normalize(out)
 
