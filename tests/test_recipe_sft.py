@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,18 @@ def test_turn_kinds_keeps_only_the_chosen_turns(tiny_model_dir, sft_data, tmp_pa
     run = sft.setup(cfg)
     assert {turn.kind for t in run.stream.records for turn in t.turns} == {"final"}
     assert all(len(t.turns) == 1 for t in [*run.stream.records, *run.val])
+
+
+def test_sft_uses_the_mixed_precision_of_model_dtype_auto():
+    """`model.dtype: auto` trains float32 weights under bfloat16 autocast on CUDA, in SFT as
+    in the RL actor; on a CPU, and for a named dtype, no autocast."""
+    from memrl.recipes.config import ModelConfig
+    from memrl.recipes.models import autocast
+
+    auto, fp32 = ModelConfig(path="m"), ModelConfig(path="m", dtype="float32")
+    with warnings.catch_warnings():  # "CUDA is not available" on a CPU-only machine
+        warnings.simplefilter("ignore")
+        ctx = autocast(auto, torch.device("cuda"))
+    assert isinstance(ctx, torch.autocast) and ctx.fast_dtype == torch.bfloat16
+    for cfg, device in ((auto, torch.device("cpu")), (fp32, torch.device("cuda"))):
+        assert not isinstance(autocast(cfg, device), torch.autocast)

@@ -7,6 +7,7 @@ copy of the policy of its own (a sharded module cannot generate: see memrl.rl.sh
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -31,6 +32,15 @@ def master_dtype(mcfg: ModelConfig) -> torch.dtype:
 def autocast_dtype(mcfg: ModelConfig) -> torch.dtype | None:
     """bfloat16 autocast for `auto` (used on CUDA only), none otherwise."""
     return torch.bfloat16 if mcfg.dtype == "auto" else None
+
+
+def autocast(mcfg: ModelConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """The mixed precision of `model.dtype: auto` for a forward on `device`: bfloat16
+    autocast over the float32 master weights on CUDA (as the RL actor runs), else nothing."""
+    dtype = autocast_dtype(mcfg)
+    if dtype is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=dtype)
 
 
 def attention(mcfg: ModelConfig) -> dict[str, str]:

@@ -91,9 +91,11 @@ def train_step(run: SFTRun) -> dict[str, float]:
     run.optimizer.zero_grad(set_to_none=True)
     loss = 0.0
     k, n = run.config.sft.micro_batch_size, len(batch.conversations)
+    device = next(run.model.parameters()).device
     for start in range(0, n, k):
         tensors = batch.collate(range(start, min(start + k, n)), models.pad_token_id(run.tokenizer))
-        logprobs, _ = response_logprobs(run.model, tensors)
+        with models.autocast(run.config.model, device):
+            logprobs, _ = response_logprobs(run.model, tensors)
         part = sft_loss(logprobs, tensors["loss_mask"].to(logprobs.device), max(tokens, 1))
         part.backward()
         loss += float(part.detach())
@@ -115,10 +117,12 @@ def validate(run: SFTRun) -> float:
     batch = RolloutBatch.from_trajectories(run.val, overlong="keep")
     total, tokens, k = 0.0, 0, run.config.sft.micro_batch_size
     run.model.eval()
+    device = next(run.model.parameters()).device
     for start in range(0, len(batch.conversations), k):
         tensors = batch.collate(range(start, min(start + k, len(batch.conversations))),
                                 models.pad_token_id(run.tokenizer))
-        logprobs, _ = response_logprobs(run.model, tensors)
+        with models.autocast(run.config.model, device):
+            logprobs, _ = response_logprobs(run.model, tensors)
         mask = tensors["loss_mask"].to(logprobs.device)
         total += float(sft_loss(logprobs, mask, 1.0))
         tokens += int(mask.sum())
