@@ -25,7 +25,10 @@ it stopped. Evaluations run side by side, one engine each (a suite's longest len
 processes of their own: `Suite.groups`), since one 135M-parameter engine leaves the GPU
 mostly idle; engines start one after the other (`Runner.start(engine=True)`). `--plan
 ppo-vs-grpo` trains both from a shorter warm start and evaluates them at the training length
-only; `--plan tiny` runs the same pipeline on memrl's tiny model on a CPU (minutes).
+only; `--plan published` is the full plan trained in the published evaluation's answer format
+from a corrective warm start, every row evaluated under `--protocol memagent` (the protocol
+follows the trained prompts: `trained_protocol`); `--plan tiny` runs the same pipeline on
+memrl's tiny model on a CPU (minutes).
 
     python benchmarks/real_model_gpu.py --work /tmp/rm --out results/real_model   # GPU
     python benchmarks/real_model_gpu.py --plan tiny --work /tmp/rm_tiny --out /tmp/rm_tiny/out
@@ -80,7 +83,8 @@ class Suite:
     """`memrl eval ruler-hqa --protocol` values; none: the protocol of the recipe's training
     format (`trained_protocol`)."""
     published_rows: tuple[str, ...] = ("base_memagent", "rl")
-    """Rows evaluated under the published protocol when the recipe trains another format."""
+    """Rows also evaluated under a protocol of `protocols` other than the training format's
+    (e.g. the published one beside the boxed one the recipe trains)."""
     groups: tuple[tuple[int, ...], ...] = ()
     """Multiples evaluated by separate processes side by side (the GPU is far from full with
     one 135M-parameter engine, and the longest length alone sets the wall time); the
@@ -91,9 +95,9 @@ class Suite:
 
     def evaluated(self, plan: Plan, row: str, protocol: str) -> bool:
         """Whether `row` is evaluated under `protocol` (the training format's protocol: every
-        row; the published one besides it: `published_rows`)."""
-        return (row in self.rows and (protocol == trained_protocol(plan)
-                                      or protocol != "memagent" or row in self.published_rows))
+        row; another one besides it: `published_rows`)."""
+        return row in self.rows and (protocol == trained_protocol(plan)
+                                     or row in self.published_rows)
 
     @property
     def eval_docs(self) -> list[int]:
@@ -192,7 +196,8 @@ PPO_VS_GRPO = Plan(
 hold of ~20 minutes."""
 
 _PUBLISHED_FORMAT = "memagent.prompts=memagent-answer-is"
-PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90),
+PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
+                           rows=("base_long_context", "base_memagent", "warm_start", "rl")),
                  sft_overrides=(_PUBLISHED_FORMAT, "memagent.oracle_corrections=0.25"),
                  rl_overrides=(_PUBLISHED_FORMAT,))
 """The full plan trained in the published evaluation's answer format ("Therefore, the answer
@@ -316,7 +321,7 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
         if suite is None or row not in suite.rows:
             continue
         for protocol in suite.protocols_of(plan) if row != "base_long_context" else ("boxed",):
-            if not suite.evaluated(plan, row, protocol):
+            if row != "base_long_context" and not suite.evaluated(plan, row, protocol):
                 continue
             finished = row_results(res, suite, row, protocol)
             groups = suite.doc_groups() if row != "base_long_context" else [suite.eval_docs]
@@ -472,7 +477,8 @@ def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
     """The Markdown table of one suite and protocol, and its scores."""
     per_row: dict[str, dict[int, Any]] = {}
     for row in suite.rows:
-        if row != "base_long_context" and not suite.evaluated(plan, row, protocol):
+        # (the long-context reader has its own scoring: in the training format's table only)
+        if not suite.evaluated(plan, row, protocol):
             continue
         results = row_results(res, suite, row,
                               "boxed" if row == "base_long_context" else protocol)

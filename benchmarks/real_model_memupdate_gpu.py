@@ -196,7 +196,7 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
         warm.append(runner.start("eval_warm_start", *eval_args(
             plan, settings, work / "model_warm", data["heldout"], res / "warm_start"),
             engine=plan.engine == "vllm"))
-    failed = None
+    failed: list[str] = []
     try:
         if not done(work / "model_rl"):
             runner.wait(runner.start(
@@ -207,16 +207,19 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
                 engine=plan.engine == "vllm"))
             runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
     except SystemExit as exc:
-        failed = exc
-    runner.wait(*warm)
+        failed.append(str(exc))
+    finally:
+        try:
+            runner.wait(*warm)
+        except SystemExit as exc:
+            failed.append(str(exc))
 
     # 5. the trained model
-    if failed is None:
+    if not failed:
         evaluate("rl", work / "model_rl")
     report(plan, work, res)
-    if failed is not None:
-        raise failed
-    report(plan, work, res)
+    if failed:
+        raise SystemExit("; ".join(failed))
 
 
 def pct(value: float | None) -> str:

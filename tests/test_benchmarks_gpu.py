@@ -218,6 +218,28 @@ def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_form
                                              ("ruler", "memagent-boxed")}
     assert protocols(full, "rl") == {("biographies", "memagent-boxed"),
                                      ("ruler", "memagent-boxed"), ("ruler", "memagent")}
+    assert protocols(published, "ppo") == {("biographies", "memagent")}  # as the full plan
+    for plan in (full, published):  # the long-context reader runs in both
+        names = [n for n, _ in rm.evaluations(plan, tmp_path / "m", data, tmp_path / "out",
+                                              "base_long_context")]
+        assert names == ["biographies_base_long_context", "ruler_hqa_base_long_context"]
+
+    # the tables: each row under the protocols it was evaluated in, the reader in the
+    # training format's table only
+    def write(path, score):
+        path.mkdir(parents=True)
+        (path / "results.json").write_text(json.dumps({"results": {"20": {"score": score}}}))
+
+    res = tmp_path / "res"
+    for row in ("base_long_context", "base_memagent", "warm_start", "rl"):
+        write(res / "ruler_hqa" / row, 10.0)
+    for row in ("base_memagent", "rl"):
+        write(res / "ruler_hqa" / f"{row}_published", 20.0)
+    hqa = full.hqa
+    boxed = rm.suite_table(full, res, hqa, "memagent-boxed")[1]["scores"]
+    assert set(boxed) == {"base_long_context", "base_memagent", "warm_start", "rl"}
+    assert set(rm.suite_table(full, res, hqa, "memagent")[1]["scores"]) == {"base_memagent",
+                                                                           "rl"}
     mixed = rm.Plan(rl_overrides=("memagent.prompts=memagent-answer-is",))
     with pytest.raises(SystemExit, match="different prompts"):
         rm.trained_protocol(mixed)

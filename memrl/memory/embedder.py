@@ -106,7 +106,9 @@ class MiniLMEmbedder:
         with self._lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:
-                self._cache.update(zip(missing, self._encode(missing), strict=True))
+                # copies: a row view would keep its whole batch alive in the cache
+                self._cache.update(zip(missing, [v.copy() for v in self._encode(missing)],
+                                       strict=True))
             self._misses += len(missing)
             self._hits += len(texts) - len(missing)
             for t in texts:
