@@ -17,7 +17,7 @@ from memrl.errors import MemrlInputError, require
 from memrl.inference import factory
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
-from memrl.rl.actor import Actor, Reference, build_optimizer, warmup_schedule
+from memrl.rl.actor import Actor, Reference, build_optimizer, mixed_precision, warmup_schedule
 from memrl.rl.config import OptimConfig
 from memrl.rl.critic import Critic, ValueModel
 from memrl.rl.sharding import shard
@@ -37,10 +37,7 @@ def autocast_dtype(mcfg: ModelConfig) -> torch.dtype | None:
 def autocast(mcfg: ModelConfig, device: torch.device) -> contextlib.AbstractContextManager:
     """The mixed precision of `model.dtype: auto` for a forward on `device`: bfloat16
     autocast over the float32 master weights on CUDA (as the RL actor runs), else nothing."""
-    dtype = autocast_dtype(mcfg)
-    if dtype is None or device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.autocast("cuda", dtype=dtype)
+    return mixed_precision(autocast_dtype(mcfg), device)
 
 
 def attention(mcfg: ModelConfig) -> dict[str, str]:

@@ -125,6 +125,16 @@ def response_logprobs(
     return padded(flat), (padded(ent) if with_entropy else None)
 
 
+def mixed_precision(dtype: torch.dtype | None, device: torch.device
+                    ) -> contextlib.AbstractContextManager:
+    """Autocast to `dtype` (bf16 over fp32 master weights) for a forward on a CUDA `device`;
+    nothing for dtype None or another device. The one mixed-precision rule of the actor, the
+    critic and `memrl sft`."""
+    if dtype is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=dtype)
+
+
 def _plain_linear(head: Any) -> bool:
     """A bias-free nn.Linear (not a LoRA-wrapped one): its weight is the whole projection."""
     return type(head) is torch.nn.Linear and head.bias is None
@@ -176,9 +186,7 @@ class _PolicyModel:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast over fp32 master weights (CUDA), else nothing."""
-        if self.autocast_dtype is None or self.device.type != "cuda":
-            return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=self.autocast_dtype)
+        return mixed_precision(self.autocast_dtype, self.device)
 
     def micro_batches(self, batch: RolloutBatch, indices: Sequence[int]) -> list[list[int]]:
         """Positions within `indices` of each micro-batch (token budget or fixed size)."""

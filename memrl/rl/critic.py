@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from memrl.rl.actor import mixed_precision
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.gae import explained_variance, value_loss
@@ -108,9 +109,7 @@ class Critic:
         return next(self.model.parameters()).device
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None or self.device.type != "cuda":
-            return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=self.autocast_dtype)
+        return mixed_precision(self.autocast_dtype, self.device)
 
     def micro_batches(self, batch: RolloutBatch, indices: Sequence[int]) -> list[list[int]]:
         """Positions within `indices` of each micro-batch (token budget, padded rows, or a
