@@ -37,6 +37,7 @@ memrl's tiny model on a CPU (minutes).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -47,6 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -141,14 +143,20 @@ def trained_protocol(plan: Plan) -> str:
     """The evaluation protocol of the format the recipe trains (configs/smollm2_memagent.yaml's
     `memagent.prompts`, or the plan's override of it): `memagent` (the published one,
     "Therefore, the answer is ...") for prompts whose answer_format is answer_is, else
-    `memagent-boxed` (the \\boxed{} answer)."""
+    `memagent-boxed` (the \\boxed{} answer). Read once per plan's overrides: every row and
+    protocol of every suite asks."""
+    return _trained_protocol(plan.rl_overrides, plan.sft_overrides)
+
+
+@functools.lru_cache(maxsize=None)
+def _trained_protocol(rl_overrides: tuple[str, ...], sft_overrides: tuple[str, ...]) -> str:
     import yaml
 
     from memrl.agents import resolve_prompts
 
     prompts = {}
-    for name, overrides in (("smollm2_memagent.yaml", plan.rl_overrides),
-                            ("smollm2_memagent_sft.yaml", plan.sft_overrides)):
+    for name, overrides in (("smollm2_memagent.yaml", rl_overrides),
+                            ("smollm2_memagent_sft.yaml", sft_overrides)):
         value = yaml.safe_load((ROOT / "configs" / name).read_text())["memagent"]["prompts"]
         for o in overrides:
             if o.startswith("memagent.prompts="):
@@ -268,6 +276,28 @@ class Runner:
 
 def done(path: Path) -> bool:
     return (path / "results.json").is_file() or (path / "config.json").is_file()
+
+
+def init_model(runner: Runner, name: str, model: Path) -> None:
+    """`memrl init-model NAME MODEL`, unless MODEL holds a model already."""
+    if not done(model):
+        runner.run("init_model", "init-model", name, str(model))
+
+
+def copy_metrics(work: Path, res: Path, runs: tuple[str, ...]) -> None:
+    """WORK/<run>/metrics.jsonl of each run that has one, as RES/<run>_metrics.jsonl."""
+    for name in runs:
+        metrics = work / name / "metrics.jsonl"
+        if metrics.is_file():
+            (res / f"{name}_metrics.jsonl").write_bytes(metrics.read_bytes())
+
+
+def view_pages(paths: Iterable[Path]) -> None:
+    """`memrl view` (an HTML page) of each evaluation directory that has results."""
+    for path in paths:
+        if (path / "results.json").is_file():
+            subprocess.run([sys.executable, "-m", "memrl", "view", str(path)], cwd=ROOT,
+                           check=False, stdout=subprocess.DEVNULL)
 
 
 def eval_dir(res: Path, suite: Suite, row: str, protocol: str, first_docs: int | None = None
@@ -409,8 +439,7 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     runner = Runner(work)
     model = work / "model"
     res.mkdir(parents=True, exist_ok=True)
-    if not done(model):
-        runner.run("init_model", "init-model", plan.model, str(model))
+    init_model(runner, plan.model, model)
     data = prepare_data(plan, runner, work / "data", hotpotqa)
     suites = {k: v for k, v in data.items() if k not in ("train_file", "val_file")}
 
@@ -582,10 +611,7 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
                  suite.eval_docs)
     (res / "tables.md").write_text("\n".join(text))
     print("\n".join(text), flush=True)
-    for name in ("sft", "rl", "ppo"):
-        metrics = work / name / "metrics.jsonl"
-        if metrics.is_file():
-            (res / f"{name}_metrics.jsonl").write_bytes(metrics.read_bytes())
+    copy_metrics(work, res, ("sft", "rl", "ppo"))
     runs = {row: res / f"{row}_metrics.jsonl" for row in ("rl", "ppo")
             if (res / f"{row}_metrics.jsonl").is_file()}
     if runs:
@@ -597,13 +623,10 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
                                             "eval_docs": s.eval_docs, "questions": s.questions}
                                    for s in (plan.bio, plan.hqa) if s is not None}}}
     (res / "summary.json").write_text(json.dumps(summary, indent=2))
-    for row in ("base_memagent", "warm_start", "rl", "ppo"):
-        for suite in (s for s in (plan.bio, plan.hqa) if s is not None):
-            for path in (p for protocol in suite.protocols_of(plan)
-                         for p in row_dirs(res, suite, row, protocol)):
-                if (path / "results.json").is_file():
-                    subprocess.run([sys.executable, "-m", "memrl", "view", str(path)],
-                                   cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
+    view_pages(path for row in ("base_memagent", "warm_start", "rl", "ppo")
+               for suite in (s for s in (plan.bio, plan.hqa) if s is not None)
+               for protocol in suite.protocols_of(plan)
+               for path in row_dirs(res, suite, row, protocol))
     archive(res)
     return summary
 

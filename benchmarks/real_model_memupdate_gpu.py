@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +57,7 @@ from gpu_common import (  # noqa: E402
     print_environment,
     shared_data_file,
 )
-from real_model_gpu import Runner, done  # noqa: E402
+from real_model_gpu import Runner, copy_metrics, done, init_model, view_pages  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SFT_CONFIG = ROOT / "configs" / "smollm2_memupdate_sft.yaml"
@@ -165,8 +164,7 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
     runner = Runner(work)
     model = work / "model"
     res.mkdir(parents=True, exist_ok=True)
-    if not done(model):
-        runner.run("init_model", "init-model", plan.model, str(model))
+    init_model(runner, plan.model, model)
     data = prepare_data(plan, runner, work / "data", locomo)
     settings = memupdate_settings(plan)
 
@@ -267,7 +265,9 @@ def reward_curve(metrics: Path, out: Path, title: str) -> list[dict[str, float]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    from memrl.metrics import read_metrics
+
+    rows = read_metrics(metrics)
     train = [(r["step"], r["train/reward_mean"]) for r in rows if "train/reward_mean" in r]
     val_key = "val/score"  # the task's validation score is its reward, greedy
     val = [(r["step"], r[val_key]) for r in rows if val_key in r]
@@ -293,17 +293,11 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     (res / "tables.md").write_text(markdown)
     print(markdown, flush=True)
     curve = []
-    for name in ("sft", "rl"):
-        metrics = work / name / "metrics.jsonl"
-        if metrics.is_file():
-            shutil.copyfile(metrics, res / f"{name}_metrics.jsonl")
+    copy_metrics(work, res, ("sft", "rl"))
     if (work / "rl" / "metrics.jsonl").is_file():
         curve = reward_curve(work / "rl" / "metrics.jsonl", res / "reward_curve.png",
                              f"{plan.model} · MemoryUpdate on LoCoMo · GRPO")
-    for row in ROWS:
-        if (res / row / "results.json").is_file():
-            subprocess.run([sys.executable, "-m", "memrl", "view", str(res / row)], cwd=ROOT,
-                           check=False, stdout=subprocess.DEVNULL)
+    view_pages(res / row for row in ROWS)
     summary = {"model": plan.model, "table": markdown, "results": numbers,
                "reward_curve": curve, "environment": environment(),
                "plan": {"train_every": plan.train_every, "eval_every": plan.eval_every,
@@ -315,7 +309,7 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = pipeline_parser(__doc__, list(PLANS),
-                             "full (GPU, ~15 min on one H100), tiny (CPU, the tiny model)")
+                             "full (GPU, ~28 min on one H100), tiny (CPU, the tiny model)")
     parser.add_argument("--locomo", type=Path, default=shared_data_file("locomo", "locomo10.json"),
                         help="locomo10.json (default: the shared data folder)")
     parser.add_argument("--embedder-path", type=Path, default=None,
