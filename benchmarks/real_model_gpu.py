@@ -221,12 +221,18 @@ class Runner:
 
     ENGINE_READY = "init engine"
     """What vLLM logs once its engine has profiled memory and allocated its KV cache."""
+    PROFILING_ERROR = "Error in memory profiling"
+    """What vLLM raises when the GPU's free memory grew while its engine profiled it."""
 
-    def __init__(self, work: Path, engine_start_timeout: float = 300.0) -> None:
+    def __init__(self, work: Path, engine_start_timeout: float = 300.0,
+                 engine_start_retries: int = 2, program: tuple[str, ...] = ()) -> None:
         self.logs = work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.engine_start_timeout = engine_start_timeout
+        self.engine_start_retries = engine_start_retries
+        self.program = program or (sys.executable, "-m", "memrl")
+        """The command that runs `memrl ARGS` (tests give another)."""
         self._engine_start = threading.Lock()
 
     def start(self, name: str, *args: str, engine: bool = False
@@ -235,27 +241,42 @@ class Runner:
         starts once every engine started before it is up (or its process has ended), and
         returns once its own is: vLLM profiles the GPU's free memory while it starts, and a
         start-up beside another one fails ("Error in memory profiling", or no memory left
-        for the KV cache: both happened on the first device run of this pipeline)."""
+        for the KV cache: both happened on the first device run of this pipeline). An engine
+        whose start is still disturbed (another process's engine ended or slept meanwhile:
+        `PROFILING_ERROR` in its log before it was up) is started again, up to
+        `engine_start_retries` times."""
         with self._engine_start if engine else contextlib.nullcontext():
-            cmd = [sys.executable, "-m", "memrl", *args]
-            print(f"[{time.strftime('%H:%M:%S')}] {name}: memrl {shlex.join(args)}", flush=True)
-            path = self.logs / f"{name}.log"
-            start = path.stat().st_size if path.is_file() else 0
-            log = open(path, "ab")  # noqa: SIM115 (closed with the process)
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                    cwd=ROOT)
-            if engine:
-                self._await_engine(path, start, proc)
+            for attempt in range(self.engine_start_retries + 1 if engine else 1):
+                cmd = [*self.program, *args]
+                print(f"[{time.strftime('%H:%M:%S')}] {name}: memrl {shlex.join(args)}",
+                      flush=True)
+                path = self.logs / f"{name}.log"
+                start = path.stat().st_size if path.is_file() else 0
+                log = open(path, "ab")  # noqa: SIM115 (closed with the process)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        env=self.env, cwd=ROOT)
+                if not engine or self._await_engine(path, start, proc):
+                    break
+                log.close()
+                print(f"[{time.strftime('%H:%M:%S')}] {name}: its engine's memory profiling was "
+                      f"disturbed by another process (attempt {attempt + 1})", flush=True)
         return name, proc
 
-    def _await_engine(self, path: Path, start: int, proc: subprocess.Popen) -> None:
+    def _await_engine(self, path: Path, start: int, proc: subprocess.Popen) -> bool:
+        """Wait for the engine to be up (or the process to end, or the timeout); False when
+        the process ended on a disturbed memory profiling (worth starting again)."""
         deadline = time.monotonic() + self.engine_start_timeout
-        while proc.poll() is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            ended = proc.poll() is not None
             with open(path, "rb") as f:
                 f.seek(start)
-                if self.ENGINE_READY.encode() in f.read():
-                    return
+                text = f.read()
+            if self.ENGINE_READY.encode() in text:
+                return True
+            if ended:
+                return self.PROFILING_ERROR.encode() not in text
             time.sleep(2)
+        return True
 
     def wait(self, *procs: tuple[str, subprocess.Popen]) -> None:
         failed = []

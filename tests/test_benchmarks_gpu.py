@@ -243,3 +243,37 @@ def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_form
     mixed = rm.Plan(rl_overrides=("memagent.prompts=memagent-answer-is",))
     with pytest.raises(SystemExit, match="different prompts"):
         rm.trained_protocol(mixed)
+
+
+def test_runner_starts_an_engine_again_when_its_memory_profiling_was_disturbed(tmp_path):
+    """A stand-in for `memrl` that fails its engine's start with vLLM's profiling error the
+    first time and comes up the second; a process that fails otherwise is not started again."""
+    bench = load_script("real_model_gpu")
+    fake = tmp_path / "fake_memrl.py"
+    fake.write_text(
+        "import sys, pathlib\n"
+        "marker = pathlib.Path(sys.argv[1])\n"
+        "if sys.argv[2] == 'always' or sys.argv[2] == 'disturbed' and not marker.exists():\n"
+        "    marker.write_text('1')\n"
+        "    print('AssertionError: Error in memory profiling. Initial free memory 53.38 GiB')\n"
+        "    sys.exit(1)\n"
+        "if sys.argv[2] == 'broken':\n"
+        "    print('ValueError: no such model')\n"
+        "    sys.exit(1)\n"
+        "print('init engine (profile, create kv cache, warmup model) took 1.0 s')\n")
+    runner = bench.Runner(tmp_path / "work", engine_start_timeout=60,
+                          program=(sys.executable, str(fake)))
+    runner.wait(runner.start("eval", str(tmp_path / "m1"), "disturbed", engine=True))
+    log = (tmp_path / "work" / "logs" / "eval.log").read_text()
+    assert log.count("Error in memory profiling") == 1 and "init engine" in log
+    # not an engine: started once, and its failure is the run's
+    with pytest.raises(SystemExit, match="failed: sft"):
+        runner.wait(runner.start("sft", str(tmp_path / "m2"), "disturbed"))
+    # an engine that fails for another reason: once, and its failure is the run's
+    with pytest.raises(SystemExit, match="failed: bad"):
+        runner.wait(runner.start("bad", str(tmp_path / "m3"), "broken", engine=True))
+    assert (tmp_path / "work" / "logs" / "bad.log").read_text().count("no such model") == 1
+    # disturbed every time: started 1 + engine_start_retries times, then the run fails
+    with pytest.raises(SystemExit, match="failed: busy"):
+        runner.wait(runner.start("busy", str(tmp_path / "m4"), "always", engine=True))
+    assert (tmp_path / "work" / "logs" / "busy.log").read_text().count("memory profiling") == 3
