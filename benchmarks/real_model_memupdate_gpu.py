@@ -11,10 +11,10 @@ run with memrl's own commands (each printed before it runs, logged to WORK/logs)
     3. base       memrl eval locomo of the base model on the held-out set, side by side with
                   memrl sft configs/smollm2_memupdate_sft.yaml (the oracle on the training
                   conversations) + memrl export
-    4. GRPO       memrl train configs/smollm2_memupdate.yaml from the warm start (colocated
-                  vLLM; reward: memory delta with the retrieval answerer), side by side with
-                  the warm start's evaluation (its engine starts first); memrl export; a
-                  failed GRPO run still gets the report of the rows before it
+    4. GRPO       memrl eval locomo of the warm start, then memrl train
+                  configs/smollm2_memupdate.yaml from it (colocated vLLM; reward: memory delta
+                  with the retrieval answerer); memrl export; a failed GRPO run still gets the
+                  report of the rows before it
     5. RL eval    memrl eval locomo of the trained model
     6. report     a Markdown table (rows base / warm start / RL; valid tool-call rate, calls
                   per session, final memory size, reward, evidence recall@5, QA F1 per LoCoMo
@@ -29,12 +29,12 @@ setting comes from configs/smollm2_memupdate.yaml (the evaluations pass the same
     python benchmarks/real_model_memupdate_gpu.py --work /tmp/mu --out results/real_model_mu
     python benchmarks/real_model_memupdate_gpu.py --plan tiny --work /tmp/mu_t --out /tmp/mu_t/out
 
-`--plan full` on one H100, as measured on its first run (2026-11-25; it stopped at GRPO step
-10 on the log-prob guard, since raised to 2): model 0.8 min, data 0.6 min, the base model's
-evaluation of 126 held-out episodes 2.4 min (vLLM start-up included) beside SFT, 60 steps in
-13.4 min (8.3-8.8 s of update a step); GRPO 24-47 s a step (8 episodes x 8 samples), with
-validation on 32 held-out episodes at steps 0 and 8. With 16 GRPO steps and the two
-remaining evaluations: about 28 minutes.
+`--plan full` on one H100 (2026-11-25, vLLM 0.21): model 0.8 min, data 0.6 min, the base
+model's evaluation of 126 held-out episodes 2.8 min (vLLM start-up included) beside SFT, whose
+100 steps took 8.2 min (median 3.3 s a step under bf16 autocast, 8.3-8.8 s in float32; the
+oracle's rollout the rest); the warm start's evaluation 2.6 min; GRPO 16 steps in about 11 min
+with its engine's start (23-52 s a step, 8 episodes x 8 samples; validation on 32 held-out
+episodes at steps 0, 8 and 16); the RL evaluation 2.2 min: about 27 minutes in all.
 """
 
 from __future__ import annotations
@@ -185,35 +185,29 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
     if not done(work / "model_warm"):
         runner.run("sft_export", "export", str(work / "sft"), str(work / "model_warm"))
 
-    # 4. GRPO from the warm start, side by side with the warm start's evaluation (its engine
-    # starts first: the trainer's engine frees and takes back memory every step, which fails
-    # the memory profiling of an engine starting beside it); a failed GRPO run still leaves
-    # the warm start's row and the report
-    warm = []
-    if not done(res / "warm_start"):
-        warm.append(runner.start("eval_warm_start", *eval_args(
-            plan, settings, work / "model_warm", data["heldout"], res / "warm_start"),
-            engine=plan.engine == "vllm"))
+    # 4. the warm start's evaluation, then GRPO from the warm start: one after the other. A
+    # vLLM engine profiles the GPU's free memory as it starts, so it fails when another
+    # process's engine frees memory meanwhile (the trainer's sleeps every step; an evaluation
+    # frees all of it when it ends: it failed GRPO's start on 2026-11-25, docs/failures.md).
+    # A failed evaluation or GRPO run still leaves the other rows and the report.
     failed: list[str] = []
     try:
+        evaluate("warm_start", work / "model_warm")
+    except SystemExit as exc:
+        failed.append(str(exc))
+    try:
         if not done(work / "model_rl"):
-            runner.wait(runner.start(
+            runner.run(
                 "rl_train", "train", str(RL_CONFIG), f"model.path={work / 'model_warm'}",
                 f"data.train_file={data['train']}", f"data.val_file={data['heldout']}",
                 f"trainer.out_dir={work / 'rl'}", f"rollout.vllm.gpu_memory_utilization="
-                f"{plan.gpu_share}", *overrides(settings), *plan.rl_overrides,
-                engine=plan.engine == "vllm"))
+                f"{plan.gpu_share}", *overrides(settings), *plan.rl_overrides)
             runner.run("rl_export", "export", str(work / "rl"), str(work / "model_rl"))
     except SystemExit as exc:
         failed.append(str(exc))
-    finally:
-        try:
-            runner.wait(*warm)
-        except SystemExit as exc:
-            failed.append(str(exc))
 
     # 5. the trained model
-    if not failed:
+    if done(work / "model_rl"):
         evaluate("rl", work / "model_rl")
     report(plan, work, res)
     if failed:

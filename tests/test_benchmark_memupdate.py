@@ -76,7 +76,7 @@ def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data,
     assert (out / "tables.md").read_text() == table
 
     # a GRPO run that fails (here: a key the config does not have) still leaves the warm
-    # start's row, evaluated beside it, and the report; then the pipeline fails naming it
+    # start's row, evaluated before it, and the report; then the pipeline fails naming it
     for path in (work / "model_rl", work / "rl", out / "rl", out / "warm_start"):
         subprocess.run(["rm", "-rf", str(path)], check=True)
     for key in ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_COMPILE_DISABLE"):
