@@ -566,7 +566,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     memory they see in use is their own."""
     import torch
 
-    from memrl.runrecord import package_version
+    from memrl.runrecord import memrl_source, package_version
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     print(f"command: {command_line()}\nversions: trl {package_version('trl')}, memrl via "
@@ -598,7 +598,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     envs = [r[side]["environment"] for r in results for side in FRAMEWORKS
             if "environment" in r.get(side, {})]
     env = {**(envs[0] if envs else {}), "command": command_line(),
-           "trl": package_version("trl"), "memrl": package_version("memrl")}
+           "trl": package_version("trl"), "memrl": memrl_source()["version"]}
     summary = {
         "benchmark": "memrl beside TRL GRPOTrainer: single-conversation GRPO",
         "environment": env, "plan": args.plan,

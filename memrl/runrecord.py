@@ -132,8 +132,9 @@ def memrl_source() -> dict[str, Any]:
     import memrl
 
     root = Path(memrl.__file__).resolve().parent.parent
-    out: dict[str, Any] = {"version": package_version("memrl"), "git_commit": None,
-                           "git_dirty": None}
+    # the source's own version where it runs from a path without being installed
+    out: dict[str, Any] = {"version": package_version("memrl") or memrl.__version__,
+                           "git_commit": None, "git_dirty": None}
     if not (root / ".git").exists():
         return out
 
