@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MEMAGENT
 from safetensors.torch import load_file
 from test_distributed import assert_same_metrics, assert_same_weights, overrides, run_helper
 from test_fsdp import exported_weights
+from test_recipe_grpo import make_config as recipe_config
 
-from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
@@ -69,12 +68,10 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def make_config(model_dir, data_dir, out_dir, *extra: str) -> TrainConfig:
-    return load_config(TrainConfig, None, [
-        f"model.path={model_dir}", f"data.train_file={data_dir / 'train.jsonl'}",
-        f"trainer.out_dir={out_dir}", *TINY_MEMAGENT, "trainer.log_sinks=[jsonl]",
-        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rollout.n=4",
-        "optim.lr=1e-3", "rl.reward=context_overlap", *extra,
-    ])
+    """Two questions of 4 samples a step, one mini-batch (on-policy)."""
+    return recipe_config(model_dir, data_dir, out_dir, "data.train_batch_size=2",
+                         "rl.ppo_mini_batch_size=2", "rollout.n=4", "optim.lr=1e-3",
+                         "rl.reward=context_overlap", *extra)
 
 
 def rollout_batch(run) -> RolloutBatch:
@@ -226,7 +223,6 @@ def test_the_separate_pass_runs_only_off_policy_or_when_asked(
     assert ("rollout/logprob_diff_max" in row) == ("rl.use_rollout_logprobs=true" not in extra)
 
 
-@pytest.mark.slow
 def test_a_step_of_auto_is_a_step_of_recompute(tiny_model_dir, data_dir, tmp_path):
     """The logged metrics (timings aside), the trajectory log (old log-probs and entropies)
     and the checkpointed weights of one recipe step."""
