@@ -377,26 +377,29 @@ class ShiftedLogprobs:
             for u in t.turns])
 
 
+# Two mini-batches: the separate old log-prob pass; one (on-policy, rl.old_logprobs auto):
+# the update's own forward, checked before its optimizer step.
+@pytest.mark.parametrize("minis", ["rl.ppo_mini_batch_size=1", "rl.ppo_mini_batch_size=2"])
 def test_a_mismatched_engine_stops_the_run_with_one_line(tiny_model_dir, data_dir, tmp_path,
-                                                          capsys, monkeypatch):
+                                                          capsys, monkeypatch, minis):
     build = grpo.build_task
     monkeypatch.setattr(grpo, "build_task", lambda cfg: ShiftedLogprobs(build(cfg), 5.0))
     out = tmp_path / "o"
     cfg = write_yaml(tmp_path / "c.yaml", tiny_model_dir, data_dir, out, total_steps=2,
                      val_before_train=False)
-    assert cli_main(["train", str(cfg)]) == 1
+    assert cli_main(["train", str(cfg), minis]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith("error: rollout engine hf: log-probs differ from the trainer's by "
                              "up to 5")
     assert "at step 2, above rollout.max_logprob_diff=1:" in err[0]
-    assert "stopped in step 2 of 2" in err[0] and err[0].endswith(f"{cfg} --resume")
+    assert "stopped in step 2 of 2" in err[0] and err[0].endswith(f"{cfg} {minis} --resume")
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "train/samples" in r]
     assert [r["step"] for r in rows] == [1]  # step 2's update was not applied
     assert rows[0]["rollout/logprob_diff_max"] < 1e-3
     # the guard can be switched off
     monkeypatch.setattr(grpo, "build_task", lambda cfg: ShiftedLogprobs(build(cfg), 5.0))
     assert cli_main(["train", str(cfg), f"trainer.out_dir={tmp_path / 'p'}",
-                     "rollout.max_logprob_diff=null"]) == 0
+                     "rollout.max_logprob_diff=null", minis]) == 0
     rows = [r for r in read_metrics(tmp_path / "p" / "metrics.jsonl") if "train/samples" in r]
     assert rows[1]["rollout/logprob_diff_max"] == pytest.approx(5.0, abs=1e-3)

@@ -151,7 +151,8 @@ class RolloutConfig(SamplingConfig):
     openai: OpenAIConfig = OpenAIConfig()
     """The server pool (used with engine: openai)."""
     max_logprob_diff: float | None = Field(1.0, gt=0, allow_inf_nan=False)
-    """Stop training, before the step's update, when the engine's log-prob of a response
+    """Stop training, before the step's update (on-policy with rl.old_logprobs auto: before
+    its optimizer step), when the engine's log-prob of a response
     token differs from the trainer's by more than this (`rollout/logprob_diff_max`, over every
     rank): the engine then does not sample the policy being trained (stale weights; a server
     computing log-probs at another temperature). Any engine: measured ~1e-5 in float32 (HF,

@@ -4,11 +4,12 @@
         engine.sync_weights(policy)                  the engine samples the current policy
         groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
         batch  = RolloutBatch.from_trajectories(...)  one typed batch, one Conversation per turn
-        batch  = with_logprobs(run, batch)           old (actor) and reference log-probs
-                                                     (+ the critic's values: PPO)
+        batch  = with_logprobs(run, batch, source)   old (actor; on-policy: none, below) and
+                                                     reference log-probs (+ critic's values)
         batch  = with_advantages(batch, rl)          one advantage per trajectory (GAE:
                                                      per token, memrl.rl.gae)
-        stats  = actor.update(batch, dist)           PPO over mini/micro-batches
+        stats  = actor.update(batch, dist, guard)    PPO over mini/micro-batches; on-policy
+                                                     its forward gives the old log-probs
         critic = run.critic.update(batch)            PPO: the value model (else None)
         return step_metrics(...)                     recipes/step_metrics.py
 
@@ -49,7 +50,7 @@ from memrl.rl.batch import RolloutBatch
 from memrl.rl.config import RLConfig
 from memrl.rl.critic import Critic
 from memrl.rl.gae import gae_batch
-from memrl.rl.correction import check_logprob_mismatch, logprob_mismatch
+from memrl.rl.correction import LogprobGuard
 from memrl.rl.rollout import Groups, QuestionStream, TrainState, collect_groups
 from memrl.tasks import Task, build_task
 
@@ -131,18 +132,27 @@ def train_step(run: Run) -> dict[str, float]:
         group_order=groups.group_order if run.dist.world_size > 1 else None,
     )
 
-    with phases("logprobs"):  # 4. Old and reference log-probs (no grad).
-        batch, entropy, mismatch = with_logprobs(run, batch)
+    # The old log-probs: the engine's (rl.use_rollout_logprobs), a separate pass, or, when
+    # the step is on-policy (one optimizer step; rl.old_logprobs auto), the update's forward.
+    source = rl.old_logprob_source(len(batch.mini_batches(rl.ppo_mini_batch_size)))
+    guard = engine_guard(run, batch)  # the engine must sample the policy being trained
+
+    with phases("logprobs"):  # 4. Old (a separate pass) and reference log-probs (no grad).
+        batch, entropy, mismatch = with_logprobs(run, batch, source, guard)
 
     # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
     task_rewards = batch.rewards
     batch = with_advantages(batch, rl)
 
-    # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights.
+    # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights. On-policy
+    # the guard checks the update's own old log-probs before its optimizer step.
     lr = run.actor.lr
     with phases("update"):
-        update = run.actor.update(batch, run.dist)
+        update = run.actor.update(batch, run.dist, guard=guard if source == "update" else None)
         critic = run.critic.update(batch) if run.critic is not None else None
+    if update.old_pass is not None:  # the batch gets the old log-probs the update used
+        batch = batch.with_logprobs(update.old_pass.logprobs, batch.ref_logprobs)
+        entropy, mismatch = update.old_pass.entropy, update.old_pass.mismatch
 
     with phases("metrics"):  # 7. Metrics (over every rank's share of the step).
         view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
@@ -174,28 +184,32 @@ def rollout_groups(run: Run) -> Groups:
     )
 
 
-def with_logprobs(run: Run, batch: RolloutBatch
-                  ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
-    """The batch with its old and reference log-probs (and the critic's values: PPO); the
-    entropies of the old pass (None
-    when the old log-probs are the engine's: rl.use_rollout_logprobs); and the engine's
-    mismatch with the trainer (|engine − trainer| log-probs: `rollout/logprob_diff_*`), which
-    stops the run past rollout.max_logprob_diff (on every rank, or none)."""
+def engine_guard(run: Run, batch: RolloutBatch) -> LogprobGuard:
+    """The engine's log-probs of the batch and rollout.max_logprob_diff, the bound on their
+    distance to the trainer's old log-probs."""
     cfg = run.config
+    return LogprobGuard([torch.tensor(s.rollout_logprobs) for s in batch.conversations],
+                        cfg.rollout.max_logprob_diff, engine=cfg.rollout.engine,
+                        step=run.state.step + 1)
+
+
+def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuard
+                  ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
+    """The batch with its old log-probs from `source` (`RLConfig.old_logprob_source`: the
+    engine's, a separate pass, or none yet: the update's forward gives them) and its
+    reference log-probs (and the critic's values: PPO); the entropies of the separate pass
+    (else None); and, after that pass, the engine's mismatch with the trainer (`guard`:
+    `rollout/logprob_diff_*`), which stops the run past rollout.max_logprob_diff (on every
+    rank, or none)."""
     ref = run.reference.logprobs(batch) if run.reference is not None else None
     if run.critic is not None:
         batch = batch.with_values(run.critic.values(batch))
-    engine_lp = [torch.tensor(s.rollout_logprobs) for s in batch.conversations]
-    if cfg.rl.use_rollout_logprobs:
-        return batch.with_logprobs(engine_lp, ref), None, {}
+    if source == "engine":
+        return batch.with_logprobs(guard.engine_logprobs, ref), None, {}
+    if source == "update":
+        return batch.with_logprobs(None, ref), None, {}
     old, entropy = run.actor.logprobs_and_entropy(batch)
-    batch = batch.with_logprobs(old, ref)
-    diff = logprob_mismatch(engine_lp, batch.old_logprobs)
-    worst = max(run.dist.all_gather(diff["max"]))  # every rank stops, or none
-    check_logprob_mismatch(worst, cfg.rollout.max_logprob_diff, engine=cfg.rollout.engine,
-                           step=run.state.step + 1)
-    return batch, entropy, {"rollout/logprob_diff_mean": diff["mean"],
-                            "rollout/logprob_diff_max": worst}
+    return batch.with_logprobs(old, ref), entropy, guard.check(old, run.dist)
 
 
 def with_advantages(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:

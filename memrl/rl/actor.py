@@ -8,7 +8,9 @@ PPO update. Neither knows which agent or engine produced the batch.
                                × token-budget micro-batches, one optimizer step per
                                mini-batch; the loss of every micro-batch is its exact share
                                of the mini-batch loss (`LossNorm`), so gradients do not
-                               depend on how the mini-batch was split
+                               depend on how the mini-batch was split; a batch
+                               without old log-probs (on-policy) takes them from the
+                               update's own forward, detached (ratio 1: no separate pass)
 
 Memory: the final hidden states are projected to the vocabulary only at response positions,
 so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K; and for a
@@ -27,7 +29,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -36,7 +38,7 @@ from torch import Tensor
 from memrl.distributed import Dist
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
-from memrl.rl.correction import rollout_is_weights
+from memrl.rl.correction import LogprobGuard, rollout_is_weights
 from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
 from memrl.rl.losses import (
     LossNorm,
@@ -51,8 +53,8 @@ from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
 from memrl.rl.packing import check_packed_attention, packed_inputs
 from memrl.rl.sharding import run_as_forward
 
-__all__ = ["Actor", "Reference", "UpdateStats", "build_optimizer", "response_logprobs",
-           "warmup_schedule"]
+__all__ = ["Actor", "OldPass", "Reference", "UpdateStats", "build_optimizer",
+           "response_logprobs", "warmup_schedule"]
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
@@ -326,9 +328,12 @@ class UpdateStats:
     """Model FLOPs of the update per second of it (`memrl.rl.flops`), in TFLOP/s."""
     mfu: float | None = None
     """Model FLOPs utilisation, given the accelerator's peak."""
+    old_pass: OldPass | None = field(default=None, compare=False, repr=False)
+    """Not a metric: the old log-probs the update took from its own forward (a batch
+    without old log-probs), else None."""
 
     PERF = frozenset({"padding_waste", "tokens_per_micro_batch", "update_tflops_per_s", "mfu"})
-    """Fields logged under `perf/`; the others under `actor/`."""
+    """Fields logged under `perf/`; the others under `actor/` (old_pass is not logged)."""
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, float]) -> UpdateStats:
@@ -339,8 +344,21 @@ class UpdateStats:
         """The `actor/*` and `perf/*` metrics of the step's log, measured ones only."""
         return {
             f"{'perf' if f.name in self.PERF else 'actor'}/{f.name}": value
-            for f in fields(self) if (value := getattr(self, f.name)) is not None
+            for f in fields(self)
+            if f.name != "old_pass" and (value := getattr(self, f.name)) is not None
         }
+
+
+@dataclass
+class OldPass:
+    """What the separate old log-prob pass would have given, taken from the update's own
+    forward on-policy (this rank's conversations, float32, CPU, as
+    `Actor.logprobs_and_entropy`), and the engine guard's metrics."""
+
+    logprobs: list[Tensor]
+    entropy: list[Tensor]
+    mismatch: dict[str, float]
+    """`rollout/logprob_diff_*` (`LogprobGuard.check`); {} without a guard."""
 
 
 class Actor(_PolicyModel):
@@ -369,17 +387,25 @@ class Actor(_PolicyModel):
         """The learning rate the next optimizer step uses."""
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def update(self, batch: RolloutBatch, dist: Dist = Dist()) -> UpdateStats:
+    def update(
+        self, batch: RolloutBatch, dist: Dist = Dist(), *, guard: LogprobGuard | None = None
+    ) -> UpdateStats:
         """PPO epochs over mini-batches; one optimizer step each; then one lr-schedule step.
 
         Returns what it measured (`UpdateStats`; `.metrics()`: the `actor/*` and `perf/*`
         keys of the step's log): losses are mini-batch values averaged over optimizer steps;
         clip fractions and PPO-KL are means over every loss token of the update; padding
         waste, tokens per micro-batch, model TFLOP/s and, with a peak, MFU.
+
+        A batch without old log-probs must be on-policy (ppo_epochs 1, one mini-batch): no
+        weight has changed before its only optimizer step, so each micro-batch's log-probs
+        are the old ones, and the loss takes them detached from the same forward
+        (`UpdateStats.old_pass` returns them). `guard` then checks them against the engine's
+        before the optimizer step: past its bound the update stops with no weight changed.
         """
         cfg = self.config
-        if batch.old_logprobs is None or batch.advantages is None:
-            raise ValueError("update needs old log-probs and advantages in the batch")
+        if batch.advantages is None:
+            raise ValueError("update needs advantages in the batch")
         use_kl = cfg.use_kl_loss and cfg.kl_loss_coef > 0
         if use_kl and batch.ref_logprobs is None:
             raise ValueError("a KL loss needs reference log-probs in the batch")
@@ -392,6 +418,14 @@ class Actor(_PolicyModel):
         minis = batch.mini_batches(cfg.ppo_mini_batch_size)
         if not minis:
             raise ValueError("update needs at least one conversation")
+        old = None  # on-policy: the old log-probs and entropies, taken from the forwards
+        if batch.old_logprobs is None:
+            if cfg.ppo_epochs != 1 or len(minis) != 1:
+                raise ValueError(
+                    f"update needs old log-probs in the batch: it takes {cfg.ppo_epochs} "
+                    f"epoch(s) of {len(minis)} mini-batch(es), not one optimizer step")
+            old = OldPass([torch.empty(0)] * len(batch.conversations),
+                          [torch.empty(0)] * len(batch.conversations), {})
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in minis:
@@ -404,11 +438,14 @@ class Actor(_PolicyModel):
                 for positions in micros:
                     indices = [mini[p] for p in positions]
                     flops += self._account(batch, indices, shape, avg)
-                    terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg)
+                    terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg,
+                                             old)
                     losses += torch.tensor([terms[name] for name in loss_names])
                 for _ in range(padding):
                     lp, _ = self._forward(self.padding_tensors())
                     (lp.sum() * 0.0).backward()  # zero gradients, same collectives
+                if old is not None and guard is not None:  # before any weight changes
+                    old.mismatch.update(guard.check(old.logprobs, dist))
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
                     dist.sum_gradients(params)
                 grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip)
@@ -423,7 +460,7 @@ class Actor(_PolicyModel):
             avg.add("perf/update_tflops_per_s", flops / elapsed / 1e12)
             if self.peak_flops:
                 avg.add("perf/mfu", mfu(flops, elapsed, self.peak_flops))
-        return UpdateStats.from_metrics(avg.reduced(dist))
+        return replace(UpdateStats.from_metrics(avg.reduced(dist)), old_pass=old)
 
     def _account(
         self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None, avg: _Averages
@@ -446,8 +483,11 @@ class Actor(_PolicyModel):
         norm: LossNorm,
         use_kl: bool,
         avg: _Averages,
+        old: OldPass | None = None,
     ) -> dict[str, float]:
-        """Forward + backward of one micro-batch; returns its shares of the loss terms."""
+        """Forward + backward of one micro-batch; returns its shares of the loss terms.
+        `old` given (on-policy): the old log-probs are this forward's, detached, and are
+        kept there with the entropies, per conversation."""
         cfg = self.config
         tensors = batch.collate(indices, self.pad_id)
         logprobs, entropy = self._forward(
@@ -455,18 +495,26 @@ class Actor(_PolicyModel):
         )
         dev = logprobs.device
         mask = tensors["loss_mask"].to(dev)
+        if old is None:
+            old_lp = tensors["old_logprobs"].to(dev)
+        else:  # ratio 1; the gradient is the policy gradient
+            old_lp = logprobs.detach()
+            response = tensors["response_mask"].to(dev)
+            for row, i in enumerate(indices):
+                old.logprobs[i] = old_lp[row][response[row]].float().cpu()
+                old.entropy[i] = entropy[row][response[row]].detach().float().cpu()
         agg = dict(mode=cfg.loss_agg_mode, norm=norm)
         is_weights = None
         if cfg.rollout_is is not None:  # truncated IS: π_old / π_rollout, capped
             is_weights = rollout_is_weights(
-                tensors["old_logprobs"].to(dev), tensors["rollout_logprobs"].to(dev), mask,
+                old_lp, tensors["rollout_logprobs"].to(dev), mask,
                 level=cfg.rollout_is, threshold=cfg.rollout_is_threshold,
             )
             n = float(mask.sum())
             avg.add("actor/rollout_is_weight", float(is_weights.sum()) / max(n, 1.0), n)
         pg, pg_metrics = policy_loss(
             logprobs,
-            tensors["old_logprobs"].to(dev),
+            old_lp,
             tensors["advantages"].to(dev),
             mask,
             clip_ratio_low=cfg.clip_ratio_low,

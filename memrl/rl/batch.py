@@ -9,7 +9,8 @@ makes the next version with `with_logprobs` / `with_advantages`):
     conversations       token ids, rollout log-probs, turn kind, trainable flag (each)
     group_ids, rewards  one per trajectory
     response_tokens     response tokens of each trajectory, all its turns together
-    old_logprobs        the policy's log-probs before the update (per conversation)
+    old_logprobs        the policy's log-probs before the update (per conversation; None
+                        on-policy: the update's own forward gives them)
     ref_logprobs        the reference policy's log-probs (per conversation; with a KL term)
     advantages          one per trajectory, shared by all its conversations
     values, returns     PPO (rl.adv_estimator=gae): the critic's value and the GAE return
@@ -169,13 +170,16 @@ class RolloutBatch:
 
     # ---- the next version of the batch (the recipe's steps, in order)
     def with_logprobs(
-        self, old: Sequence[Tensor], ref: Sequence[Tensor] | None = None
+        self, old: Sequence[Tensor] | None, ref: Sequence[Tensor] | None = None
     ) -> RolloutBatch:
+        """Old and reference log-probs per conversation. old None: the update takes them
+        from its own forward (on-policy: `RLConfig.old_logprob_source`)."""
         for name, values in (("old", old), ("reference", ref)):
             if values is not None:
                 self._check_per_conversation(name, values)
         return dataclasses.replace(
-            self, old_logprobs=tuple(old), ref_logprobs=None if ref is None else tuple(ref)
+            self, old_logprobs=None if old is None else tuple(old),
+            ref_logprobs=None if ref is None else tuple(ref),
         )
 
     def with_rewards(self, rewards: Tensor) -> RolloutBatch:

@@ -85,6 +85,14 @@ class RLConfig(StrictModel):
     rollout_correction.rollout_is). None: off."""
     rollout_is_threshold: float = Field(2.0, gt=0)
     """The cap C of the IS weights (verl rollout_correction.rollout_is_threshold)."""
+    old_logprobs: Literal["auto", "recompute"] = "auto"
+    """Where the old log-probs (π_old of the PPO ratio) come from when they are the
+    trainer's. `auto`: when the step is on-policy (ppo_epochs 1 and the batch is one
+    mini-batch, so one optimizer step) the update takes them from its own forward, detached
+    (ratio 1; the loss and gradients are those of the separate pass, which it skips: verl's
+    dp_actor does the same); otherwise a separate no-grad pass. `recompute`: always the
+    separate pass. rl.use_rollout_logprobs (the engine's) and a KL penalty in the reward
+    (it needs them before the update) take precedence over `auto`."""
     # ---- optimisation schedule
     ppo_epochs: int = Field(1, ge=1)
     ppo_mini_batch_size: int = Field(2, ge=1)
@@ -123,6 +131,18 @@ class RLConfig(StrictModel):
         if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
             raise ValueError("loss_agg_mode seq-mean-token-sum-norm needs loss_scale_factor")
         return self
+
+    def old_logprob_source(self, num_mini_batches: int) -> Literal["engine", "pass", "update"]:
+        """Where a step's old log-probs come from, given its number of mini-batches: the
+        rollout engine (use_rollout_logprobs), a separate no-grad pass before the update, or
+        the update's own forward (on-policy with old_logprobs auto)."""
+        if self.use_rollout_logprobs:
+            return "engine"
+        kl_in_reward = self.use_kl_in_reward and self.kl_reward_coef > 0
+        on_policy = self.ppo_epochs == 1 and num_mini_batches == 1
+        if self.old_logprobs == "auto" and on_policy and not kl_in_reward:
+            return "update"
+        return "pass"
 
     @property
     def needs_reference(self) -> bool:

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from memrl.distributed import Dist
 from memrl.errors import InfrastructureError, MemrlInputError
 
 __all__ = [
     "ROLLOUT_IS_LEVELS",
+    "LogprobGuard",
     "RolloutMismatchError",
     "check_logprob_mismatch",
     "logprob_mismatch",
@@ -65,6 +68,27 @@ def check_logprob_mismatch(worst: float, limit: float | None, *, engine: str, st
         "sample the policy being trained (stale weights? servers started without "
         "--logprobs-mode processed_logprobs?); the step's update was not applied"
     )
+
+
+@dataclass(frozen=True)
+class LogprobGuard:
+    """The engine's log-probs of a step's responses (per conversation of this rank) and the
+    bound on their distance to the trainer's old log-probs (rollout.max_logprob_diff)."""
+
+    engine_logprobs: Sequence[Tensor]
+    limit: float | None
+    """None: measure, never stop."""
+    engine: str
+    step: int
+
+    def check(self, trainer_logprobs: Sequence[Tensor], dist: Dist) -> dict[str, float]:
+        """`rollout/logprob_diff_mean` (this rank's tokens) and `rollout/logprob_diff_max`
+        (every rank's: all ranks stop, or none); raises RolloutMismatchError past the limit.
+        A collective: every rank calls it once."""
+        diff = logprob_mismatch(self.engine_logprobs, trainer_logprobs)
+        worst = max(dist.all_gather(diff["max"]))
+        check_logprob_mismatch(worst, self.limit, engine=self.engine, step=self.step)
+        return {"rollout/logprob_diff_mean": diff["mean"], "rollout/logprob_diff_max": worst}
 
 
 def rollout_is_weights(

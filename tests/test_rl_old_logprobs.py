@@ -1,0 +1,263 @@
+"""rl.old_logprobs: on-policy (ppo_epochs 1, one mini-batch) `auto` takes the old log-probs
+from the update's own forward instead of a separate pass. On the tiny model in float32 on
+CPU, `auto` and `recompute` give the same losses, gradients, parameters after the step and
+engine-mismatch metrics (atol 1e-6); the engine guard still stops the update before any
+weight changes; off-policy steps still recompute; and several ranks (replicated and FSDP2,
+gloo) take the one-process step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_distributed import assert_same_metrics, assert_same_weights, overrides, run_helper
+from test_fsdp import exported_weights
+from test_recipe_grpo import make_config as recipe_config
+
+from memrl.data.hotpotqa import save_records_jsonl
+from memrl.data.synthetic import make_synthetic_records
+from memrl.distributed import Dist
+from memrl.metrics import read_metrics
+from memrl.recipes import grpo
+from memrl.recipes.config import TrainConfig
+from memrl.rl.actor import Actor
+from memrl.rl.batch import RolloutBatch
+from memrl.rl.config import RLConfig
+from memrl.rl.correction import LogprobGuard, RolloutMismatchError
+
+ATOL = 1e-6
+"""Float32 on CPU: the separate pass and the update's forward are the same computation."""
+
+
+# ---- which source, per config (pure)
+@pytest.mark.parametrize(("settings", "mini_batches", "source"), [
+    ({}, 1, "update"),
+    ({}, 2, "pass"),
+    ({"ppo_epochs": 2}, 1, "pass"),
+    ({"old_logprobs": "recompute"}, 1, "pass"),
+    ({"use_rollout_logprobs": True}, 1, "engine"),
+    ({"use_rollout_logprobs": True, "old_logprobs": "recompute"}, 2, "engine"),
+    # the reward's KL penalty needs the old log-probs before the update
+    ({"use_kl_in_reward": True, "kl_reward_coef": 0.1}, 1, "pass"),
+    ({"use_kl_in_reward": True, "kl_reward_coef": 0.0}, 1, "update"),
+    # a KL loss, TIS and PPO's critic read them in the update: on-policy is fine
+    ({"use_kl_loss": True, "kl_loss_coef": 0.1}, 1, "update"),
+    ({"rollout_is": "token"}, 1, "update"),
+    ({"adv_estimator": "gae"}, 1, "update"),
+])
+def test_old_logprob_source(settings, mini_batches, source):
+    assert RLConfig(**settings).old_logprob_source(mini_batches) == source
+
+
+def test_default_is_auto():
+    assert RLConfig().old_logprobs == "auto"
+
+
+# ---- the update: auto vs recompute on one batch
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("onpolicy_data")
+    save_records_jsonl(make_synthetic_records(16, num_docs=2, seed=0), d / "train.jsonl")
+    save_records_jsonl(make_synthetic_records(3, num_docs=2, seed=1), d / "val.jsonl")
+    return d
+
+
+def make_config(model_dir, data_dir, out_dir, *extra: str) -> TrainConfig:
+    """Two questions of 4 samples a step, one mini-batch (on-policy)."""
+    return recipe_config(model_dir, data_dir, out_dir, "data.train_batch_size=2",
+                         "rl.ppo_mini_batch_size=2", "rollout.n=4", "optim.lr=1e-3",
+                         "rl.reward=context_overlap", *extra)
+
+
+def rollout_batch(run) -> RolloutBatch:
+    """A batch of two groups of 4, with advantages of both signs and reference log-probs;
+    no old log-probs."""
+    trajs = run.task.rollout(run.engine, run.stream.records[:2], num_samples=4, seed=0,
+                             temperature=1.0, top_p=1.0)  # as the trainer (TINY_MEMAGENT)
+    batch = RolloutBatch.from_trajectories(trajs, overlong="keep")
+    ref = run.reference.logprobs(batch) if run.reference is not None else None
+    batch = batch.with_logprobs(None, ref)
+    return batch.with_advantages(torch.linspace(-1, 1, batch.num_trajectories))
+
+
+def guard_of(batch: RolloutBatch, shift: float = 0.0, limit: float | None = 1.0) -> LogprobGuard:
+    return LogprobGuard([torch.tensor(s.rollout_logprobs) - shift for s in batch.conversations],
+                        limit, engine="hf", step=1)
+
+
+def step(run, batch: RolloutBatch, mode: str):
+    """One update of `batch` in `mode`: its stats, its gradients (summed over the
+    micro-batches, before clipping), the parameters after the step, the engine mismatch."""
+    guard = guard_of(batch)
+    mismatch = {}
+    if mode == "recompute":
+        old, _ = run.actor.logprobs_and_entropy(batch)
+        mismatch = guard.check(old, Dist())
+        batch = batch.with_logprobs(old, batch.ref_logprobs)
+    named = list(run.actor.model.named_parameters())
+    grads: dict[str, torch.Tensor] = {}
+    hooks = [p.register_post_accumulate_grad_hook(
+        lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone())) for n, p in named]
+    stats = run.actor.update(batch, guard=guard)
+    for hook in hooks:
+        hook.remove()
+    if mode == "auto":
+        mismatch = stats.old_pass.mismatch
+    return stats, grads, {n: p.detach().clone() for n, p in named}, mismatch
+
+
+@pytest.mark.parametrize("extra", [
+    ["rl.use_kl_loss=false"],
+    ["rl.use_kl_loss=true", "rl.kl_loss_coef=0.1", "rl.rollout_is=token",
+     "rl.loss_agg_mode=seq-mean-token-mean", "rl.entropy_coeff=0.01"],
+], ids=["plain", "kl-tis-entropy"])
+def test_auto_and_recompute_take_the_same_step(tiny_model_dir, data_dir, tmp_path, extra):
+    runs = {m: grpo.setup(make_config(tiny_model_dir, data_dir, tmp_path / m, *extra))
+            for m in ("auto", "recompute")}
+    batch = rollout_batch(runs["auto"])
+    start = {n: p.detach().clone() for n, p in runs["auto"].actor.model.named_parameters()}
+    a_stats, a_grads, a_params, a_mis = step(runs["auto"], batch, "auto")
+    r_stats, r_grads, r_params, r_mis = step(runs["recompute"], batch, "recompute")
+    assert a_stats.old_pass is not None and r_stats.old_pass is None
+    for key in ("pg_loss", "entropy", "kl_loss", "grad_norm", "ppo_kl", "pg_clipfrac",
+                "rollout_is_weight"):
+        a, r = getattr(a_stats, key), getattr(r_stats, key)
+        assert (a is None) == (r is None), key
+        if a is not None:
+            assert a == pytest.approx(r, abs=ATOL), key
+    assert a_stats.ppo_kl == 0.0 and a_stats.pg_clipfrac == 0.0  # ratio exactly 1
+    assert a_grads.keys() == r_grads.keys() and a_grads
+    for n in a_grads:
+        torch.testing.assert_close(a_grads[n], r_grads[n], atol=ATOL, rtol=0, msg=n)
+    moved = max((a_params[n] - start[n]).abs().max().item() for n in start)
+    assert moved > 1e-4  # the step did change the weights
+    for n in a_params:
+        torch.testing.assert_close(a_params[n], r_params[n], atol=ATOL, rtol=0, msg=n)
+    assert a_mis.keys() == r_mis.keys() == {"rollout/logprob_diff_mean",
+                                            "rollout/logprob_diff_max"}
+    for k in a_mis:
+        assert a_mis[k] == pytest.approx(r_mis[k], abs=ATOL), k
+
+
+def test_the_old_pass_of_the_update_is_the_separate_pass(tiny_model_dir, data_dir, tmp_path):
+    run = grpo.setup(make_config(tiny_model_dir, data_dir, tmp_path / "r", "optim.lr=1e-12",
+                                 "rl.use_kl_loss=false"))
+    batch = rollout_batch(run)
+    old, ent = run.actor.logprobs_and_entropy(batch)
+    stats = run.actor.update(batch)
+    taken = stats.old_pass
+    assert taken.mismatch == {}  # no guard given
+    assert dataclasses.replace(stats, old_pass=None) == stats  # not a metric
+    assert not any("old_pass" in k for k in stats.metrics())
+    for mine, theirs in ((taken.logprobs, old), (taken.entropy, ent)):
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_the_guard_stops_the_update_before_any_weight_changes(tiny_model_dir, data_dir,
+                                                              tmp_path):
+    run = grpo.setup(make_config(tiny_model_dir, data_dir, tmp_path / "r",
+                                 "rl.use_kl_loss=false"))
+    batch = rollout_batch(run)
+    before = {n: p.detach().clone() for n, p in run.actor.model.named_parameters()}
+    lr_before = run.actor.lr
+    with pytest.raises(RolloutMismatchError, match=r"up to 5 at step 1, above .*=1:"):
+        run.actor.update(batch, guard=guard_of(batch, shift=5.0))
+    for n, p in run.actor.model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+    assert run.actor.optimizer.state == {} and run.actor.lr == lr_before
+    # an engine within the bound lets the same update through
+    stats = run.actor.update(batch, guard=guard_of(batch, shift=0.5))
+    assert stats.old_pass.mismatch["rollout/logprob_diff_max"] == pytest.approx(0.5, abs=1e-4)
+    assert any(not torch.equal(p.detach(), before[n])
+               for n, p in run.actor.model.named_parameters())
+
+
+@pytest.mark.parametrize("extra", [["rl.ppo_epochs=2"], ["rl.ppo_mini_batch_size=1"]])
+def test_off_policy_updates_need_the_separate_pass(tiny_model_dir, data_dir, tmp_path, extra):
+    run = grpo.setup(make_config(tiny_model_dir, data_dir, tmp_path / "r", *extra))
+    with pytest.raises(ValueError, match="update needs old log-probs in the batch"):
+        run.actor.update(rollout_batch(run))
+
+
+# ---- the recipe: which pass runs, and the same step either way
+def counting(monkeypatch) -> list[int]:
+    """Counts calls of Actor.logprobs_and_entropy (the separate old log-prob pass)."""
+    calls: list[int] = []
+    original = Actor.logprobs_and_entropy
+
+    def wrapper(self, batch):
+        calls.append(len(batch.conversations))
+        return original(self, batch)
+
+    monkeypatch.setattr(Actor, "logprobs_and_entropy", wrapper)
+    return calls
+
+
+def one_step(tiny_model_dir, data_dir, out: Path, *extra: str) -> dict:
+    cfg = make_config(tiny_model_dir, data_dir, out, "trainer.total_steps=1",
+                      "trainer.log_trajectories=true", "trainer.save_freq=1", *extra)
+    grpo.train(cfg)
+    (row,) = [r for r in read_metrics(out / "metrics.jsonl") if "train/samples" in r]
+    return row
+
+
+@pytest.mark.parametrize(("extra", "passes"), [
+    ([], 0),
+    (["rl.old_logprobs=recompute"], 1),
+    (["rl.ppo_epochs=2"], 1),
+    (["rl.ppo_mini_batch_size=1"], 1),
+    (["rl.use_rollout_logprobs=true"], 0),
+])
+def test_the_separate_pass_runs_only_off_policy_or_when_asked(
+        tiny_model_dir, data_dir, tmp_path, monkeypatch, extra, passes):
+    calls = counting(monkeypatch)
+    row = one_step(tiny_model_dir, data_dir, tmp_path / "r", "rl.use_kl_loss=false", *extra)
+    assert len(calls) == passes
+    assert ("rollout/logprob_diff_max" in row) == ("rl.use_rollout_logprobs=true" not in extra)
+
+
+def test_a_step_of_auto_is_a_step_of_recompute(tiny_model_dir, data_dir, tmp_path):
+    """The logged metrics (timings aside), the trajectory log (old log-probs and entropies)
+    and the checkpointed weights of one recipe step."""
+    runs = {m: tmp_path / m for m in ("auto", "recompute")}
+    rows = {m: one_step(tiny_model_dir, data_dir, out, f"rl.old_logprobs={m}")
+            for m, out in runs.items()}
+    assert_same_metrics(rows["auto"], rows["recompute"])
+    logs = {m: (out / "train_trajectories" / "step_000001.jsonl").read_text().splitlines()
+            for m, out in runs.items()}
+    assert len(logs["auto"]) == len(logs["recompute"]) == 8
+    for a, r in zip(logs["auto"], logs["recompute"], strict=True):
+        a, r = json.loads(a), json.loads(r)
+        for key in ("logprob_mean", "entropy_mean"):
+            assert a[key] is not None and a[key] == pytest.approx(r[key], abs=ATOL), key
+    weights = {m: load_file(out / "checkpoints" / "step_00000001" / "model" /
+                            "model.safetensors") for m, out in runs.items()}
+    assert_same_weights(weights["auto"], weights["recompute"], atol=ATOL)
+
+
+# ---- several ranks (gloo): replicated and FSDP2, one mini-batch of 3 questions
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
+def test_ranks_take_the_one_process_step_without_the_pass(tiny_model_dir, data_dir, tmp_path,
+                                                         strategy):
+    # 3 questions, one mini-batch (on-policy): rank 0 holds two, rank 1 one, so under FSDP
+    # rank 1 runs a padding micro-batch before the guard's all_gather.
+    extra = ["trainer.total_steps=1", "rl.ppo_mini_batch_size=3"]
+    single, two = tmp_path / "single", tmp_path / "two"
+    run_helper(1, overrides(tiny_model_dir, data_dir, single, *extra))
+    run_helper(2, overrides(tiny_model_dir, data_dir, two, *extra, f"model.strategy={strategy}"))
+    a, b = (read_metrics(d / "metrics.jsonl")[0] for d in (single, two))
+    assert_same_metrics(b, a)
+    assert "rollout/logprob_diff_max" in a
+    step = single / "checkpoints" / "step_00000001"
+    mine = load_file(step / "model" / "model.safetensors")
+    theirs = (exported_weights(two, 1, tmp_path / "hf") if strategy == "fsdp"
+              else load_file(two / "checkpoints" / "step_00000001" / "model" / "model.safetensors"))
+    assert_same_weights(theirs, mine)
