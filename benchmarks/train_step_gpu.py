@@ -274,7 +274,7 @@ def record_update_shapes(run: Any) -> list[dict[str, Any]]:
     shapes: list[dict[str, Any]] = []
     update = run.actor.update
 
-    def recording_update(batch, dist=None):
+    def recording_update(batch, *args, **kwargs):
         prompt = [len(s.prompt_ids) for s in batch.conversations]
         resp = [len(s.response_ids) for s in batch.conversations]
         everything = list(range(len(batch.conversations)))
@@ -285,7 +285,7 @@ def record_update_shapes(run: Any) -> list[dict[str, Any]]:
             response_tokens=sum(resp), prompt_tokens=sum(prompt),
             micro_batches_per_pass=len(run.actor.micro_batches(batch, everything)),
         ))
-        return update(batch) if dist is None else update(batch, dist)
+        return update(batch, *args, **kwargs)
 
     run.actor.update = recording_update
     return shapes
