@@ -43,6 +43,20 @@ def test_evaluations_use_the_training_settings_and_the_table_reads_results():
                                         "-", "-", "50.0"]
 
 
+def test_the_budget_plan_changes_grpo_reward_only():
+    bench = load_script()
+    full, budget = bench.PLANS["full"], bench.PLANS["rl-budget300"]
+    assert bench.rl_settings(full) == bench.memupdate_settings(full)
+    assert bench.memupdate_settings(full)["efficiency_budget"] == 150
+    # GRPO trains with 300; every evaluation keeps the config's 150
+    assert bench.rl_settings(budget) == {**bench.memupdate_settings(full),
+                                         "efficiency_budget": 300}
+    assert "memupdate.efficiency_budget=300" in bench.overrides(bench.rl_settings(budget))
+    settings = bench.memupdate_settings(budget)
+    args = bench.eval_args(budget, settings, Path("m"), Path("d"), Path("o"))
+    assert args[args.index("--efficiency-budget") + 1] == "150"
+
+
 @pytest.mark.slow
 def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data, monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
