@@ -66,7 +66,10 @@ What is the same on both sides:
   vLLM's CPU build has no sleep mode, so on a CPU both run without);
 - old log-probs: both run one no-grad forward pass of the policy over the batch before the
   update (TRL for its vLLM importance-sampling correction, on by default; memrl for the
-  PPO ratio).
+  PPO ratio and its engine guard: `rl.old_logprobs=recompute`, pinned here).
+  `--memrl-old-logprobs auto` measures memrl's default instead, which takes them from the
+  update's own forward when the step is on-policy, as this job's is (it still checks the
+  engine, but applies no importance-sampling correction).
 
 What could not be made equal, and why:
 - Sleep depth: TRL sleeps vLLM at level 2 (weights and KV cache dropped, weights re-sent
@@ -158,6 +161,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing",
                    action="store_false")
     p.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--memrl-old-logprobs", choices=["recompute", "auto"], default="recompute",
+                   help="memrl's rl.old_logprobs: recompute (default) runs the separate no-grad "
+                        "pass TRL runs with vLLM; auto takes them from the update's forward "
+                        "(on-policy), which TRL does only without its vLLM IS correction")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--model-dir", action="append", default=[], metavar="NAME=DIR",
@@ -275,6 +282,7 @@ def side_spec(args: argparse.Namespace, name: str, model_dir: Path, prompts: Pat
         "lr": args.lr, "temperature": args.temperature, "top_p": 1.0,
         "gradient_checkpointing": args.gradient_checkpointing,
         "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+        "memrl_old_logprobs": args.memrl_old_logprobs,
         "max_model_len": args.prompt_tokens + args.answer_tokens + 64,
         "max_num_batched_tokens": 4096,
     }
@@ -382,7 +390,7 @@ def run_memrl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "rl": {"adv_estimator": "grpo", "norm_adv_by_std": True, "use_kl_loss": False,
                "dynamic_sampling": False, "overlong": "keep", "loss_agg_mode": "token-mean",
                "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": None,
-               "ppo_epochs": 1,
+               "ppo_epochs": 1, "old_logprobs": spec["memrl_old_logprobs"],
                "ppo_mini_batch_size": spec["prompts_per_step"], "use_dynamic_bsz": False,
                "micro_batch_size": spec["micro_batch"], "remove_padding": False},
         "optim": {"lr": spec["lr"], "weight_decay": 0.0, "betas": [0.9, 0.999],
@@ -611,6 +619,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
                      "temperature": args.temperature, "top_p": 1.0,
                      "gradient_checkpointing": args.gradient_checkpointing,
                      "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+                     "memrl_old_logprobs": args.memrl_old_logprobs,
                      "reward": "prompt_task.parity_reward (CRC-32 parity of answer ids)"},
         "step_time_ratio_vs_trl": {r["model"]: r["step_time_ratio_vs_trl"] for r in results},
         "models": results,

@@ -99,12 +99,19 @@ def test_tiny_plan_runs_both_frameworks(tmp_path):
     record = read_record(tmp_path / "trl.run.json")
     assert (record["kind"], record["status"]) == ("benchmark trl_side_by_side", "ok")
 
-    # memrl alone on the model directory of the first run, then both runs merged into one
+    # memrl alone on the model directory of the first run, its old log-probs from the
+    # update's forward (on-policy: no separate pass), then both runs merged into one
     model = tmp_path / "work" / "tiny" / "model"
     alone = bench.main(["--plan", "tiny", "--work", str(tmp_path / "w2"), "--out",
                         str(tmp_path / "memrl.json"), "--frameworks", "memrl",
-                        "--model-dir", f"tiny={model}", "--device", "cpu"])
+                        "--model-dir", f"tiny={model}", "--device", "cpu",
+                        "--memrl-old-logprobs", "auto"])
     assert alone["models"][0]["model_info"]["dir"] == str(model)
+    assert summary["settings"]["memrl_old_logprobs"] == "recompute"
+    assert alone["settings"]["memrl_old_logprobs"] == "auto"
+    separate = memrl["mean_excluding_warmup"]["logprobs_s"]
+    skipped = alone["models"][0]["memrl"]["mean_excluding_warmup"]["logprobs_s"]
+    assert skipped < 0.1 * separate, (skipped, separate)
     assert "trl" not in alone["models"][0] and alone["step_time_ratio_vs_trl"] == {"tiny": None}
     merged = bench.main(["--merge", str(out), str(tmp_path / "memrl.json"), "--out",
                          str(tmp_path / "merged.json")])
