@@ -91,6 +91,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pad-tokenizer", action="store_true",
                    help="do not pad the tokenizer with placeholder tokens to the model vocab")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--checkpoint-every", type=int, default=1,
+                   help="with --gradient-checkpointing: only every n-th decoder layer "
+                        "(model.gradient_checkpointing_every_n_layers)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every decoder layer (model.compile)")
+    p.add_argument("--old-logprobs", choices=["auto", "recompute"], default="auto",
+                   help="rl.old_logprobs (recipe mode; auto: from the update's own forward "
+                        "on-policy, recompute: the separate pass measured before it existed)")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "eager"],
                    help="attention kernel (model.attn_implementation)")
     p.add_argument("--remove-padding", action="store_true",
@@ -180,6 +188,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     if not 2 <= args.docs_min <= args.docs_max:
         p.error("need 2 <= --docs-min <= --docs-max")
+    if args.checkpoint_every < 1 or (args.checkpoint_every > 1
+                                     and not args.gradient_checkpointing):
+        p.error("--checkpoint-every N needs N >= 1 and --gradient-checkpointing")
     return args
 
 
@@ -214,7 +225,8 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
         "model": {"path": str(model_dir), "dtype": "auto", "device": args.device,
                   "strategy": args.strategy,
                   "gradient_checkpointing": args.gradient_checkpointing,
-                  "attn_implementation": args.attn},
+                  "gradient_checkpointing_every_n_layers": args.checkpoint_every,
+                  "compile": args.compile, "attn_implementation": args.attn},
         "data": {"train_file": str(train_file), "train_batch_size": args.train_batch_size,
                  "shuffle": False},
         "memagent": {"chunk_size": args.chunk_size,
@@ -228,7 +240,8 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
                "kl_loss_type": "low_var_kl",
                "ppo_mini_batch_size": min(args.ppo_mini_batch_size, args.train_batch_size),
                "use_dynamic_bsz": True, "remove_padding": args.remove_padding,
-               "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch},
+               "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
+               "old_logprobs": args.old_logprobs},
         "optim": {"lr": 1e-6},
         "trainer": {"out_dir": str(run_dir), "total_steps": args.steps,
                     "peak_tflops": args.peak_tflops,
@@ -448,6 +461,9 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
+    from memrl.distributed import init_process_group
+    from memrl.recipes.models import checkpoint_layers, compile_layers
+    from memrl.rl.sharding import shard
     from memrl.rl.actor import Actor, build_optimizer, warmup_schedule
     from memrl.rl.config import RLConfig
     from memrl.rl.flops import ModelShape, device_peak_flops, mfu, train_flops
@@ -456,10 +472,18 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     cuda = device.type == "cuda"
     config = Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=1_000_000.0)
     torch.manual_seed(args.seed)
-    with device:
+    fsdp = args.strategy == "fsdp"
+    with torch.device("cpu") if fsdp else device:  # shard() moves each unit to the device
         model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        checkpoint_layers(model, every_n_layers=args.checkpoint_every, fsdp=fsdp)
+    if args.compile:
+        compile_layers(model)
+    sharding: dict[str, Any] = {}
+    if fsdp:  # one process: FSDP2 for its mixed-precision policy (one bf16 cast per layer)
+        dist = init_process_group(1800, device=str(device), always=True)
+        model = shard(model, device, param_dtype=torch.bfloat16 if cuda else None)
+        sharding = dict(sharded_over=dist, device=device)
     model.train()
     model_shape = ModelShape.of(model)
     params = sum(p.numel() for p in model.parameters())
@@ -491,7 +515,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
                       use_dynamic_bsz=True, max_tokens_per_micro_batch=budget,
                       remove_padding=args.remove_padding, overlong="keep")
         actor = Actor(model, rl, optimizer=optimizer, scheduler=warmup_schedule(optimizer, 0),
-                      grad_clip=1.0, peak_flops=peak, pad_id=0, autocast_dtype=autocast)
+                      grad_clip=1.0, peak_flops=peak, pad_id=0, autocast_dtype=autocast,
+                      **sharding)
         micro = actor.micro_batches(batch, list(range(len(lens))))
         if cuda:
             torch.cuda.empty_cache()
@@ -546,12 +571,15 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
         "settings": {
             "attn_implementation": args.attn, "remove_padding": args.remove_padding,
             "gradient_checkpointing": args.gradient_checkpointing,
-            "samples": len(lens), "prompt_len": list(args.prompt_len),
+            "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
+            "strategy": args.strategy, "samples": len(lens), "prompt_len": list(args.prompt_len),
             "response_len": list(args.response_len), "tokens": tokens,
             "response_tokens": sum(responses), "sum_sq_seq_len": sum(n * n for n in lens),
             "update_model_flops": flops, "update_6n_flops": flops_6n,
             "peak_flops": peak, "steps_per_budget": args.steps, "warmup_steps": args.warmup,
-            "dtype": "fp32 master weights, bf16 autocast" if cuda else "float32",
+            "dtype": ("fp32 master weights, bf16 autocast" + (
+                ", FSDP2 MixedPrecisionPolicy: bf16 parameters, fp32 reduction"
+                if fsdp else "")) if cuda else "float32",
         },
         "budgets": rows,
     }
@@ -645,6 +673,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         "model": model_info,
         "settings": {
             "gradient_checkpointing": args.gradient_checkpointing,
+            "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
+            "old_logprobs": args.old_logprobs,
             "engine": args.engine, "recipe_shapes": args.recipe_shapes,
             "strategy": args.strategy,
             "rollout_vllm": config.rollout.vllm.model_dump() if args.engine == "vllm" else None,

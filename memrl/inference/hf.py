@@ -23,6 +23,7 @@ Conventions (see `Generation`):
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -134,7 +135,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), eager():
                 for start in range(0, len(order), self.generation_batch_size):
                     chunk = order[start : start + self.generation_batch_size]
                     outs = self._generate_batch([list(prompts[i]) for i in chunk], params, rng)
@@ -219,6 +220,16 @@ class HFEngine:
         """Whether the newest token completed a stop string (only the tail is decoded)."""
         tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def eager() -> contextlib.AbstractContextManager:
+    """Run compiled modules eagerly: generation through the policy whose decoder layers
+    are compiled for the update (`model.compile`) would recompile at every new KV-cache
+    length until torch gives up. Nothing on torch < 2.6 (no `set_stance`)."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance else contextlib.nullcontext()
 
 
 def kv_cache(output: Any) -> Any:

@@ -68,6 +68,17 @@ class ModelConfig(StrictModel):
     """torch device; None: cuda when available, else cpu."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (verl enable_gradient_checkpointing)."""
+    gradient_checkpointing_every_n_layers: int = Field(1, ge=1)
+    """With gradient_checkpointing: recompute only decoder layers 0, n, 2n, ...; the other
+    layers keep their activations (more memory, less recomputation: checkpointing only as
+    much as memory requires). 1: every layer. Needs transformers >= 5.17."""
+    compile: bool = False
+    """torch.compile every decoder layer of the policy, the reference and the critic, in
+    place (parameter names unchanged): the update's and the log-prob passes' elementwise
+    work (norms, activations, rotary embeddings, casts) is fused. The first two sequence
+    lengths each compile (the first step pays it), later ones reuse the dynamic-shape
+    graph. Generation always runs eagerly (the hf engine; vLLM compiles its
+    own model). TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged)."""
     attn_implementation: Literal[
         "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
     ] | None = None
@@ -91,6 +102,11 @@ class ModelConfig(StrictModel):
             raise ValueError(
                 "model.strategy fsdp trains every weight; with LoRA the policy is small: "
                 "use model.strategy=replicate"
+            )
+        if self.gradient_checkpointing_every_n_layers > 1 and not self.gradient_checkpointing:
+            raise ValueError(
+                "model.gradient_checkpointing_every_n_layers chooses which layers recompute "
+                "their activations: set model.gradient_checkpointing=true too"
             )
         return self
 

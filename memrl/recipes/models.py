@@ -8,6 +8,9 @@ copy of the policy of its own (a sharded module cannot generate: see memrl.rl.sh
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
+import os
 from typing import Any
 
 import torch
@@ -20,8 +23,10 @@ from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import Actor, Reference, build_optimizer, mixed_precision, warmup_schedule
 from memrl.rl.config import OptimConfig
 from memrl.rl.critic import Critic, ValueModel
-from memrl.rl.sharding import shard
+from memrl.rl.sharding import decoder_layers, shard
 from memrl.rl.flops import device_peak_flops
+
+log = logging.getLogger(__name__)
 
 
 def master_dtype(mcfg: ModelConfig) -> torch.dtype:
@@ -63,17 +68,62 @@ def load_trained(mcfg: ModelConfig, *, trainable: bool) -> Any:
         for p in model.parameters():
             p.requires_grad_(False)
     if trainable and mcfg.gradient_checkpointing:
-        # FSDP: non-reentrant, so the recomputed forward runs FSDP's hooks (its all-gathers).
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False} if fsdp else None
-        )
-        if hasattr(model, "enable_input_require_grads"):
-            model.enable_input_require_grads()
+        checkpoint_layers(model, every_n_layers=mcfg.gradient_checkpointing_every_n_layers,
+                          fsdp=fsdp)
+    if mcfg.compile:
+        compile_layers(model)
     if fsdp:
         f = mcfg.fsdp
         model = shard(model, device, param_dtype=fsdp_param_dtype(mcfg),
                       cpu_offload=f.cpu_offload, reshard_after_forward=f.reshard_after_forward)
     return model
+
+
+def checkpoint_layers(model: Any, *, every_n_layers: int = 1, fsdp: bool = False) -> None:
+    """Gradient checkpointing (`model.gradient_checkpointing`) of every decoder layer, or of
+    layers 0, n, 2n, ... (`model.gradient_checkpointing_every_n_layers`)."""
+    kwargs: dict[str, Any] = {}
+    if every_n_layers > 1:
+        enable = model.gradient_checkpointing_enable
+        if "every_n_layers" not in inspect.signature(enable).parameters:
+            import transformers
+
+            raise MemrlInputError(
+                f"transformers {transformers.__version__} checkpoints every layer or none: "
+                "upgrade to transformers>=5.17",
+                location="model.gradient_checkpointing_every_n_layers")
+        kwargs["every_n_layers"] = every_n_layers
+    # FSDP: non-reentrant, so the recomputed forward runs FSDP's hooks (its all-gathers).
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False} if fsdp else None, **kwargs)
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+
+
+COMPILED_VARIANTS = 64
+"""Graphs torch may compile for the decoder layers' forward (torch's recompile limit, 8 by
+default). Every layer of a model (and of the reference and the critic) shares one code
+object, and each combination of grad mode, train/eval, an attention mask or none, inputs
+that require grad or not, and a batch of one row or more gets a graph of its own: a
+checkpointed, padded update beside its no-grad log-prob pass reached the default limit on the
+tiny model (past it, torch runs the layers eagerly)."""
+
+
+def compile_layers(model: Any) -> None:
+    """`torch.compile` every decoder layer of `model` in place (`model.compile`), with
+    dynamic shapes from the start: with automatic dynamic shapes, the recomputation of a
+    checkpointed layer could pick the dynamic graph where its forward had run a static one,
+    and the backward failed (pytorch issue 166926)."""
+    if os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1":
+        log.warning("model.compile is on, but TORCH_COMPILE_DISABLE=1 in the environment: "
+                    "the layers run eagerly")
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), COMPILED_VARIANTS))
+    for layer in decoder_layers(model):
+        layer.compile(dynamic=True)
 
 
 def load_policy(mcfg: ModelConfig) -> tuple[Any, Any]:
@@ -190,7 +240,9 @@ def build_critic(config: TrainConfig, tokenizer: Any, *, total_steps: int) -> Cr
             f"embeddings, fewer than the policy's tokenizer ({vocab}): it must read the "
             "policy's token ids", location="critic.init")
     if mcfg.gradient_checkpointing:
-        lm.gradient_checkpointing_enable()
+        checkpoint_layers(lm, every_n_layers=mcfg.gradient_checkpointing_every_n_layers)
+    if mcfg.compile:
+        compile_layers(lm)
     model = ValueModel.from_causal_lm(lm)
     model.train()
     optim = ccfg.optim

@@ -1,0 +1,104 @@
+"""One GRPO update with `model.compile` on and off, on the same batch (run by
+tests/test_update_options.py in a process of its own: `scripts/test.sh` sets
+TORCH_COMPILE_DISABLE=1 for the suite, which would make torch.compile a no-op).
+
+    python tests/compile_step.py MODEL_DIR DATA_DIR OUT_DIR [OVERRIDE ...]
+
+Prints one JSON line: the largest differences of the logged loss terms and gradient norm,
+of the gradients and of the parameters after the step between the compiled and the plain
+policy, how far the step moved the weights, whether the compiled policy's
+rollouts (hf engine, sampled, seeded) equal the plain policy's, and the seconds each took.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from memrl.config import load_config
+from memrl.recipes import grpo
+from memrl.recipes.config import TrainConfig
+from memrl.rl.batch import RolloutBatch
+
+TINY_MEMAGENT = ["memagent.chunk_size=48", "memagent.max_chunks=2",
+                 "memagent.max_memory_tokens=6", "memagent.max_final_tokens=6",
+                 "rollout.temperature=1.0", "rollout.top_p=1.0", "rl.overlong=keep"]
+
+
+def config(model_dir: str, data_dir: str, out_dir: Path, *extra: str) -> TrainConfig:
+    # Micro-batches of a small token budget: several shapes, so the compiled layers go
+    # dynamic, and the recomputation of a checkpointed layer must find the forward's graph.
+    return load_config(TrainConfig, None, [
+        f"model.path={model_dir}", f"data.train_file={data_dir}/train.jsonl",
+        f"trainer.out_dir={out_dir}", "trainer.log_sinks=[jsonl]", *TINY_MEMAGENT,
+        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rollout.n=4",
+        "optim.lr=1e-3", "rl.reward=context_overlap", "rl.use_dynamic_bsz=true",
+        "rl.max_tokens_per_micro_batch=400", "rl.use_kl_loss=true", "rl.kl_loss_coef=0.1",
+        "rl.entropy_coeff=0.01", *extra])
+
+
+def step(run, batch: RolloutBatch) -> tuple[dict, dict, dict]:
+    """One update, with the old log-probs of the separate (no-grad) pass."""
+    batch = batch.with_logprobs(run.actor.logprobs(batch), batch.ref_logprobs)
+    named = list(run.actor.model.named_parameters())
+    grads: dict[str, torch.Tensor] = {}
+    hooks = [p.register_post_accumulate_grad_hook(
+        lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone())) for n, p in named]
+    stats = run.actor.update(batch)
+    for hook in hooks:
+        hook.remove()
+    return stats.metrics(), grads, {n: p.detach().clone() for n, p in named}
+
+
+def rollouts(run) -> list:
+    return run.task.rollout(run.engine, run.stream.records[:2], num_samples=4, seed=0,
+                            temperature=1.0, top_p=1.0)
+
+
+def main(model_dir: str, data_dir: str, out_dir: str, *extra: str) -> None:
+    runs = {name: grpo.setup(config(model_dir, data_dir, Path(out_dir) / name, *flags, *extra))
+            for name, flags in (("plain", ["model.compile=false"]),
+                                ("compiled", ["model.compile=true"]))}
+    trajectories, seconds = {}, {}
+    for name, run in runs.items():
+        t = time.perf_counter()
+        trajectories[name] = rollouts(run)
+        seconds[f"rollout_{name}"] = time.perf_counter() - t
+    same_rollouts = [[turn.response_ids for turn in traj.turns]
+                     for traj in trajectories["plain"]] == \
+                    [[turn.response_ids for turn in traj.turns]
+                     for traj in trajectories["compiled"]]
+    batch = RolloutBatch.from_trajectories(trajectories["plain"], overlong="keep")
+    batch = batch.with_logprobs(None, runs["plain"].reference.logprobs(batch))
+    batch = batch.with_advantages(torch.linspace(-1, 1, batch.num_trajectories))
+    results = {}
+    for name, run in runs.items():
+        t = time.perf_counter()
+        results[name] = step(run, batch)
+        seconds[f"update_{name}"] = time.perf_counter() - t
+    (pm, pg, pp), (cm, cg, cp) = results["plain"], results["compiled"]
+    metric_keys = [k for k in pm if k.startswith("actor/")]
+    everything = list(range(len(batch.conversations)))
+    print(json.dumps({
+        "micro_batches": len(runs["plain"].actor.micro_batches(batch, everything)),
+        "micro_batch_lengths": sorted({max(batch.conversations[i].num_tokens for i in micro)
+                                       for micro in runs["plain"].actor.micro_batches(
+                                           batch, everything)}),
+        "metric_keys": sorted(metric_keys),
+        "metric_diff": max(abs(pm[k] - cm[k]) for k in metric_keys),
+        "grad_keys_equal": pg.keys() == cg.keys() and len(pg) > 0,
+        "grad_diff": max((pg[n] - cg[n]).abs().max().item() for n in pg),
+        "param_diff": max((pp[n] - cp[n]).abs().max().item() for n in pp),
+        "param_moved": max((pp[n] - runs["compiled"].reference.model.state_dict()[n])
+                           .abs().max().item() for n in pp),
+        "same_rollouts": same_rollouts,
+        "seconds": seconds,
+    }))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,156 @@
+"""Options that change how fast the update runs, not what it computes (issue 24 item 4):
+each gives the same loss, gradients and step as the plain path on the tiny model, float32,
+CPU.
+
+- `model.gradient_checkpointing_every_n_layers`: only every n-th decoder layer recomputes
+  its activations. Recomputation is the same computation: equal to the plain step exactly
+  (tolerance 0), with fewer bytes saved for the backward than without checkpointing and more
+  than with every layer checkpointed.
+- `model.compile`: torch.compile (inductor) of every decoder layer. Tolerance 1e-5 on
+  gradients and losses (fused kernels reorder float32 sums; measured: 1e-6 on the
+  gradients, 2.4e-6 on the logged losses and gradient norm). The
+  compiled policy's rollouts on the hf engine (which generates eagerly) are the plain
+  policy's, token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_rl_old_logprobs import make_config, rollout_batch, step
+
+from memrl.config import load_config
+from memrl.data.hotpotqa import save_records_jsonl
+from memrl.data.synthetic import make_synthetic_records
+from memrl.errors import MemrlInputError
+from memrl.recipes import grpo
+from memrl.recipes.config import ModelConfig, TrainConfig
+from memrl.recipes.models import load_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILE_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("options_data")
+    save_records_jsonl(make_synthetic_records(16, num_docs=2, seed=0), d / "train.jsonl")
+    return d
+
+
+# ---- gradient checkpointing of every n-th layer
+def saved_bytes(model, batch) -> int:
+    """Bytes autograd keeps for the backward of one forward of `batch`'s conversations."""
+    from memrl.rl.actor import response_logprobs
+
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    tensors = batch.collate(list(range(len(batch.conversations))), 0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _ = response_logprobs(model, tensors)
+    lp.sum().backward()
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def test_checkpointing_every_n_layers_takes_the_plain_step(tiny_model_dir, data_dir, tmp_path):
+    settings = {
+        "plain": ["model.gradient_checkpointing=false"],
+        "all": ["model.gradient_checkpointing=true"],
+        "every2": ["model.gradient_checkpointing=true",
+                   "model.gradient_checkpointing_every_n_layers=2"],
+    }
+    runs = {name: grpo.setup(make_config(tiny_model_dir, data_dir, tmp_path / name,
+                                         "rl.use_kl_loss=false", *extra))
+            for name, extra in settings.items()}
+    layers = runs["every2"].actor.model.model.layers
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+    batch = rollout_batch(runs["plain"])
+    saved = {name: saved_bytes(run.actor.model, batch) for name, run in runs.items()}
+    assert saved["all"] < saved["every2"] < saved["plain"], saved
+    results = {name: step(run, batch, "auto") for name, run in runs.items()}
+    p_stats, p_grads, p_params, _ = results["plain"]
+    for name in ("all", "every2"):
+        stats, grads, params, _ = results[name]
+        assert stats.pg_loss == p_stats.pg_loss and stats.grad_norm == p_stats.grad_norm
+        for n in p_grads:
+            torch.testing.assert_close(grads[n], p_grads[n], atol=0, rtol=0, msg=n)
+        for n in p_params:
+            torch.testing.assert_close(params[n], p_params[n], atol=0, rtol=0, msg=n)
+
+
+def test_every_n_layers_needs_checkpointing(tiny_model_dir):
+    with pytest.raises(MemrlInputError, match="set model.gradient_checkpointing=true too"):
+        load_config(TrainConfig, None, [f"model.path={tiny_model_dir}",
+                                        "data.train_file=x.jsonl",
+                                        "model.gradient_checkpointing_every_n_layers=2"])
+
+
+def test_every_n_layers_names_the_transformers_it_needs(tiny_model_dir, monkeypatch):
+    """An older transformers (no `every_n_layers`) is refused in one line, not ignored."""
+    from transformers import PreTrainedModel
+
+    def old_enable(self, gradient_checkpointing_kwargs=None):
+        raise AssertionError("must not be called")
+
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", old_enable)
+    mcfg = ModelConfig(path=str(tiny_model_dir), gradient_checkpointing=True,
+                       gradient_checkpointing_every_n_layers=2)
+    with pytest.raises(MemrlInputError, match=r"upgrade to transformers>=5\.17"):
+        load_policy(mcfg)
+
+
+# ---- torch.compile of the decoder layers
+def test_compile_is_logged_when_the_environment_disables_it(tiny_model_dir, monkeypatch,
+                                                            caplog):
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    with caplog.at_level(logging.WARNING, logger="memrl.recipes.models"):
+        model, _ = load_policy(ModelConfig(path=str(tiny_model_dir), compile=True))
+    assert "TORCH_COMPILE_DISABLE=1" in caplog.text
+    names = {n for n, _ in model.named_parameters()}
+    plain, _ = load_policy(ModelConfig(path=str(tiny_model_dir)))
+    assert names == {n for n, _ in plain.named_parameters()}  # compiled in place
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [
+    ["model.gradient_checkpointing=true"],
+    ["rl.remove_padding=true", "model.gradient_checkpointing=true",
+     "model.gradient_checkpointing_every_n_layers=2"],
+], ids=["padded-checkpointed", "packed-every2"])
+def test_compiled_layers_take_the_plain_step(tiny_model_dir, data_dir, tmp_path, extra):
+    """Several micro-batch shapes, a checkpointed layer's recomputation, the no-grad old
+    log-prob pass and sampled rollouts, compiled against plain (a dynamic-shape graph from the
+    start: with automatic dynamic shapes, a recomputation picked the dynamic graph where the
+    forward had run the static one, and the backward failed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "compile_step.py"), str(tiny_model_dir),
+         str(data_dir), str(tmp_path), *extra],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "recompile_limit" not in done.stderr  # never fell back to running eagerly
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["micro_batches"] >= 2 and len(out["micro_batch_lengths"]) >= 2, out
+    assert {"actor/pg_loss", "actor/kl_loss", "actor/entropy",
+            "actor/grad_norm"} <= set(out["metric_keys"])
+    assert out["grad_keys_equal"]
+    assert out["param_moved"] > 1e-4, out  # the step changed the weights
+    # Not the parameters after the step: AdamW's first step divides each gradient entry by
+    # its own magnitude, so entries near zero turn float noise into differences of up to lr.
+    for key in ("metric_diff", "grad_diff"):
+        assert out[key] < COMPILE_ATOL, out
+    assert out["same_rollouts"], out
