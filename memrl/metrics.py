@@ -253,7 +253,9 @@ def format_console_line(step: int, row: Mapping[str, Any]) -> str:
     """`step 12 │ reward_mean 0.531±0.12 │ val/score 0.4 │ …` (rich markup), one short line.
 
     The main numbers first (reward, score, KL, loss, …), at most six items, then a count.
-    Labels drop their section (`train/`, `actor/`) except `val/`; metrics.jsonl has them all.
+    Labels drop their section (`train/`, `actor/`) except `val/`, and except where two shown
+    labels would read the same (`actor/grad_norm`, `critic/grad_norm`); metrics.jsonl has
+    them all.
     """
 
     def rank(key: str) -> int:
@@ -262,14 +264,19 @@ def format_console_line(step: int, row: Mapping[str, Any]) -> str:
                 return i
         return len(_CONSOLE_PRIORITY)
 
+    def short(key: str) -> str:
+        return key if key.startswith("val/") else key.rsplit("/", 1)[-1]
+
     keys = [k for k in row if not (k.endswith("reward_std") and k[:-3] + "mean" in row)]
     keys.sort(key=rank)  # stable: same-rank keys keep the caller's order
+    shown = keys[:_CONSOLE_MAX_ITEMS]
+    clashing = {label for label in map(short, shown) if [*map(short, shown)].count(label) > 1}
     parts = []
-    for key in keys[:_CONSOLE_MAX_ITEMS]:
+    for key in shown:
         text = _fmt(row[key])
         if key.endswith("reward_mean") and key[:-4] + "std" in row:
             text += f"±{_fmt(row[key[:-4] + 'std'])}"
-        label = key if key.startswith("val/") else key.rsplit("/", 1)[-1]
+        label = key if short(key) in clashing else short(key)  # actor/ and critic/grad_norm
         parts.append(f"[dim]{label}[/dim] [bold]{text}[/bold]")
     if len(keys) > _CONSOLE_MAX_ITEMS:
         parts.append(f"[dim](+{len(keys) - _CONSOLE_MAX_ITEMS} more)[/dim]")

@@ -117,6 +117,17 @@ def test_console_line():
     assert format_console_line(1, many).endswith("[dim](+4 more)[/dim]")
 
 
+def test_console_labels_that_would_read_the_same_keep_their_section():
+    """PPO logs the actor's and the critic's gradient norm: "grad_norm 29.99 │ grad_norm
+    0.2046" did not say which was which."""
+    row = {"actor/grad_norm": 30.0, "critic/grad_norm": 0.25, "actor/pg_loss": 0.5}
+    assert format_console_line(2, row) == (
+        "[cyan]step 2[/cyan] │ [dim]pg_loss[/dim] [bold]0.5[/bold] │ "
+        "[dim]actor/grad_norm[/dim] [bold]30[/bold] │ "
+        "[dim]critic/grad_norm[/dim] [bold]0.25[/bold]"
+    )
+
+
 def test_console_sink_prints_one_line(tmp_path):
     from rich.console import Console
 
