@@ -207,11 +207,16 @@ _PUBLISHED_FORMAT = "memagent.prompts=memagent-answer-is"
 PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
                            rows=("base_long_context", "base_memagent", "warm_start", "rl")),
                  sft_overrides=(_PUBLISHED_FORMAT, "memagent.oracle_corrections=0.25"),
-                 rl_overrides=(_PUBLISHED_FORMAT,))
+                 rl_overrides=(_PUBLISHED_FORMAT,), ppo=False)
 """The full plan trained in the published evaluation's answer format ("Therefore, the answer
 is ...": every row evaluated under `--protocol memagent`) from a corrective warm start (in a
 quarter of the episodes the oracle first keeps a namesake's sentence and replaces it when the
-gold one is read: the RL model's failure at 64x). Not run yet."""
+gold one is read: the RL model's failure at 64x). No PPO (`--plan ppo-vs-grpo` compares
+them). Not run yet. A device machine goes back after 30 minutes held: run it as two runs into
+one --out, `--rows warm_start,rl` (the warm start, GRPO and their evaluations) and `--rows
+base_memagent,base_long_context` (the base model, which never stops early: its evaluations
+took 35 minutes in the full plan's first hold), then `--report-only` here on the merged
+results."""
 PLANS = {"full": Plan(), "published": PUBLISHED, "smoke": SMOKE, "tiny": TINY,
          "ppo-vs-grpo": PPO_VS_GRPO}
 
@@ -455,8 +460,47 @@ def prepare_data(plan: Plan, runner: Runner, data: Path, hotpotqa: Path | None
     return {**dirs, "train_file": train_file, "val_file": bio / "val.jsonl"}
 
 
+@dataclass(frozen=True)
+class Stages:
+    """What one run of the pipeline does, from the rows it is asked for (`--rows`)."""
+
+    base_rows: tuple[str, ...]
+    """The base model's rows evaluated (no training needed)."""
+    warm_start: bool
+    """Train (or reuse) the warm start: some asked row is the warm start or grows from it."""
+    evaluate_warm_start: bool
+    branches: dict[str, tuple[str, ...]]
+    """RL runs from the warm start, each with its overrides of the GRPO config."""
+
+
+def plan_rows(plan: Plan) -> tuple[str, ...]:
+    """Every row the plan produces (PPO only when it trains it)."""
+    return tuple(r for r in ROWS if r != "ppo" or plan.ppo)
+
+
+def stages(plan: Plan, rows: Iterable[str] | None = None) -> Stages:
+    """The stages that produce `rows` (None: every row of the plan). The results of rows
+    left out are left as they are in the results directory: a plan too long for one device
+    hold runs as several runs of some rows each, into one directory."""
+    asked = set(plan_rows(plan) if rows is None else rows)
+    unknown = asked - set(plan_rows(plan))
+    if unknown or not asked:
+        raise SystemExit(f"--rows takes some of {', '.join(plan_rows(plan))}; got "
+                         f"{', '.join(sorted(unknown)) or 'none'}")
+    branches = {}
+    if "rl" in asked:
+        branches["rl"] = plan.rl_overrides
+    if plan.ppo and "ppo" in asked:
+        branches["ppo"] = (*PPO_OVERRIDES, *plan.rl_overrides)
+    return Stages(base_rows=tuple(r for r in ("base_memagent", "base_long_context")
+                                  if r in asked),
+                  warm_start=bool(branches) or "warm_start" in asked,
+                  evaluate_warm_start="warm_start" in asked, branches=branches)
+
+
 def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
-             until: str = "report") -> None:
+             until: str = "report", rows: Iterable[str] | None = None) -> None:
+    todo = stages(plan, rows)
     runner = Runner(work)
     model = work / "model"
     res.mkdir(parents=True, exist_ok=True)
@@ -469,12 +513,13 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
                f"data.train_file={data['train_file']}", f"trainer.out_dir={work / 'sft'}",
                *plan.sft_overrides]
     procs = []
-    if not done(work / "model_warm"):
+    if todo.warm_start and not done(work / "model_warm"):
         procs.append(runner.start("sft", *sft_cmd))
-    procs += start_evaluations(runner, evaluations(plan, model, suites, res, "base_memagent")
-                               + evaluations(plan, model, suites, res, "base_long_context"))
+    procs += start_evaluations(runner, [command for row in todo.base_rows
+                                        for command in evaluations(plan, model, suites, res,
+                                                                   row)])
     runner.wait(*procs)
-    if until == "baselines":
+    if until == "baselines" or not todo.warm_start:
         report(plan, work, res)
         return
     if not done(work / "model_warm"):
@@ -485,12 +530,11 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     # freed while another engine profiles at start-up fails that start-up);
     # 5. the trained models' evaluations, once no trainer runs
     warm = start_evaluations(runner, evaluations(plan, work / "model_warm", suites, res,
-                                                 "warm_start"))
-    branches = {"rl": plan.rl_overrides}
-    if plan.ppo:
-        branches["ppo"] = (*PPO_OVERRIDES, *plan.rl_overrides)
+                                                 "warm_start")
+                             if todo.evaluate_warm_start else [])
+    branches = todo.branches
     failed: dict[str, BaseException] = {}
-    with ThreadPoolExecutor(len(branches)) as pool:
+    with ThreadPoolExecutor(max(len(branches), 1)) as pool:
         futures = {row: pool.submit(train_then_export, runner, plan, work, data, row, overrides)
                    for row, overrides in branches.items()}
         for row, future in futures.items():
@@ -661,6 +705,10 @@ def main() -> None:
     parser.add_argument("--until", choices=("baselines", "report"), default="report",
                         help="baselines: stop after the base model's evaluations (and the "
                         "warm start's training)")
+    parser.add_argument("--rows", default=None,
+                        help="comma-separated rows to produce (default: all the plan has, of "
+                        f"{','.join(ROWS)}); the others' results in --out are kept, so a plan "
+                        "longer than one device hold runs as several runs into one --out")
     parser.add_argument("--hotpotqa", type=Path,
                         default=shared_data_file("hotpotqa", "dev_subsampled.jsonl"),
                         help="HotpotQA questions (IRCoT JSONL) for RULER-HQA; none: skipped")
@@ -670,7 +718,8 @@ def main() -> None:
     if args.report_only:
         report(plan, args.work, args.out)
     else:
-        pipeline(plan, args.work, args.out, args.hotpotqa, args.until)
+        pipeline(plan, args.work, args.out, args.hotpotqa, args.until,
+                 None if args.rows is None else [r for r in args.rows.split(",") if r])
 
 
 if __name__ == "__main__":

@@ -245,6 +245,34 @@ def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_form
         rm.trained_protocol(mixed)
 
 
+def test_rows_choose_the_stages_of_a_run():
+    """`--rows`: a plan longer than one device hold runs as several runs into one results
+    directory, each producing some rows; training runs only for rows that need it."""
+    rm = load_script("real_model_gpu")
+    full, published = rm.PLANS["full"], rm.PLANS["published"]
+    every = rm.stages(full)
+    assert every.base_rows == ("base_memagent", "base_long_context")
+    assert every.warm_start and every.evaluate_warm_start
+    assert every.branches == {"rl": full.rl_overrides,
+                              "ppo": (*rm.PPO_OVERRIDES, *full.rl_overrides)}
+    base = rm.stages(published, ["base_memagent", "base_long_context"])
+    assert base.base_rows == ("base_memagent", "base_long_context")
+    assert not base.warm_start and not base.branches
+    trained = rm.stages(published, ["warm_start", "rl"])
+    assert trained.base_rows == () and trained.warm_start and trained.evaluate_warm_start
+    assert trained.branches == {"rl": published.rl_overrides}  # the published plan: no PPO
+    assert "ppo" not in rm.plan_rows(published)
+    with pytest.raises(SystemExit, match="--rows takes some of base_long_context,"
+                                         ".*rl; got ppo"):
+        rm.stages(published, ["ppo"])
+    rl_only = rm.stages(full, ["rl"])  # the warm start is trained, not evaluated
+    assert rl_only.warm_start and not rl_only.evaluate_warm_start
+    with pytest.raises(SystemExit, match="--rows takes some of .*, ppo; got bogus"):
+        rm.stages(full, ["rl", "bogus"])
+    with pytest.raises(SystemExit, match="got none"):
+        rm.stages(full, [])
+
+
 def test_runner_starts_an_engine_again_when_its_memory_profiling_was_disturbed(tmp_path):
     """A stand-in for `memrl` that fails its engine's start with vLLM's profiling error the
     first time and comes up the second; a process that fails otherwise is not started again."""
