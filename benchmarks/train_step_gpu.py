@@ -72,6 +72,9 @@ from gpu_common import (  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from memrl.recipes.config import ModelConfig
+    from memrl.rl.config import RLConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true",
                    help="tiny model and data (CPU smoke check); other flags still apply")
@@ -91,12 +94,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pad-tokenizer", action="store_true",
                    help="do not pad the tokenizer with placeholder tokens to the model vocab")
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--checkpoint-every", type=int, default=1,
+    p.add_argument("--checkpoint-every", type=int,
+                   default=ModelConfig.model_fields["gradient_checkpointing_every_n_layers"].default,
                    help="with --gradient-checkpointing: only every n-th decoder layer "
                         "(model.gradient_checkpointing_every_n_layers)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every decoder layer (model.compile)")
-    p.add_argument("--old-logprobs", choices=["auto", "recompute"], default="auto",
+    p.add_argument("--old-logprobs", choices=["auto", "recompute"],
+                   default=RLConfig.model_fields["old_logprobs"].default,
                    help="rl.old_logprobs (recipe mode; auto: from the update's own forward "
                         "on-policy, recompute: the separate pass measured before it existed)")
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "eager"],

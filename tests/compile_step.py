@@ -7,7 +7,9 @@ TORCH_COMPILE_DISABLE=1 for the suite, which would make torch.compile a no-op).
 Prints one JSON line: the largest differences of the logged loss terms and gradient norm,
 of the gradients and of the parameters after the step between the compiled and the plain
 policy, how far the step moved the weights, whether the compiled policy's
-rollouts (hf engine, sampled, seeded) equal the plain policy's, and the seconds each took.
+rollouts (hf engine, sampled, seeded) equal the plain policy's, whether both name their
+weights alike (checkpoints, weight sync), how many graphs torch compiled during each
+rollout and update (torch's dynamo counters), and the seconds each took.
 """
 
 from __future__ import annotations
@@ -63,11 +65,17 @@ def main(model_dir: str, data_dir: str, out_dir: str, *extra: str) -> None:
     runs = {name: grpo.setup(config(model_dir, data_dir, Path(out_dir) / name, *flags, *extra))
             for name, flags in (("plain", ["model.compile=false"]),
                                 ("compiled", ["model.compile=true"]))}
-    trajectories, seconds = {}, {}
+    from torch._dynamo.utils import counters
+
+    def graphs() -> int:
+        return int(counters["stats"]["unique_graphs"])
+
+    trajectories, seconds, compiled_graphs = {}, {}, {}
     for name, run in runs.items():
-        t = time.perf_counter()
+        t, before = time.perf_counter(), graphs()
         trajectories[name] = rollouts(run)
         seconds[f"rollout_{name}"] = time.perf_counter() - t
+        compiled_graphs[f"rollout_{name}"] = graphs() - before
     same_rollouts = [[turn.response_ids for turn in traj.turns]
                      for traj in trajectories["plain"]] == \
                     [[turn.response_ids for turn in traj.turns]
@@ -77,9 +85,10 @@ def main(model_dir: str, data_dir: str, out_dir: str, *extra: str) -> None:
     batch = batch.with_advantages(torch.linspace(-1, 1, batch.num_trajectories))
     results = {}
     for name, run in runs.items():
-        t = time.perf_counter()
+        t, before = time.perf_counter(), graphs()
         results[name] = step(run, batch)
         seconds[f"update_{name}"] = time.perf_counter() - t
+        compiled_graphs[f"update_{name}"] = graphs() - before
     (pm, pg, pp), (cm, cg, cp) = results["plain"], results["compiled"]
     metric_keys = [k for k in pm if k.startswith("actor/")]
     everything = list(range(len(batch.conversations)))
@@ -96,6 +105,9 @@ def main(model_dir: str, data_dir: str, out_dir: str, *extra: str) -> None:
         "param_moved": max((pp[n] - runs["compiled"].reference.model.state_dict()[n])
                            .abs().max().item() for n in pp),
         "same_rollouts": same_rollouts,
+        "same_state_dict_names": list(runs["plain"].actor.model.state_dict()) ==
+                                 list(runs["compiled"].actor.model.state_dict()),
+        "compiled_graphs": compiled_graphs,
         "seconds": seconds,
     }))
 

@@ -224,8 +224,9 @@ class HFEngine:
 
 def eager() -> contextlib.AbstractContextManager:
     """Run compiled modules eagerly: generation through the policy whose decoder layers
-    are compiled for the update (`model.compile`) would recompile at every new KV-cache
-    length until torch gives up. Nothing on torch < 2.6 (no `set_stance`)."""
+    are compiled for the update (`model.compile`) would recompile for every layer and new
+    KV-cache length until torch gives up. Nothing on torch < 2.6 (no `set_stance`), where
+    `model.compile` is refused."""
     import torch
 
     set_stance = getattr(torch.compiler, "set_stance", None)

@@ -75,10 +75,11 @@ class ModelConfig(StrictModel):
     compile: bool = False
     """torch.compile every decoder layer of the policy, the reference and the critic, in
     place (parameter names unchanged): the update's and the log-prob passes' elementwise
-    work (norms, activations, rotary embeddings, casts) is fused. The first two sequence
-    lengths each compile (the first step pays it), later ones reuse the dynamic-shape
-    graph. Generation always runs eagerly (the hf engine; vLLM compiles its
-    own model). TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged)."""
+    work (norms, activations, rotary embeddings, casts) is fused. Shapes are dynamic from the
+    first compilation (the first step pays it; a few more graphs follow for the no-grad
+    pass, a batch of one row, no attention mask). Generation always runs eagerly (the hf
+    engine; vLLM compiles its own model). Needs torch >= 2.6. TORCH_COMPILE_DISABLE=1 in
+    the environment turns it off (logged)."""
     attn_implementation: Literal[
         "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
     ] | None = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 from typing import Any
 
 import torch
@@ -79,7 +78,7 @@ def load_trained(mcfg: ModelConfig, *, trainable: bool) -> Any:
     return model
 
 
-def checkpoint_layers(model: Any, *, every_n_layers: int = 1, fsdp: bool = False) -> None:
+def checkpoint_layers(model: Any, *, every_n_layers: int, fsdp: bool) -> None:
     """Gradient checkpointing (`model.gradient_checkpointing`) of every decoder layer, or of
     layers 0, n, 2n, ... (`model.gradient_checkpointing_every_n_layers`)."""
     kwargs: dict[str, Any] = {}
@@ -114,12 +113,16 @@ def compile_layers(model: Any) -> None:
     dynamic shapes from the start: with automatic dynamic shapes, the recomputation of a
     checkpointed layer could pick the dynamic graph where its forward had run a static one,
     and the backward failed (pytorch issue 166926)."""
-    if os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1":
-        log.warning("model.compile is on, but TORCH_COMPILE_DISABLE=1 in the environment: "
-                    "the layers run eagerly")
-    import torch._dynamo
+    if not hasattr(torch.compiler, "set_stance"):
+        raise MemrlInputError(
+            f"needs torch>=2.6 (this is {torch.__version__}): generation must run the "
+            "compiled layers eagerly (torch.compiler.set_stance)", location="model.compile")
+    import torch._dynamo as dynamo
 
-    config = torch._dynamo.config
+    if dynamo.config.disable:
+        log.warning("model.compile is on, but torch.compile is disabled "
+                    "(TORCH_COMPILE_DISABLE=1 in the environment): the layers run eagerly")
+    config = dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), COMPILED_VARIANTS))
     for layer in decoder_layers(model):
@@ -240,7 +243,8 @@ def build_critic(config: TrainConfig, tokenizer: Any, *, total_steps: int) -> Cr
             f"embeddings, fewer than the policy's tokenizer ({vocab}): it must read the "
             "policy's token ids", location="critic.init")
     if mcfg.gradient_checkpointing:
-        checkpoint_layers(lm, every_n_layers=mcfg.gradient_checkpointing_every_n_layers)
+        checkpoint_layers(lm, every_n_layers=mcfg.gradient_checkpointing_every_n_layers,
+                          fsdp=False)
     if mcfg.compile:
         compile_layers(lm)
     model = ValueModel.from_causal_lm(lm)
