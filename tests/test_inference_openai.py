@@ -193,7 +193,10 @@ def test_a_server_killed_mid_rollout_loses_no_request(server, tiny_model_dir, ti
         stop_process(doomed)
     assert len(gens) == 48 and all(g.token_ids for g in gens)
     stats = gen.stats()
-    assert stats[f"http://127.0.0.1:{port}"]["failures"] >= 1  # it died holding requests
+    doomed_stats = stats[f"http://127.0.0.1:{port}"]
+    # It died holding requests: they failed on it, or (a CPU so loaded that the server fell
+    # silent past the stall bound before the kill landed) the health check took them back.
+    assert doomed_stats["failures"] >= 1 or doomed_stats["lost"] is not None, doomed_stats
     assert stats[server]["requests"] > 24  # which the live server took over
 
 
