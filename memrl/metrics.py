@@ -14,6 +14,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -270,13 +271,13 @@ def format_console_line(step: int, row: Mapping[str, Any]) -> str:
     keys = [k for k in row if not (k.endswith("reward_std") and k[:-3] + "mean" in row)]
     keys.sort(key=rank)  # stable: same-rank keys keep the caller's order
     shown = keys[:_CONSOLE_MAX_ITEMS]
-    clashing = {label for label in map(short, shown) if [*map(short, shown)].count(label) > 1}
+    uses = Counter(map(short, shown))
     parts = []
     for key in shown:
         text = _fmt(row[key])
         if key.endswith("reward_mean") and key[:-4] + "std" in row:
             text += f"±{_fmt(row[key[:-4] + 'std'])}"
-        label = key if short(key) in clashing else short(key)  # actor/ and critic/grad_norm
+        label = key if uses[short(key)] > 1 else short(key)  # actor/ and critic/grad_norm
         parts.append(f"[dim]{label}[/dim] [bold]{text}[/bold]")
     if len(keys) > _CONSOLE_MAX_ITEMS:
         parts.append(f"[dim](+{len(keys) - _CONSOLE_MAX_ITEMS} more)[/dim]")

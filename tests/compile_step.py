@@ -20,51 +20,28 @@ import time
 from pathlib import Path
 
 import torch
+from test_rl_old_logprobs import make_config, step
 
-from memrl.config import load_config
 from memrl.recipes import grpo
-from memrl.recipes.config import TrainConfig
 from memrl.rl.batch import RolloutBatch
 
-TINY_MEMAGENT = ["memagent.chunk_size=48", "memagent.max_chunks=2",
-                 "memagent.max_memory_tokens=6", "memagent.max_final_tokens=6",
-                 "rollout.temperature=1.0", "rollout.top_p=1.0", "rl.overlong=keep"]
-
-
-def config(model_dir: str, data_dir: str, out_dir: Path, *extra: str) -> TrainConfig:
-    # Micro-batches of a small token budget: several shapes, so the compiled layers go
-    # dynamic, and the recomputation of a checkpointed layer must find the forward's graph.
-    return load_config(TrainConfig, None, [
-        f"model.path={model_dir}", f"data.train_file={data_dir}/train.jsonl",
-        f"trainer.out_dir={out_dir}", "trainer.log_sinks=[jsonl]", *TINY_MEMAGENT,
-        "data.train_batch_size=2", "rl.ppo_mini_batch_size=2", "rollout.n=4",
-        "optim.lr=1e-3", "rl.reward=context_overlap", "rl.use_dynamic_bsz=true",
-        "rl.max_tokens_per_micro_batch=400", "rl.use_kl_loss=true", "rl.kl_loss_coef=0.1",
-        "rl.entropy_coeff=0.01", *extra])
-
-
-def step(run, batch: RolloutBatch) -> tuple[dict, dict, dict]:
-    """One update, with the old log-probs of the separate (no-grad) pass."""
-    batch = batch.with_logprobs(run.actor.logprobs(batch), batch.ref_logprobs)
-    named = list(run.actor.model.named_parameters())
-    grads: dict[str, torch.Tensor] = {}
-    hooks = [p.register_post_accumulate_grad_hook(
-        lambda p, n=n: grads.__setitem__(n, p.grad.detach().clone())) for n, p in named]
-    stats = run.actor.update(batch)
-    for hook in hooks:
-        hook.remove()
-    return stats.metrics(), grads, {n: p.detach().clone() for n, p in named}
+# Micro-batches of a small token budget: several shapes, so the compiled layers go dynamic,
+# and the recomputation of a checkpointed layer must find the forward's graph.
+SETTINGS = ("rl.use_dynamic_bsz=true", "rl.max_tokens_per_micro_batch=400",
+            "rl.use_kl_loss=true", "rl.kl_loss_coef=0.1", "rl.entropy_coeff=0.01")
 
 
 def rollouts(run) -> list:
+    """As `test_rl_old_logprobs.rollout_batch`, whose trajectories are compared here."""
     return run.task.rollout(run.engine, run.stream.records[:2], num_samples=4, seed=0,
                             temperature=1.0, top_p=1.0)
 
 
 def main(model_dir: str, data_dir: str, out_dir: str, *extra: str) -> None:
-    runs = {name: grpo.setup(config(model_dir, data_dir, Path(out_dir) / name, *flags, *extra))
-            for name, flags in (("plain", ["model.compile=false"]),
-                                ("compiled", ["model.compile=true"]))}
+    runs = {name: grpo.setup(make_config(Path(model_dir), Path(data_dir), Path(out_dir) / name,
+                                         *SETTINGS, flag, *extra))
+            for name, flag in (("plain", "model.compile=false"),
+                               ("compiled", "model.compile=true"))}
     from torch._dynamo.utils import counters
 
     def graphs() -> int:
@@ -84,19 +61,19 @@ def main(model_dir: str, data_dir: str, out_dir: str, *extra: str) -> None:
     batch = batch.with_logprobs(None, runs["plain"].reference.logprobs(batch))
     batch = batch.with_advantages(torch.linspace(-1, 1, batch.num_trajectories))
     results = {}
-    for name, run in runs.items():
+    for name, run in runs.items():  # the old log-probs of the separate (no-grad) pass
         t, before = time.perf_counter(), graphs()
-        results[name] = step(run, batch)
+        stats, grads, params, _ = step(run, batch, "recompute")
+        results[name] = stats.metrics(), grads, params
         seconds[f"update_{name}"] = time.perf_counter() - t
         compiled_graphs[f"update_{name}"] = graphs() - before
     (pm, pg, pp), (cm, cg, cp) = results["plain"], results["compiled"]
     metric_keys = [k for k in pm if k.startswith("actor/")]
-    everything = list(range(len(batch.conversations)))
+    micros = runs["plain"].actor.micro_batches(batch, list(range(len(batch.conversations))))
     print(json.dumps({
-        "micro_batches": len(runs["plain"].actor.micro_batches(batch, everything)),
+        "micro_batches": len(micros),
         "micro_batch_lengths": sorted({max(batch.conversations[i].num_tokens for i in micro)
-                                       for micro in runs["plain"].actor.micro_batches(
-                                           batch, everything)}),
+                                       for micro in micros}),
         "metric_keys": sorted(metric_keys),
         "metric_diff": max(abs(pm[k] - cm[k]) for k in metric_keys),
         "grad_keys_equal": pg.keys() == cg.keys() and len(pg) > 0,
