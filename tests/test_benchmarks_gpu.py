@@ -305,3 +305,44 @@ def test_runner_starts_an_engine_again_when_its_memory_profiling_was_disturbed(t
     with pytest.raises(SystemExit, match="failed: busy"):
         runner.wait(runner.start("busy", str(tmp_path / "m4"), "always", engine=True))
     assert (tmp_path / "work" / "logs" / "busy.log").read_text().count("memory profiling") == 3
+
+
+def test_an_evaluation_that_failed_beside_a_trainer_runs_again_once_none_runs(tmp_path):
+    """An evaluation whose engine found too little free GPU memory beside a trainer fails
+    without stopping the pipeline (`Runner.wait(check=False)`); `evaluate_again` starts what
+    is still missing from the results once the trainer is done, and the run fails only when
+    an evaluation fails there too."""
+    bench = load_script("real_model_gpu")
+    fake = tmp_path / "fake_memrl.py"
+    fake.write_text(
+        "import json, pathlib, sys\n"
+        "args = sys.argv[1:]\n"
+        "out = pathlib.Path(args[args.index('--out') + 1])\n"
+        "model = pathlib.Path(args[args.index('--model') + 1])\n"
+        "marker = model / ('tried_' + out.name)\n"
+        "if model.name == 'model_ppo' or not marker.exists():\n"
+        "    model.mkdir(parents=True, exist_ok=True)\n"
+        "    marker.write_text('1')\n"
+        "    print('ValueError: Free memory on device cuda:0 (3.5/79.18 GiB) on startup is less'\n"
+        "          ' than desired GPU memory utilization (0.07, 5.54 GiB).')\n"
+        "    sys.exit(1)\n"
+        "docs = args[args.index('--num-docs') + 1:args.index('--out')]\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'results.json').write_text(json.dumps({'results': {n: {'score': 50.0}\n"
+        "                                                         for n in docs}}))\n")
+    runner = bench.Runner(tmp_path / "work", program=(sys.executable, str(fake)))
+    suite = bench.Suite("biographies", 4, (1, 2, 4), 8, groups=((4,),))
+    plan = bench.Plan(bio=suite, hqa=None, engine="hf")
+    suites, res, work = {"biographies": tmp_path / "data"}, tmp_path / "res", tmp_path / "work"
+    first = bench.start_evaluations(runner, bench.evaluations(plan, work / "model", suites,
+                                                              res, "base_memagent"))
+    assert runner.wait(*first, check=False) == ["biographies_base_memagent",
+                                                "biographies_base_memagent.n16"]
+    assert bench.row_results(res, suite, "base_memagent", "memagent-boxed") == {}
+    bench.evaluate_again(runner, plan, work, suites, res, ["base_memagent"])
+    assert sorted(bench.row_results(res, suite, "base_memagent", "memagent-boxed")) == [
+        4, 8, 16]
+    bench.evaluate_again(runner, plan, work, suites, res, ["base_memagent"])  # nothing left
+    # a trained row's model is WORK/model_<row>; failing again is the run's failure
+    with pytest.raises(SystemExit, match="failed: biographies_ppo"):
+        bench.evaluate_again(runner, plan, work, suites, res, ["ppo"])
