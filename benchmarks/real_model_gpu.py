@@ -40,6 +40,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -629,6 +630,63 @@ def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
         str(n): tokens[n] for n in docs}}
 
 
+SUBJECTS = ("asked", "namesake", "other", "empty")
+
+
+def memory_subject(question: str, memory: str) -> str:
+    """Whom an episode's final memory is about: the asked person (full name), a namesake
+    (the asked person's first or last name only), someone else, or nobody (empty, or the
+    agent's initial memory)."""
+    from memrl.agents.prompts import MEMAGENT_NO_MEMORY
+    from memrl.data.biographies import asked_person
+
+    name = asked_person(question)
+    if name is None:
+        raise SystemExit(f"not a biographies question: {question!r}")
+    memory = memory.strip()
+    if memory in ("", MEMAGENT_NO_MEMORY):
+        return "empty"
+    if name in memory:
+        return "asked"
+    return "namesake" if set(re.findall(r"\w+", memory)) & set(name.split()) else "other"
+
+
+def memory_table(plan: Plan, res: Path, suite: Suite, protocol: str
+                 ) -> tuple[str, dict[str, Any]]:
+    """The memory diagnostics of every MemAgent row and length of a biographies suite: the
+    answer captured once read and kept to the end (`memrl eval`'s evidence_in_memory.json),
+    and whom the final memories are about (`memory_subject` of each trajectory)."""
+    from memrl.eval.memory_trace import DIAGNOSTICS_FILE
+    from memrl.eval.report import read_jsonl
+
+    lines = ["| row | N | capture once read | kept to the end | final memory about the asked "
+             "person / a namesake / other / empty |", "|---|---|---|---|---|"]
+    out: dict[str, Any] = {}
+    for row in suite.rows:
+        if row == "base_long_context" or not suite.evaluated(plan, row, protocol):
+            continue
+        for path in row_dirs(res, suite, row, protocol):
+            if not (path / DIAGNOSTICS_FILE).is_file():
+                continue
+            per_n = json.loads((path / DIAGNOSTICS_FILE).read_text())["per_num_docs"]
+            for n, diag in per_n.items():
+                counts = dict.fromkeys(SUBJECTS, 0)
+                for episode in read_jsonl(path / f"trajectories_{n}.jsonl"):
+                    counts[memory_subject(episode["question"], episode["memories"][-1])] += 1
+                out.setdefault(row, {})[n] = {"captured": diag["summary"]["captured"],
+                                              "kept_to_end": diag["summary"]["kept_to_end"],
+                                              "final_memory_about": counts}
+        for n, m in sorted(out.get(row, {}).items(), key=lambda item: int(item[0])):
+            lines.append(f"| {ROW_NAMES[row]} | {n} | {_pct(m['captured'])} | "
+                         f"{_pct(m['kept_to_end'])} | "
+                         + " / ".join(str(m["final_memory_about"][k]) for k in SUBJECTS) + " |")
+    return "\n".join(lines) + "\n", out
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
 def plot(path: Path, title: str, table: dict[str, Any], docs: list[int]) -> None:
     import matplotlib
 
@@ -693,7 +751,7 @@ def compare_runs(path: Path, runs: dict[str, Path]) -> None:
 
 def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     """The Table-2-style tables (Markdown + JSON), the plots, the curves and one archive."""
-    tables, text = {}, []
+    tables, memory, text = {}, {}, []
     for suite in (plan.bio, plan.hqa):
         if suite is None or not (res / suite.name).is_dir():
             continue
@@ -703,6 +761,9 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
             text.append(f"### {suite.name}, protocol {protocol}\n\n{markdown}")
             plot(res / f"{key}.png", f"{plan.model} · {suite.name} · {protocol}", tables[key],
                  suite.eval_docs)
+            if suite is plan.bio:
+                markdown, memory[key] = memory_table(plan, res, suite, protocol)
+                text.append(f"### {suite.name}, protocol {protocol}: memory\n\n{markdown}")
     (res / "tables.md").write_text("\n".join(text))
     print("\n".join(text), flush=True)
     copy_metrics(work, res, ("sft", "rl", "ppo"))
@@ -710,7 +771,8 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
             if (res / f"{row}_metrics.jsonl").is_file()}
     if runs:
         compare_runs(res / "rl_curves.png", runs)
-    summary = {"model": plan.model, "tables": tables, "environment": environment(),
+    summary = {"model": plan.model, "tables": tables, "memory": memory,
+               "environment": environment(),
                "protocol": trained_protocol(plan),
                "plan": {"train_questions": plan.train_questions, "engine": plan.engine,
                         "suites": {s.name: {"train_docs": s.train_docs,

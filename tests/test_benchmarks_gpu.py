@@ -346,3 +346,41 @@ def test_an_evaluation_that_failed_beside_a_trainer_runs_again_once_none_runs(tm
     # a trained row's model is WORK/model_<row>; failing again is the run's failure
     with pytest.raises(SystemExit, match="failed: biographies_ppo"):
         bench.evaluate_again(runner, plan, work, suites, res, ["ppo"])
+
+
+def test_the_memory_table_says_whom_each_final_memory_is_about(tmp_path):
+    """`memory_subject`: the asked person's full name, only their first or last name (a
+    namesake), someone else, or nothing; `memory_table` counts them per row and length from
+    the trajectories, beside the capture and keep rates of evidence_in_memory.json, and the
+    report writes both."""
+    rm = load_script("real_model_gpu")
+    q = "What is the birthplace of Dajal Brouwick?"
+    assert rm.memory_subject(q, "Dajal Brouwick's place of birth is Fuminster.") == "asked"
+    assert rm.memory_subject(q, "Dajal Kromsen was born in Peru.") == "namesake"
+    assert rm.memory_subject(q, "Mika Brouwick's home is Lund.") == "namesake"
+    assert rm.memory_subject(q, "Mika Dajalson plays the oboe.") == "other"  # not a name part
+    assert rm.memory_subject(q, "No previous memory") == "empty"
+    assert rm.memory_subject(q, "  ") == "empty"
+    with pytest.raises(SystemExit, match="not a biographies question"):
+        rm.memory_subject("Who wrote Hamlet?", "Shakespeare")
+
+    suite = rm.Suite("biographies", 4, (1, 4), 2, groups=((4,),))
+    plan = rm.Plan(bio=suite, hqa=None, engine="hf")
+    res = tmp_path / "res"
+    for name, n, memories in (("rl", 4, ["Dajal Brouwick was born in Lund.", "Dajal Kromsen"]),
+                              ("rl.n16", 16, ["Mika Lo", "No previous memory"])):
+        d = res / "biographies" / name
+        d.mkdir(parents=True)
+        (d / f"trajectories_{n}.jsonl").write_text("".join(
+            json.dumps({"question": q, "memories": ["No previous memory", m]}) + "\n"
+            for m in memories))
+        (d / "evidence_in_memory.json").write_text(json.dumps({"per_num_docs": {str(n): {
+            "summary": {"captured": 0.5, "kept_to_end": 1.0 if n == 4 else None}}}}))
+    markdown, table = rm.memory_table(plan, res, suite, "memagent-boxed")
+    assert table == {"rl": {
+        "4": {"captured": 0.5, "kept_to_end": 1.0,
+              "final_memory_about": {"asked": 1, "namesake": 1, "other": 0, "empty": 0}},
+        "16": {"captured": 0.5, "kept_to_end": None,
+               "final_memory_about": {"asked": 0, "namesake": 0, "other": 1, "empty": 1}}}}
+    assert markdown.splitlines()[2:] == ["| RL (GRPO) MemAgent | 4 | 50% | 100% | 1 / 1 / 0 / 0 |",
+                                         "| RL (GRPO) MemAgent | 16 | 50% | - | 0 / 0 / 1 / 1 |"]

@@ -18,6 +18,7 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.agents.oracle import OracleGenerator, corrected, hard_distractor
 from memrl.cli import main
 from memrl.data.biographies import (
+    asked_person,
     FORMS,
     INSTRUMENTS,
     JOBS,
@@ -25,6 +26,7 @@ from memrl.data.biographies import (
     QUESTIONS,
     SPLITS,
     VALIDATION_START,
+    biography_question,
     biography_questions,
     biography_sentence,
     can_use_pronoun,
@@ -416,3 +418,26 @@ def test_cli_bad_arguments_are_one_line_errors(tmp_path, capsys, extra, message)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
+_NAME_PART = st.from_regex(r"[A-Z][a-z]{1,12}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=_NAME_PART, last=_NAME_PART)
+def test_asked_person_reads_back_the_name_of_every_question_paraphrase(first, last):
+    """`asked_person` inverts `biography_question` over every kind's train and eval
+    paraphrases; a question of no paraphrase gives None."""
+    name = f"{first} {last}"
+    for by_split in QUESTIONS.values():
+        for templates in by_split.values():
+            for template in templates:
+                assert asked_person(biography_question(template, name)) == name
+    assert asked_person(f"Who is {name}?") is None
+    assert asked_person("") is None
+
+
+def test_asked_person_on_generated_questions():
+    for q in biography_questions(40, 8, seed=3, split="eval"):
+        assert asked_person(q.question) is not None
+        assert asked_person(q.question) in q.fact

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -290,3 +291,21 @@ def biography_sentence(form: str, name: str, value: str, pronoun: str | None = N
 def biography_question(template: str, name: str) -> str:
     """A question paraphrase filled with the asked person's full name."""
     return template.format(n=name)
+
+
+def _question_pattern(template: str) -> re.Pattern[str]:
+    head, tail = template.split("{n}")
+    return re.compile(re.escape(head) + r"(\S+ \S+)" + re.escape(tail))
+
+
+_QUESTION_PATTERNS = tuple(_question_pattern(t) for by_split in QUESTIONS.values()
+                           for templates in by_split.values() for t in templates)
+
+
+def asked_person(question: str) -> str | None:
+    """The full name a biographies question asks about (the inverse of `biography_question`
+    over every paraphrase of `QUESTIONS`), or None for a question of no paraphrase."""
+    for pattern in _QUESTION_PATTERNS:
+        if m := pattern.fullmatch(question):
+            return m.group(1)
+    return None
