@@ -533,7 +533,7 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     # (their engines start first: a trainer's engine sleeps and wakes every step, and memory
     # freed while another engine profiles at start-up fails that start-up);
     # 5. the trained models' evaluations, once no trainer runs
-    warm = start_evaluations(runner, evaluations(plan, work / "model_warm", suites, res,
+    warm = start_evaluations(runner, evaluations(plan, row_model(work, "warm_start"), suites, res,
                                                  "warm_start")
                              if todo.evaluate_warm_start else [])
     branches = todo.branches
@@ -550,7 +550,7 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     trained = [row for row in branches if row not in failed]
     runner.wait(*start_evaluations(runner, [
         command for row in trained
-        for command in evaluations(plan, work / f"model_{row}", suites, res, row)]),
+        for command in evaluations(plan, row_model(work, row), suites, res, row)]),
         check=False)
     evaluate_again(runner, plan, work, suites, res,
                    (*todo.base_rows, *(["warm_start"] if todo.evaluate_warm_start else []),
@@ -560,9 +560,12 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
         raise SystemExit(f"failed: {', '.join(failed)} ({'; '.join(map(str, failed.values()))})")
 
 
-ROW_MODELS = {"base_memagent": "model", "base_long_context": "model",
-              "warm_start": "model_warm"}
-"""Each row's model under WORK (a trained branch's: model_<row>)."""
+def row_model(work: Path, row: str) -> Path:
+    """The model directory of `row` under WORK: the base model's, the warm start's, or a
+    trained branch's (model_<row>)."""
+    if row in ("base_memagent", "base_long_context"):
+        return work / "model"
+    return work / ("model_warm" if row == "warm_start" else f"model_{row}")
 
 
 def evaluate_again(runner: Runner, plan: Plan, work: Path, suites: dict[str, Path],
@@ -574,8 +577,7 @@ def evaluate_again(runner: Runner, plan: Plan, work: Path, suites: dict[str, Pat
     memory utilization"); an evaluation's failure no longer stops the training beside it.
     The run fails only when an evaluation fails again here."""
     again = [command for row in rows
-             for command in evaluations(plan, work / ROW_MODELS.get(row, f"model_{row}"),
-                                        suites, res, row)]
+             for command in evaluations(plan, row_model(work, row), suites, res, row)]
     if again:
         print(f"[{time.strftime('%H:%M:%S')}] again, no trainer running: "
               f"{', '.join(name for name, _ in again)}", flush=True)
@@ -585,7 +587,7 @@ def evaluate_again(runner: Runner, plan: Plan, work: Path, suites: dict[str, Pat
 def train_then_export(runner: Runner, plan: Plan, work: Path, data: dict[str, Path], row: str,
                       overrides: tuple[str, ...]) -> None:
     """`memrl train` from the warm start (row rl: GRPO; ppo: PPO), then `memrl export`."""
-    model = work / f"model_{row}"
+    model = row_model(work, row)
     if not done(model):
         runner.wait(runner.start(
             f"{row}_train", "train", "configs/smollm2_memagent.yaml",
