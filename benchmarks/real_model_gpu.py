@@ -202,7 +202,7 @@ PPO_VS_GRPO = Plan(
 )
 """PPO beside GRPO from one shorter warm start, both for the same steps of the same batch
 (8 questions x 8 samples), evaluated at the training length (with the base model): a device
-hold of ~20 minutes."""
+hold of ~20 minutes (22 on 2026-11-27, one H100, beside other evaluations: docs/results.md)."""
 
 _PUBLISHED_FORMAT = "memagent.prompts=memagent-answer-is"
 PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
