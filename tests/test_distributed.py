@@ -399,3 +399,27 @@ def test_a_local_ray_cluster_never_waits_for_gpus_it_lacks(monkeypatch):
     check_local_gpus(1)
     with pytest.raises(MemrlInputError, match=r"trainer.ray: 2 GPUs asked for .* has 1"):
         check_local_gpus(2)
+
+
+def test_cuda_process_group_reduces_cpu_numbers_with_gloo(monkeypatch):
+    """On GPUs the group has gloo beside nccl: `Dist.all_reduce_sum`/`all_reduce_max` reduce
+    CPU tensors (loss-token counts, critic statistics), which an nccl-only group refuses."""
+    import torch.distributed as tdist
+
+    from memrl.distributed import destroy_process_group, init_process_group
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("device", index)))
+    monkeypatch.setattr(tdist, "is_initialized", lambda: False)
+    monkeypatch.setattr(tdist, "init_process_group", lambda **o: calls.append(("group", o)))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+    init_process_group(60, device="cuda", always=True)
+    options = dict(calls)["group"]
+    assert options["backend"] == "cpu:gloo,cuda:nccl"
+    assert ("device", 0) in calls
+    calls.clear()
+    init_process_group(60, device="cpu", always=True)
+    assert dict(calls)["group"]["backend"] == "gloo"
+    destroy_process_group()  # forgets the group it believes it joined (none was made)

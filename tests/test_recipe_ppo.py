@@ -1,6 +1,7 @@
 """PPO with a value model (`rl.adv_estimator: gae`) on the tiny model (CPU): the critic, its
 exact micro-batching, the batch's per-token advantages, checkpoint and resume, refusals, and
 the quickstart's task learned with `memrl train configs/quickstart.yaml rl.adv_estimator=gae`.
+On several processes: tests/test_distributed_ppo.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.metrics import read_metrics
 from memrl.recipes import grpo, models
@@ -111,12 +111,6 @@ def test_the_critic_learns_the_returns(tiny_model_dir, tiny_tokenizer, data_dir,
         batch = gae_batch(batch.with_values(critic.values(batch)), gamma=1.0, lam=1.0)
         losses.append(critic.update(batch).vf_loss)
     assert losses[-1] < 0.2 * losses[0], losses
-
-
-def test_gae_is_refused_on_several_processes(tiny_model_dir, data_dir, tmp_path):
-    cfg = make_config(tiny_model_dir, data_dir, tmp_path / "run")
-    with pytest.raises(MemrlInputError, match="one process"):
-        grpo.setup(cfg, dist=Dist(rank=0, world_size=2))
 
 
 def test_a_checkpoint_without_a_critic_is_refused(tiny_model_dir, tiny_tokenizer, data_dir,

@@ -91,6 +91,35 @@ class Dist:
             with collective():
                 tdist.barrier()
 
+    def broadcast_(self, tensors: list[Any], bucket_numel: int = 1 << 24) -> None:
+        """Copy the main rank's `tensors` into every rank's, in place (the same list, in the
+        same order, on every rank; nothing at world size 1)."""
+        if self.world_size == 1:
+            return
+        import torch
+        import torch.distributed as tdist
+
+        by_kind: dict[tuple[Any, Any], list[Any]] = {}
+        for t in tensors:
+            by_kind.setdefault((t.dtype, t.device), []).append(t)
+        for kind in sorted(by_kind, key=str):  # the same order on every rank
+            group = by_kind[kind]
+            start = 0
+            while start < len(group):
+                bucket, size = [], 0
+                while start < len(group) and (not bucket or size < bucket_numel):
+                    bucket.append(group[start])
+                    size += group[start].numel()
+                    start += 1
+                flat = torch.cat([t.detach().reshape(-1) for t in bucket])
+                with collective():
+                    tdist.broadcast(flat, src=0)
+                offset = 0
+                with torch.no_grad():
+                    for t in bucket:
+                        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                        offset += t.numel()
+
     # Data parallelism with replicated weights: every rank's loss is its exact share of the
     # global mini-batch loss (global divisors), so the global gradient is the SUM of the ranks'
     # gradients (DDP would average them). A rank with no sample in a mini-batch adds zeros.

@@ -45,6 +45,10 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+BACKEND_CUDA = "cpu:gloo,cuda:nccl"
+"""The process group's backends on GPUs: nccl for CUDA tensors, gloo for CPU ones."""
+
+
 def init_process_group(
     timeout_s: float, *, device: str | None = None, always: bool = False,
     heartbeat_s: float | None = None,
@@ -54,8 +58,10 @@ def init_process_group(
     Without a launcher: a single process's `Dist()` and no group, unless `always` (FSDP
     needs a group even alone): then a group of one process, with no network rendezvous.
 
-    Backend: nccl when the run trains on CUDA (`device` None or a cuda device, and CUDA is
-    there), else gloo. On CUDA each process uses the GPU of its LOCAL_RANK. A collective that
+    Backend: on CUDA (`device` None or a cuda device, and CUDA is there) nccl for CUDA tensors
+    and gloo for CPU ones (`cpu:gloo,cuda:nccl`: `Dist.all_reduce_sum`/`all_reduce_max`
+    reduce CPU numbers, which nccl alone refuses), else gloo. On CUDA each process uses the
+    GPU of its LOCAL_RANK. A collective that
     waits longer than `timeout_s` seconds raises on the waiting ranks.
 
     `heartbeat_s` (> 0): under torchrun, start this rank's heartbeat with that timeout
@@ -71,7 +77,7 @@ def init_process_group(
     cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    options: dict = dict(backend="nccl" if cuda else "gloo",
+    options: dict = dict(backend=BACKEND_CUDA if cuda else "gloo",
                          timeout=timedelta(seconds=float(timeout_s)))
     if not launched():
         options.update(store=tdist.HashStore(), rank=0, world_size=1)

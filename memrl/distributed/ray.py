@@ -6,8 +6,8 @@
 `train_on_ray(config, train)` joins the cluster (`trainer.ray.address`, else RAY_ADDRESS, else
 a local cluster it starts for the run and stops after it) and runs `train(config)` on every
 rank through Ray Train's `TorchTrainer`. Ray Train starts one actor per rank, sets RANK,
-WORLD_SIZE and LOCAL_RANK, and joins them in a torch.distributed group (gloo on CPU, nccl
-with GPUs) whose collective timeout is `trainer.dist_timeout_s`; the recipe's
+WORLD_SIZE and LOCAL_RANK, and joins them in a torch.distributed group (gloo on CPU,
+cpu:gloo,cuda:nccl with GPUs) whose collective timeout is `trainer.dist_timeout_s`; the recipe's
 `init_process_group` then finds the group joined and `Dist.from_environment()` gives the
 rank. Nothing in the recipe knows that it runs on Ray.
 
@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from memrl.distributed.process_group import BACKEND_CUDA
 from memrl.errors import MemrlInputError, MissingDependencyError, require
 
 __all__ = ["RankFailedError", "rank_error", "run_rank", "train_on_ray"]
@@ -109,7 +110,9 @@ def train_on_ray(config: Any, train: Callable[[Any], Any]) -> Any:
                 use_gpu=rc.gpus_per_worker > 0,
                 resources_per_worker=resources,
             ),
-            torch_config=ray_torch.TorchConfig(timeout_s=math.ceil(trainer_cfg.dist_timeout_s)),
+            torch_config=ray_torch.TorchConfig(
+                backend=BACKEND_CUDA if rc.gpus_per_worker > 0 else "gloo",
+                timeout_s=math.ceil(trainer_cfg.dist_timeout_s)),
             run_config=ray_train.RunConfig(
                 storage_path=str(Path(trainer_cfg.out_dir).resolve() / "ray"),
                 failure_config=ray_train.FailureConfig(max_failures=0),

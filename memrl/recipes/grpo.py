@@ -6,11 +6,11 @@
         batch  = RolloutBatch.from_trajectories(...)  one typed batch, one Conversation per turn
         batch  = with_logprobs(run, batch, source)   old (actor; on-policy: none, below) and
                                                      reference log-probs (+ critic's values)
-        batch  = with_advantages(batch, rl)          one advantage per trajectory (GAE:
+        batch  = with_advantages(batch, rl, dist)    one advantage per trajectory (GAE:
                                                      per token, memrl.rl.gae)
         stats  = actor.update(batch, dist, guard)    PPO over mini/micro-batches; on-policy
                                                      its forward gives the old log-probs
-        critic = run.critic.update(batch)            PPO: the value model (else None)
+        critic = run.critic.update(batch, dist)      PPO: the value model (else None)
         return step_metrics(...)                     recipes/step_metrics.py
 
 The loop around it (resume, validate, log, checkpoint) is `recipes/scaffold.py`, shared
@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from memrl.distributed import Dist, note
-from memrl.errors import MemrlInputError
 from memrl.inference.base import derive_seed
 from memrl.recipes import models
 from memrl.recipes.config import TrainConfig
@@ -142,14 +141,14 @@ def train_step(run: Run) -> dict[str, float]:
 
     # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
     task_rewards = batch.rewards
-    batch = with_advantages(batch, rl)
+    batch = with_advantages(batch, rl, run.dist)
 
     # 6. PPO update: epochs × mini-batches × micro-batches, exact loss weights. On-policy
     # the guard checks the update's own old log-probs before its optimizer step.
     lr = run.actor.lr
     with phases("update"):
         update = run.actor.update(batch, run.dist, guard=guard if source == "update" else None)
-        critic = run.critic.update(batch) if run.critic is not None else None
+        critic = run.critic.update(batch, run.dist) if run.critic is not None else None
     if update.old_pass is not None:  # the batch gets the old log-probs the update used
         batch = batch.with_logprobs(update.old_pass.logprobs, batch.ref_logprobs)
         entropy, mismatch = update.old_pass.entropy, update.old_pass.mismatch
@@ -212,14 +211,15 @@ def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuar
     return batch.with_logprobs(old, ref), entropy, guard.check(old, run.dist)
 
 
-def with_advantages(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:
+def with_advantages(batch: RolloutBatch, rl: RLConfig, dist: Dist = Dist()) -> RolloutBatch:
     """The batch's rewards less the KL penalty (rl.use_kl_in_reward), and one advantage per
     trajectory from them (rl.adv_estimator); gae: per-token advantages and returns from the
-    critic's values (`gae_batch`)."""
+    critic's values (`gae_batch`). The batch-wide whitening of gae and
+    reinforce_plus_plus_baseline is over every rank's share of the step (`dist`)."""
     if rl.use_kl_in_reward and rl.kl_reward_coef > 0:
         batch = batch.with_rewards(batch.rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
     if rl.adv_estimator == "gae":
-        return gae_batch(batch, gamma=rl.gamma, lam=rl.lam)
+        return gae_batch(batch, gamma=rl.gamma, lam=rl.lam, all_reduce_sum=dist.all_reduce_sum)
     return batch.with_advantages(
         compute_advantages(
             rl.adv_estimator,
@@ -228,6 +228,7 @@ def with_advantages(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:
             token_counts=batch.response_tokens,
             norm_by_std=rl.norm_adv_by_std,
             size1=rl.size1_group_advantage,
+            all_reduce_sum=dist.all_reduce_sum,
         )
     )
 
@@ -284,14 +285,6 @@ def setup(
     """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint."""
     seed_everything(config.seed)
     dist = dist or Dist.from_environment()
-    if dist.world_size > 1 and config.rl.adv_estimator in ("reinforce_plus_plus_baseline",
-                                                            "gae"):
-        raise MemrlInputError(
-            f"{config.rl.adv_estimator} whitens advantages over the whole batch, which "
-            "data-parallel ranks do not hold (and memrl's critic trains on one process): "
-            "train it on one process, or use grpo / rloo",
-            location="rl.adv_estimator",
-        )
     task = task if task is not None else build_task(config)
     train_records = task.load(config.data.train_file, config.data.format, what="training")
     val_records: list[Any] = []
@@ -307,6 +300,8 @@ def setup(
     engine = models.build_engine(config, policy, tokenizer)
     critic = models.build_critic(config, tokenizer,
                                  total_steps=total_steps(config, len(train_records)))
+    if critic is not None:
+        critic.replicate(dist)  # one value head on every rank (a checkpoint may replace it)
 
     out_dir = Path(config.trainer.out_dir)
     state = resume_or_start(out_dir, config.trainer.resume, model=policy,

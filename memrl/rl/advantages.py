@@ -21,7 +21,8 @@ Conventions shared by every estimator here (and where they differ from verl):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import math
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -164,15 +165,21 @@ def rloo_advantages(
 # does) to reproduce verl exactly: the advantage is constant over a trajectory's tokens, so
 # token-level whitening equals this token-weighted trajectory-level one. Without
 # `token_counts` each trajectory counts once. var_B is unbiased (W/(W-1), W = total weight)
-# as in verl.
+# as in verl. Data parallelism: groups are whole on one rank, so the group baseline is local;
+# `all_reduce_sum` makes B every rank's trajectories together (weighted sums and W added over
+# ranks, then the squared deviations from that mean), so N ranks get one process's numbers.
+# The batch statistics are computed in float64.
 def reinforce_pp_baseline_advantages(
     rewards: Tensor | Sequence[float],
     group_ids: Sequence[Hashable],
     *,
     token_counts: Tensor | Sequence[int] | None = None,
     size1: str = "zero",
+    all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
-    """Group-mean baseline, then batch whitening (trajectory-level or token-weighted)."""
+    """Group-mean baseline, then batch whitening (trajectory-level or token-weighted);
+    `all_reduce_sum` (adds a tensor over data-parallel ranks; every rank calls this): the
+    batch is every rank's trajectories."""
     r = _as_rewards(rewards)
     st = group_stats(r, group_ids)
     mean, zero = _baseline(st, size1)
@@ -183,13 +190,16 @@ def reinforce_pp_baseline_advantages(
         w = torch.as_tensor(token_counts, device=r.device).to(r.dtype)
         if w.shape != r.shape or (w < 0).any():
             raise ValueError(f"token_counts must be {tuple(r.shape)} non-negative numbers")
-    total = w.sum()
+    reduce = all_reduce_sum or (lambda t: t)
+    c, w64 = centred.to(torch.float64), w.to(torch.float64)
+    weighted, total = reduce(torch.stack([(w64 * c).sum(), w64.sum()]).cpu()).tolist()
     if total <= 1:
         # One weighted item has no spread: nothing to whiten (its centred value is 0 anyway).
         return torch.zeros_like(r)
-    mean = (w * centred).sum() / total
-    var = (w * (centred - mean) ** 2).sum() / total * (total / (total - 1))
-    return (centred - mean) * torch.rsqrt(var + 1e-8)
+    batch_mean = weighted / total
+    sq = float(reduce((w64 * (c - batch_mean) ** 2).sum().reshape(1).cpu())[0])
+    var = sq / total * (total / (total - 1))
+    return ((c - batch_mean) / math.sqrt(var + 1e-8)).to(r.dtype)
 
 
 # DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476 §3.2; the constraint
@@ -214,11 +224,14 @@ def compute_advantages(
     token_counts: Tensor | Sequence[int],
     norm_by_std: bool = False,
     size1: str = "zero",
+    all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """The advantage of every trajectory under ``estimator`` (verl `adv_estimator` names).
 
     ``token_counts``: response tokens of each trajectory (all its turns), used by the
-    token-weighted whitening of REINFORCE++-baseline, as verl.
+    token-weighted whitening of REINFORCE++-baseline, as verl. ``all_reduce_sum`` (data
+    parallelism, every rank calls this with its own groups): REINFORCE++-baseline whitens
+    over every rank's trajectories; the group estimators need nothing of the other ranks.
     """
     if estimator == "grpo":
         return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std, size1=size1)
@@ -226,6 +239,7 @@ def compute_advantages(
         return rloo_advantages(rewards, group_ids, size1=size1)
     if estimator == "reinforce_plus_plus_baseline":
         return reinforce_pp_baseline_advantages(
-            rewards, group_ids, token_counts=token_counts, size1=size1
+            rewards, group_ids, token_counts=token_counts, size1=size1,
+            all_reduce_sum=all_reduce_sum,
         )
     raise ValueError(f"unknown advantage estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")

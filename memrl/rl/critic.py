@@ -1,7 +1,8 @@
 """The value model of PPO (`rl.adv_estimator: gae`) and its training.
 
     critic.values(batch)   V(s_t) at every response token of every sample (no grad)
-    critic.update(batch)   rl.ppo_epochs × mini-batches (rl.ppo_mini_batch_size questions)
+    critic.update(batch, dist)
+                           rl.ppo_epochs × mini-batches (rl.ppo_mini_batch_size questions)
                            × micro-batches, one optimizer step per mini-batch, on the
                            clipped value loss against the batch's GAE returns
 
@@ -13,8 +14,17 @@ position that predicts the token), so V(s_t) is the value of the context before 
 token t. The loss is aggregated with the actor's `rl.loss_agg_mode` and `LossNorm`, so it
 is exact however a mini-batch is cut into micro-batches (verl rescales per micro-batch).
 
+Data parallelism (as the replicated actor, `memrl.rl.actor`): every rank holds a whole copy
+of the value model and its optimizer state (also under model.strategy fsdp: the critic is
+not sharded) and its own share of the step's trajectories. Every rank walks the same global
+mini-batches (`RolloutBatch.group_order`; its share of one may be empty); the loss divisors
+are counts added over ranks (`LossNorm.with_global_count`), so a rank's loss is its exact
+share of the mini-batch loss, and the gradients are summed over ranks (`Dist.sum_gradients`)
+before clipping and AdamW: N ranks take the update one process takes on the whole batch.
+The logged statistics are over every rank's tokens.
+
 Not here: a value head sharing the policy's body, padding-free (packed) micro-batches,
-several processes (the recipe refuses gae there; docs/algorithms.md).
+a critic sharded with FSDP (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -28,10 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from memrl.distributed import Dist
 from memrl.rl.actor import mixed_precision
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
-from memrl.rl.gae import explained_variance, value_loss
+from memrl.rl.gae import value_loss, value_statistics
 from memrl.rl.losses import agg_loss, masked_mean
 from memrl.rl.optim import optimizer_step
 
@@ -68,9 +79,11 @@ class ValueModel(nn.Module):
 
 @dataclass(frozen=True, kw_only=True)
 class CriticStats:
-    """What one `Critic.update` measured (logged as `critic/<name>`): the loss, clip fraction
-    and grad norm are means over its optimizer steps; values, returns and the explained
-    variance are over the batch's loss tokens before the update (verl's metric_utils)."""
+    """What one `Critic.update` measured (logged as `critic/<name>`), over every rank's share
+    of the step: the loss and grad norm are means over its optimizer steps (the loss of a
+    step is the whole mini-batch's), the clip fraction and vpred_mean over every loss token
+    of the update; values, returns and the explained variance are over the batch's loss
+    tokens before the update (verl's metric_utils)."""
 
     vf_loss: float
     vf_clipfrac: float
@@ -145,25 +158,36 @@ class Critic:
             self.model.train(was_training)
         return out
 
-    def update(self, batch: RolloutBatch) -> CriticStats:
+    def replicate(self, dist: Dist) -> None:
+        """Every rank's copy of the value model set to the main rank's, as DDP does when it
+        wraps a module: the fresh value head is a random draw, equal on every rank only as
+        long as every rank drew the same numbers from the same seed before it."""
+        if dist.world_size > 1:
+            dist.broadcast_(list(self.model.state_dict().values()))
+
+    def update(self, batch: RolloutBatch, dist: Dist = Dist()) -> CriticStats:
         """PPO epochs over mini-batches of the clipped value loss; one optimizer step each;
-        then one lr-schedule step. Needs the batch's values and returns."""
+        then one lr-schedule step. Needs the batch's values and returns.
+
+        `dist`: the data-parallel ranks, each holding its share of the step (see the module
+        docstring); every rank calls this, a rank with no conversation included."""
         cfg = self.config
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic's update needs values and returns in the batch")
-        before = self._before(batch)
+        before = self._before(batch, dist)
         lr = float(self.optimizer.param_groups[0]["lr"])
-        sums = {"vf_loss": 0.0, "grad_norm": 0.0}
-        token_sums = {"vf_clipfrac": 0.0, "vpred_mean": 0.0}
-        steps, tokens = 0, 0.0
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # this rank's sums: loss shares, clipped and predicted values × tokens, tokens
+        local = torch.zeros(4, dtype=torch.float64)
+        grad_norms: list[float] = []
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in batch.mini_batches(cfg.ppo_mini_batch_size):
                 norm = batch.loss_norm(mini, cfg.loss_agg_mode,
                                        scale_factor=cfg.loss_scale_factor)
+                norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss_sum = 0.0
-                for positions in self.micro_batches(batch, mini):
+                for positions in self.micro_batches(batch, mini) if mini else []:
                     tensors = batch.collate([mini[p] for p in positions], self.pad_id)
                     vpreds = self._forward(tensors)
                     dev = vpreds.device
@@ -173,37 +197,33 @@ class Critic:
                                                self.cliprange_value)
                     loss = agg_loss(mat, mask, cfg.loss_agg_mode, norm=norm.rows(positions))
                     loss.backward()
-                    loss_sum += float(loss.detach())
                     n = float(mask.sum())
-                    token_sums["vf_clipfrac"] += float(clipfrac) * n
-                    token_sums["vpred_mean"] += float(masked_mean(vpreds.detach(), mask)) * n
-                    tokens += n
-                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip)
-                sums["vf_loss"] += loss_sum
-                sums["grad_norm"] += grad_norm if math.isfinite(grad_norm) else 0.0
-                steps += 1
+                    local += torch.tensor([
+                        float(loss.detach()), float(clipfrac) * n,
+                        float(masked_mean(vpreds.detach(), mask)) * n, n,
+                    ], dtype=torch.float64)
+                dist.sum_gradients(params)
+                grad_norms.append(optimizer_step(self.model, self.optimizer, self.grad_clip))
         self.scheduler.step()
+        loss_sum, clipped, vpred, tokens = dist.all_reduce_sum(local).tolist()
+        steps = max(len(grad_norms), 1)
         return CriticStats(
-            vf_loss=sums["vf_loss"] / max(steps, 1),
-            grad_norm=sums["grad_norm"] / max(steps, 1),
-            vf_clipfrac=token_sums["vf_clipfrac"] / max(tokens, 1.0),
-            vpred_mean=token_sums["vpred_mean"] / max(tokens, 1.0),
+            vf_loss=loss_sum / steps,
+            # the same on every rank: the gradients were summed before the norm
+            grad_norm=sum(g for g in grad_norms if math.isfinite(g)) / steps,
+            vf_clipfrac=clipped / max(tokens, 1.0),
+            vpred_mean=vpred / max(tokens, 1.0),
             lr=lr,
             **before,
         )
 
     @staticmethod
-    def _before(batch: RolloutBatch) -> dict[str, float]:
-        """Values, returns and explained variance over the batch's loss tokens."""
+    def _before(batch: RolloutBatch, dist: Dist = Dist()) -> dict[str, float]:
+        """Values, returns and explained variance over the loss tokens of every rank's
+        share of the batch."""
         keep = [i for i, s in enumerate(batch.conversations) if s.trainable]
         assert batch.values is not None and batch.returns is not None
         values = torch.cat([batch.values[i] for i in keep] or [torch.zeros(0)])
         returns = torch.cat([batch.returns[i] for i in keep] or [torch.zeros(0)])
         ones = torch.ones_like(values, dtype=torch.bool)
-        nan = float("nan")
-        return {
-            "values_mean": float(values.mean()) if values.numel() else nan,
-            "returns_mean": float(returns.mean()) if returns.numel() else nan,
-            "vf_explained_var": explained_variance(returns, values, ones),
-        }
-
+        return value_statistics(returns, values, ones, all_reduce_sum=dist.all_reduce_sum)

@@ -8,7 +8,8 @@ token), so ``values[b, t]`` is V(s_t), the value of the context *before* respons
 as verl's critic (`values[:, -response_length - 1 : -1]`).
 
     advantages, returns = gae_advantages_returns(token_rewards, values, mask, gamma, lam)
-    advantages          = masked_whiten(advantages, mask)      (verl whitens over the batch)
+    advantages          = masked_whiten(advantages, mask)      (verl whitens over the batch;
+                                                               all_reduce_sum: over ranks)
     vf_loss, clipfrac   = value_loss(vpreds, returns, old_values, mask, cliprange_value)
 
 Multi-conversation trajectories (`trajectory_gae`; docs/algorithms.md): the conversations of
@@ -22,7 +23,7 @@ its multi-turn sequence, whose response mask skips the tokens between assistant 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +39,8 @@ __all__ = [
     "masked_whiten",
     "trajectory_gae",
     "value_loss",
+    "value_statistics",
+    "whitening_stats",
 ]
 
 
@@ -74,20 +77,51 @@ def gae_advantages_returns(
         return out, out + values
 
 
-def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+AllReduceSum = Callable[[Tensor], Tensor]
+"""Adds a tensor over data-parallel ranks (`memrl.distributed.Dist.all_reduce_sum`); every
+rank calls it the same number of times, with a tensor of the same shape."""
+
+
+def _local(t: Tensor) -> Tensor:
+    return t
+
+
+def whitening_stats(values: Tensor, mask: Tensor, *, all_reduce_sum: AllReduceSum | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean, unbiased variance, count), float64 scalars, of the masked positions (verl's
+    `masked_mean` / `masked_var`, their 1e-8 included); the variance is nan below 2 positions.
+
+    `all_reduce_sum`: statistics of every data-parallel rank's masked values together, each
+    rank passing its own: the masked sum and count are added over ranks, then the squared
+    deviations from that global mean (two passes, as on one process). Every rank must call
+    this, a rank with no masked value included, and gets the same numbers."""
+    reduce = all_reduce_sum or _local
+    m = mask.to(torch.float64)
+    x = torch.where(mask.bool(), values.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    total, n = reduce(torch.stack([(x * m).sum(), m.sum()]).cpu()).unbind()
+    mean = total / (n + 1e-8)
+    if n < 2:
+        return mean, torch.tensor(float("nan"), dtype=torch.float64), n
+    sq = torch.where(mask.bool(), (x - mean) ** 2, torch.zeros((), dtype=torch.float64))
+    var = reduce((sq * m).sum().reshape(1).cpu())[0]
+    return mean, var / (n + 1e-8) * (n / (n - 1)), n
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, *,
+                  all_reduce_sum: AllReduceSum | None = None) -> Tensor:
     """(values - mean) / sqrt(var + 1e-8) with the mean and the unbiased variance over the
     masked positions (verl `masked_whiten`, verl/utils/torch_functional.py); shift_mean=False
-    adds the mean back. Needs at least 2 masked positions (verl raises the same)."""
-    m = mask.to(values.dtype)
-    n = m.sum()
+    adds the mean back. Needs at least 2 masked positions (verl raises the same).
+
+    The statistics are computed in float64 (`whitening_stats`); with `all_reduce_sum`, over
+    every data-parallel rank's masked values, so N ranks holding parts of a batch get the
+    numbers one process gets for the whole batch."""
+    mean, var, n = whitening_stats(values, mask, all_reduce_sum=all_reduce_sum)
     if n < 2:
         raise ValueError(f"whitening needs at least 2 masked values, got {int(n)}")
-    masked = torch.where(mask.bool(), values, torch.zeros_like(values))
-    mean = (masked * m).sum() / (n + 1e-8)
-    var = (torch.where(mask.bool(), (values - mean) ** 2, torch.zeros_like(values)) * m).sum()
-    var = var / (n + 1e-8) * (n / (n - 1))
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    return whitened + mean if not shift_mean else whitened
+    mean, var = mean.to(values.device), var.to(values.device)
+    whitened = (values.to(torch.float64) - mean) * torch.rsqrt(var + 1e-8)
+    return (whitened + mean if not shift_mean else whitened).to(values.dtype)
 
 
 # PPO's clipped value loss (verl `compute_value_loss`, core_algos.py, from TRL's PPO trainer):
@@ -109,14 +143,38 @@ def value_loss(
     return 0.5 * torch.max(loss1, loss2), clipfrac.detach()
 
 
-def explained_variance(returns: Tensor, values: Tensor, mask: Tensor) -> float:
-    """1 - Var(returns - values) / (Var(returns) + 1e-5) over the masked positions, unbiased
-    variances (verl metric_utils `critic/vf_explained_var`); nan with fewer than 2."""
+def value_statistics(returns: Tensor, values: Tensor, mask: Tensor, *,
+                     all_reduce_sum: AllReduceSum | None = None) -> dict[str, float]:
+    """Over the masked positions: the mean value and return, and the explained variance
+    1 - Var(returns - values) / (Var(returns) + 1e-5), unbiased variances (verl metric_utils
+    `critic/values/mean`, `critic/returns/mean`, `critic/vf_explained_var`); nan for a mean
+    of no position, and for the explained variance with fewer than 2. In float64.
+
+    `all_reduce_sum`: over every data-parallel rank's positions (sums and counts added over
+    ranks, then the squared deviations from the global means); every rank must call it."""
+    reduce = all_reduce_sum or _local
     sel = mask.bool()
-    r, v = returns[sel].double(), values[sel].double()
-    if r.numel() < 2:
-        return float("nan")
-    return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
+    r, v = returns[sel].to(torch.float64).cpu(), values[sel].to(torch.float64).cpu()
+    d = r - v
+    n, sr, sv, sd = reduce(torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64),
+                                        r.sum(), v.sum(), d.sum()])).tolist()
+    nan = float("nan")
+    out = {"values_mean": sv / n if n else nan, "returns_mean": sr / n if n else nan,
+           "vf_explained_var": nan}
+    if n >= 2:
+        ssr, ssd = reduce(torch.stack([((r - sr / n) ** 2).sum(),
+                                       ((d - sd / n) ** 2).sum()])).tolist()
+        out["vf_explained_var"] = 1.0 - (ssd / (n - 1)) / (ssr / (n - 1) + 1e-5)
+    return out
+
+
+def explained_variance(returns: Tensor, values: Tensor, mask: Tensor, *,
+                       all_reduce_sum: AllReduceSum | None = None) -> float:
+    """1 - Var(returns - values) / (Var(returns) + 1e-5) over the masked positions, unbiased
+    variances (verl metric_utils `critic/vf_explained_var`); nan with fewer than 2.
+    `all_reduce_sum`: over every data-parallel rank's positions (`value_statistics`)."""
+    return value_statistics(returns, values, mask,
+                            all_reduce_sum=all_reduce_sum)["vf_explained_var"]
 
 
 def trajectory_gae(
@@ -161,16 +219,24 @@ def trajectory_gae(
     return advantages, returns
 
 
-def gae_batch(batch: RolloutBatch, *, gamma: float, lam: float) -> RolloutBatch:
+def gae_batch(batch: RolloutBatch, *, gamma: float, lam: float,
+              all_reduce_sum: AllReduceSum | None = None) -> RolloutBatch:
     """The batch with per-token advantages and returns: `trajectory_gae` over its samples
     (in the batch's order, which is turn order within each trajectory) from its values and
     rewards, then the advantages whitened over every response token of the batch, as verl
-    (left as they are when the batch has fewer than 2 response tokens)."""
+    (left as they are when the batch has fewer than 2 response tokens).
+
+    Data parallelism: each rank passes its share of the step (whole trajectories: GAE needs
+    nothing of the other ranks) and `all_reduce_sum`; the whitening's mean and variance are
+    then those of every rank's response tokens together (`whitening_stats`), so the
+    advantages are the ones one process computes for the whole step."""
     if batch.values is None:
         raise ValueError("GAE needs the critic's values in the batch (with_values)")
     adv, ret = trajectory_gae(batch.values, [s.traj_index for s in batch.conversations],
                               batch.rewards, gamma=gamma, lam=lam)
     flat = torch.cat(adv).unsqueeze(0) if adv else torch.zeros(1, 0)
-    if flat.numel() >= 2:
-        flat = masked_whiten(flat, torch.ones_like(flat, dtype=torch.bool))
+    mask = torch.ones_like(flat, dtype=torch.bool)
+    mean, var, n = whitening_stats(flat, mask, all_reduce_sum=all_reduce_sum)
+    if n >= 2:
+        flat = ((flat.double() - mean) * torch.rsqrt(var + 1e-8)).to(flat.dtype)
     return batch.with_token_advantages(list(flat[0].split([a.numel() for a in adv])), ret)
