@@ -12,16 +12,21 @@ CPU.
   gradients, 2.4e-6 on the logged losses and gradient norm). The
   compiled policy's rollouts on the hf engine are the plain policy's, token for token, and
   compile nothing (generation runs eagerly); the update compiles and runs its graphs.
+  flex_attention is a graph break in the compiled layers: packed samples through it keep
+  to themselves (the packing probe) and give the plain log-probs (forward only: the CPU
+  runs no flex_attention backward).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -162,3 +167,56 @@ def test_compiled_layers_take_the_plain_step(tiny_model_dir, data_dir, tmp_path)
     graphs = out["compiled_graphs"]  # compiled code ran in the update, never in generation
     assert graphs["update_compiled"] > 0 and graphs["update_plain"] == 0, graphs
     assert graphs["rollout_compiled"] == graphs["rollout_plain"] == 0, graphs
+
+
+# ---- torch.compile with flex_attention and packed micro-batches
+def test_flex_attention_is_a_graph_break_with_the_plain_shapes(monkeypatch):
+    """`compile_layers` wraps flex_attention (transformers' attention registry) in
+    torch.compiler.disable, and the wrapper runs it with dynamo's shape settings of the plain
+    path: inside a layer compiled with dynamic=True, transformers' own
+    torch.compile(flex_attention) would otherwise compile it with every size dynamic."""
+    from torch._dynamo.eval_frame import set_enable_dynamic
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from memrl.recipes.models import attention_outside_graphs
+
+    seen = []
+
+    def flex(*args, **kwargs):
+        seen.append(torch._dynamo.config.assume_static_by_default)
+        return args, kwargs
+
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "flex_attention", flex)
+    for impl in ("sdpa", "flex_attention", "flex_attention"):  # twice: wrapped once
+        attention_outside_graphs(SimpleNamespace(config=SimpleNamespace(
+            _attn_implementation=impl)))
+    wrapped = ALL_ATTENTION_FUNCTIONS["flex_attention"]
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa
+    assert wrapped is not flex and inspect.unwrap(wrapped) is flex
+    with set_enable_dynamic(True):  # as while a layer compiled with dynamic=True runs
+        assert wrapped(1, x=2) == ((1,), {"x": 2})
+    assert seen == [True]
+
+
+@pytest.mark.slow
+def test_compiled_layers_keep_packed_flex_attention_samples_apart(tiny_model_dir):
+    """Packed samples (rl.remove_padding) through flex_attention with model.compile: the
+    packing probe passes and the log-probs, entropies and loss equal the plain model's and
+    the padded sdpa model's (each sample alone). flex_attention is a graph break in the
+    compiled layers: traced into them (dynamic=True), it failed the probe on an H100 (relative
+    logit error 0.22) and would not lower under FSDP. The CPU runs no flex_attention
+    backward: forward passes only here (train mode with its backward on CUDA)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "compile_flex.py"), str(tiny_model_dir),
+         "flex_attention:packed"],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["traced_flex_attention"] == [], out  # never inside the layers' graphs
+    case = out["flex_attention:packed"]
+    assert case["probe"] == "ok", case
+    for key in ("compiled_vs_plain", "compiled_vs_separate", "plain_vs_separate"):
+        assert case[key] and max(case[key].values()) < COMPILE_ATOL, case

@@ -78,8 +78,9 @@ class ModelConfig(StrictModel):
     work (norms, activations, rotary embeddings, casts) is fused. Shapes are dynamic from the
     first compilation (the first step pays it; a few more graphs follow for the no-grad
     pass, a batch of one row, no attention mask). Generation always runs eagerly (the hf
-    engine; vLLM compiles its own model). Needs torch >= 2.6. TORCH_COMPILE_DISABLE=1 in
-    the environment turns it off (logged)."""
+    engine; vLLM compiles its own model). flex_attention stays out of the compiled graphs
+    (a graph break; transformers compiles it as without this option). Needs torch >= 2.6.
+    TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged)."""
     attn_implementation: Literal[
         "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
     ] | None = None

@@ -8,6 +8,7 @@ copy of the policy of its own (a sharded module cannot generate: see memrl.rl.sh
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 from typing import Any
@@ -108,11 +109,58 @@ checkpointed, padded update beside its no-grad log-prob pass reached the default
 tiny model (past it, torch runs the layers eagerly)."""
 
 
+ATTENTION_OUTSIDE_GRAPHS = frozenset({"flex_attention"})
+"""Attention kernels that `compile_layers` keeps out of the decoder layers' graphs (a graph
+break at the attention call; the rest of each layer is compiled). They run as without
+`model.compile`: transformers' own `torch.compile(flex_attention)` with torch's default
+(automatic) dynamic shapes, on the model's BlockMask. Traced into a layer compiled with
+dynamic=True, flex_attention was lowered with every size symbolic (lengths, heads, head
+size, the BlockMask's block sizes): on an H100 (torch 2.11) the packing probe found packed
+samples attending to each other (relative logit error 0.22), and under FSDP inductor failed
+to lower it (a symbolic head count in `_use_flex_decoding`); on the CPU (torch 2.13) a
+flex_attention compiled with every size dynamic does not build (CppCompileError)."""
+
+
+def attention_outside_graphs(model: Any) -> None:
+    """Make the attention kernel of `model` a graph break for torch.compile when it is one
+    of ATTENTION_OUTSIDE_GRAPHS: its entry in transformers' attention registry (which the
+    models look up at every call) is wrapped in `torch.compiler.disable`. Outside compiled
+    code the wrapper only calls through. Idempotent; the registry is process-wide, so every
+    compiled model of this attention kernel gets the graph break."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in ATTENTION_OUTSIDE_GRAPHS:
+        return
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # transformers without an attention registry: nothing to wrap
+        return
+    function = ALL_ATTENTION_FUNCTIONS[impl]
+    if getattr(function, "_memrl_outside_graphs", False):
+        return
+    import torch._dynamo as dynamo
+
+    # torch.compile(dynamic=True) keeps "every size dynamic" set for as long as a compiled
+    # layer runs, its graph breaks included (an enter/exit hook of the compiled function):
+    # transformers' torch.compile(flex_attention) would inherit it. Back to the plain path's.
+    shapes = {"assume_static_by_default": dynamo.config.assume_static_by_default,
+              "automatic_dynamic_shapes": dynamo.config.automatic_dynamic_shapes}
+
+    @functools.wraps(function)
+    def attention(*args: Any, **kwargs: Any) -> Any:
+        with dynamo.config.patch(shapes):
+            return function(*args, **kwargs)
+
+    eager = torch.compiler.disable(attention)
+    eager._memrl_outside_graphs = True  # type: ignore[attr-defined]
+    ALL_ATTENTION_FUNCTIONS[impl] = eager
+
+
 def compile_layers(model: Any) -> None:
     """`torch.compile` every decoder layer of `model` in place (`model.compile`), with
     dynamic shapes from the start: with automatic dynamic shapes, the recomputation of a
     checkpointed layer could pick the dynamic graph where its forward had run a static one,
-    and the backward failed (pytorch issue 166926)."""
+    and the backward failed (pytorch issue 166926). flex_attention stays out of the layers'
+    graphs (`attention_outside_graphs`)."""
     if not hasattr(torch.compiler, "set_stance"):
         raise MemrlInputError(
             f"needs torch>=2.6 (this is {torch.__version__}): generation must run the "
@@ -125,6 +173,7 @@ def compile_layers(model: Any) -> None:
     config = dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), COMPILED_VARIANTS))
+    attention_outside_graphs(model)
     for layer in decoder_layers(model):
         layer.compile(dynamic=True)
 
