@@ -49,7 +49,9 @@ def env() -> dict[str, str]:
 
 def overrides(model_dir: Path, data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
     # 3 questions per step, 2 per mini-batch: on 2 ranks (questions 0, 2 on rank 0 and 1 on
-    # rank 1) rank 1 holds nothing of the second mini-batch and must still take part.
+    # rank 1) rank 1 holds nothing of the second mini-batch and must still take part. No
+    # dynamic sampling: with it, a group whose samples score alike is dropped and refilled on
+    # rank 0, and rank 1 could end a step with nothing (no gradient of its own to add).
     return [
         f"model.path={model_dir}",
         f"data.train_file={data_dir / 'train.jsonl'}",
@@ -60,6 +62,7 @@ def overrides(model_dir: Path, data_dir: Path, out_dir: Path, *extra: str) -> li
         "rollout.n=2",
         "data.train_batch_size=3",
         "rl.ppo_mini_batch_size=2",
+        "rl.dynamic_sampling=false",
         "optim.lr=1e-5",
         "trainer.log_sinks=[jsonl]",
         "trainer.save_freq=1",
