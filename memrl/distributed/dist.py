@@ -11,6 +11,7 @@ torch.distributed is initialised; the recipe's code is the same either way:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from memrl.distributed.heartbeat import collective
@@ -96,29 +97,10 @@ class Dist:
         same order, on every rank; nothing at world size 1)."""
         if self.world_size == 1:
             return
-        import torch
         import torch.distributed as tdist
 
-        by_kind: dict[tuple[Any, Any], list[Any]] = {}
-        for t in tensors:
-            by_kind.setdefault((t.dtype, t.device), []).append(t)
-        for kind in sorted(by_kind, key=str):  # the same order on every rank
-            group = by_kind[kind]
-            start = 0
-            while start < len(group):
-                bucket, size = [], 0
-                while start < len(group) and (not bucket or size < bucket_numel):
-                    bucket.append(group[start])
-                    size += group[start].numel()
-                    start += 1
-                flat = torch.cat([t.detach().reshape(-1) for t in bucket])
-                with collective():
-                    tdist.broadcast(flat, src=0)
-                offset = 0
-                with torch.no_grad():
-                    for t in bucket:
-                        t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                        offset += t.numel()
+        _bucketed([t.detach() for t in tensors], lambda flat: tdist.broadcast(flat, src=0),
+                  bucket_numel)
 
     # Data parallelism with replicated weights: every rank's loss is its exact share of the
     # global mini-batch loss (global divisors), so the global gradient is the SUM of the ranks'
@@ -133,23 +115,33 @@ class Dist:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        by_kind: dict[tuple[Any, Any], list[Any]] = {}
-        for p in params:
-            by_kind.setdefault((p.grad.dtype, p.grad.device), []).append(p)
-        for kind in sorted(by_kind, key=str):  # the same order on every rank
-            group = by_kind[kind]
-            bucket: list[Any] = []
-            size = 0
-            for i, p in enumerate(group):
-                bucket.append(p)
-                size += p.numel()
-                if size >= bucket_numel or i == len(group) - 1:
-                    flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-                    with collective():
-                        tdist.all_reduce(flat, op=tdist.ReduceOp.SUM)
-                    offset = 0
+        _bucketed([p.grad for p in params],
+                  lambda flat: tdist.all_reduce(flat, op=tdist.ReduceOp.SUM), bucket_numel)
+
+
+def _bucketed(tensors: list[Any], collective_op: Callable[[Any], Any], bucket_numel: int) -> None:
+    """Run `collective_op` in place on `tensors` flattened into buckets of about
+    `bucket_numel` elements (one dtype and device each, in the same order on every rank),
+    then copy each bucket back into its tensors."""
+    import torch
+
+    by_kind: dict[tuple[Any, Any], list[Any]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    for kind in sorted(by_kind, key=str):  # the same order on every rank
+        group = by_kind[kind]
+        bucket: list[Any] = []
+        size = 0
+        for i, t in enumerate(group):
+            bucket.append(t)
+            size += t.numel()
+            if size >= bucket_numel or i == len(group) - 1:
+                flat = torch.cat([q.reshape(-1) for q in bucket])
+                with collective():
+                    collective_op(flat)
+                offset = 0
+                with torch.no_grad():
                     for q in bucket:
-                        n = q.numel()
-                        q.grad.copy_(flat[offset : offset + n].view_as(q.grad))
-                        offset += n
-                    bucket, size = [], 0
+                        q.copy_(flat[offset : offset + q.numel()].view_as(q))
+                        offset += q.numel()
+                bucket, size = [], 0

@@ -61,8 +61,8 @@ def init_process_group(
     Backend: on CUDA (`device` None or a cuda device, and CUDA is there) nccl for CUDA tensors
     and gloo for CPU ones (`cpu:gloo,cuda:nccl`: `Dist.all_reduce_sum`/`all_reduce_max`
     reduce CPU numbers, which nccl alone refuses), else gloo. On CUDA each process uses the
-    GPU of its LOCAL_RANK. A collective that
-    waits longer than `timeout_s` seconds raises on the waiting ranks.
+    GPU of its LOCAL_RANK. A collective that waits longer than `timeout_s` seconds raises on
+    the waiting ranks.
 
     `heartbeat_s` (> 0): under torchrun, start this rank's heartbeat with that timeout
     (`memrl.distributed.heartbeat`; `destroy_process_group` stops it).

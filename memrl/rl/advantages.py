@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from memrl.rl.gae import reduced_moments
+
 SIZE1_MODES = ("zero", "raw_reward")
 """How a group of one trajectory is treated (see the module docstring)."""
 
@@ -190,16 +192,12 @@ def reinforce_pp_baseline_advantages(
         w = torch.as_tensor(token_counts, device=r.device).to(r.dtype)
         if w.shape != r.shape or (w < 0).any():
             raise ValueError(f"token_counts must be {tuple(r.shape)} non-negative numbers")
-    reduce = all_reduce_sum or (lambda t: t)
-    c, w64 = centred.to(torch.float64), w.to(torch.float64)
-    weighted, total = reduce(torch.stack([(w64 * c).sum(), w64.sum()]).cpu()).tolist()
+    total, batch_mean, sq = reduced_moments(centred, w, all_reduce_sum=all_reduce_sum)
     if total <= 1:
         # One weighted item has no spread: nothing to whiten (its centred value is 0 anyway).
         return torch.zeros_like(r)
-    batch_mean = weighted / total
-    sq = float(reduce((w64 * (c - batch_mean) ** 2).sum().reshape(1).cpu())[0])
-    var = sq / total * (total / (total - 1))
-    return ((c - batch_mean) / math.sqrt(var + 1e-8)).to(r.dtype)
+    var = float(sq) / total * (total / (total - 1))
+    return ((centred.to(torch.float64) - batch_mean) / math.sqrt(var + 1e-8)).to(r.dtype)
 
 
 # DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476 §3.2; the constraint

@@ -37,6 +37,7 @@ __all__ = [
     "gae_advantages_returns",
     "gae_batch",
     "masked_whiten",
+    "reduced_moments",
     "trajectory_gae",
     "value_loss",
     "value_statistics",
@@ -86,25 +87,38 @@ def _local(t: Tensor) -> Tensor:
     return t
 
 
+def reduced_moments(x: Tensor, weights: Tensor, *, all_reduce_sum: AllReduceSum | None = None,
+                    eps: float = 0.0) -> tuple[float, Tensor, Tensor]:
+    """(total weight W, means Σwx / (W + eps), Σw(x - mean)²) of each row of `x` (float64,
+    last dimension the positions, `weights` one per position), over every data-parallel
+    rank's positions with `all_reduce_sum`: the weighted sums and W are added over ranks, then
+    the squared deviations from those global means (two passes, as on one process; two
+    all-reduces whatever W is, so every rank calls it alike, one with no position included)."""
+    reduce = all_reduce_sum or _local
+    x, w = x.to(torch.float64), weights.to(torch.float64)
+    sums = reduce(torch.cat([(x * w).sum(-1).reshape(-1), w.sum().reshape(1)]).cpu())
+    total = float(sums[-1])
+    means = sums[:-1].reshape(x.shape[:-1]) / (total + eps)
+    deviations = (w * (x - means.to(x.device).unsqueeze(-1)) ** 2).sum(-1)
+    return total, means, reduce(deviations.reshape(-1).cpu()).reshape(x.shape[:-1])
+
+
 def whitening_stats(values: Tensor, mask: Tensor, *, all_reduce_sum: AllReduceSum | None = None
                     ) -> tuple[Tensor, Tensor, Tensor]:
     """(mean, unbiased variance, count), float64 scalars, of the masked positions (verl's
     `masked_mean` / `masked_var`, their 1e-8 included); the variance is nan below 2 positions.
 
     `all_reduce_sum`: statistics of every data-parallel rank's masked values together, each
-    rank passing its own: the masked sum and count are added over ranks, then the squared
-    deviations from that global mean (two passes, as on one process). Every rank must call
-    this, a rank with no masked value included, and gets the same numbers."""
-    reduce = all_reduce_sum or _local
+    rank passing its own (`reduced_moments`). Every rank must call this, a rank with no
+    masked value included, and gets the same numbers."""
     m = mask.to(torch.float64)
     x = torch.where(mask.bool(), values.to(torch.float64), torch.zeros((), dtype=torch.float64))
-    total, n = reduce(torch.stack([(x * m).sum(), m.sum()]).cpu()).unbind()
-    mean = total / (n + 1e-8)
+    total, mean, sq = reduced_moments(x.reshape(-1), m.reshape(-1), all_reduce_sum=all_reduce_sum,
+                                      eps=1e-8)
+    n = torch.tensor(total, dtype=torch.float64)
     if n < 2:
         return mean, torch.tensor(float("nan"), dtype=torch.float64), n
-    sq = torch.where(mask.bool(), (x - mean) ** 2, torch.zeros((), dtype=torch.float64))
-    var = reduce((sq * m).sum().reshape(1).cpu())[0]
-    return mean, var / (n + 1e-8) * (n / (n - 1)), n
+    return mean, sq / (n + 1e-8) * (n / (n - 1)), n
 
 
 def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, *,
@@ -152,19 +166,16 @@ def value_statistics(returns: Tensor, values: Tensor, mask: Tensor, *,
 
     `all_reduce_sum`: over every data-parallel rank's positions (sums and counts added over
     ranks, then the squared deviations from the global means); every rank must call it."""
-    reduce = all_reduce_sum or _local
     sel = mask.bool()
-    r, v = returns[sel].to(torch.float64).cpu(), values[sel].to(torch.float64).cpu()
-    d = r - v
-    n, sr, sv, sd = reduce(torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64),
-                                        r.sum(), v.sum(), d.sum()])).tolist()
+    r, v = returns[sel].to(torch.float64), values[sel].to(torch.float64)
+    n, (mr, mv, _), (ssr, _, ssd) = reduced_moments(torch.stack([r, v, r - v]),
+                                                    torch.ones_like(r),
+                                                    all_reduce_sum=all_reduce_sum)
     nan = float("nan")
-    out = {"values_mean": sv / n if n else nan, "returns_mean": sr / n if n else nan,
+    out = {"values_mean": float(mv) if n else nan, "returns_mean": float(mr) if n else nan,
            "vf_explained_var": nan}
     if n >= 2:
-        ssr, ssd = reduce(torch.stack([((r - sr / n) ** 2).sum(),
-                                       ((d - sd / n) ** 2).sum()])).tolist()
-        out["vf_explained_var"] = 1.0 - (ssd / (n - 1)) / (ssr / (n - 1) + 1e-5)
+        out["vf_explained_var"] = 1.0 - (float(ssd) / (n - 1)) / (float(ssr) / (n - 1) + 1e-5)
     return out
 
 
