@@ -15,7 +15,9 @@ mode: compiled against plain, and both against the padded sdpa pass (each sample
 itself alone). Prints one JSON line: the largest differences (relative to each result's
 scale), the probe's verdict, and the flex_attention calls that torch traced into the compiled
 layers' graphs (through a backend that records each graph, then hands it to inductor as
-`model.compile` does). `DEVICE` (cpu) can be set by a caller that imports this file.
+`model.compile` does). `DEVICE` (cpu) and `DTYPE` (float32) can be set by a caller that imports
+this file: on a GPU, bfloat16 (torch's flex_attention backward finds no kernel for float32
+there with transformers' block sizes: NoValidChoicesError, H100, torch 2.11).
 """
 
 from __future__ import annotations
@@ -104,10 +106,11 @@ def diff(a: dict, b: dict) -> dict[str, float]:
 
 
 DEVICE = "cpu"
+DTYPE = "float32"
 
 
 def load(model_dir: str, attn: str, compile: bool):
-    return load_policy(ModelConfig(path=model_dir, dtype="float32", device=DEVICE,
+    return load_policy(ModelConfig(path=model_dir, dtype=DTYPE, device=DEVICE,
                                    attn_implementation=attn, compile=compile,
                                    gradient_checkpointing=True))[0]
 

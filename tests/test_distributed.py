@@ -1,6 +1,7 @@
-"""Training on several processes (torchrun, gloo on CPU) against one process on the same
-questions: the same weights after each optimizer step, the same logged metrics, resume on a
-different number of processes, and a killed rank ending the whole run.
+"""Training on several processes (torchrun: gloo on CPU; on a machine with 2 GPUs, nccl, one
+GPU per rank) against one process on the same questions: the same weights after each
+optimizer step, the same logged metrics, resume on a different number of processes, and a
+killed rank ending the whole run.
 
 The runs use `tests/dist_train.py`, whose task rolls out each question alone with a seed of
 its own, so that one process and two ranks sample exactly the same groups.
@@ -69,6 +70,9 @@ def overrides(model_dir: Path, data_dir: Path, out_dir: Path, *extra: str) -> li
         "trainer.test_freq=1",
         "trainer.val_before_train=false",
         "trainer.dist_timeout_s=60",
+        # float32 everywhere: on a machine with GPUs these runs train on CUDA (nccl, one GPU
+        # per rank), where `auto` would mean bf16 autocast and tolerances of bf16.
+        "model.dtype=float32",
         *extra,
     ]
 

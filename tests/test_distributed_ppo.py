@@ -3,7 +3,9 @@ processes: the batch-wide statistics (whitening, the critic's explained variance
 ranks' shares equal one process's on the whole batch (threads standing in for ranks), and
 2 ranks under torchrun (gloo, CPU) take the steps one process takes on the same questions:
 the same policy and critic weights, the same logged metrics and per-trajectory advantages,
-after a resume on 2 ranks too, and with the policy sharded (model.strategy fsdp).
+after a resume on 2 ranks too, with the policy and the critic sharded (model.strategy
+fsdp), resumed from the sharded checkpoint, and with a value head on the policy
+(critic.value_model policy_head).
 
 The torchrun runs use `tests/dist_train.py` (see tests/test_distributed.py).
 """
@@ -251,24 +253,65 @@ def test_ppo_resumed_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_m
     assert _max_diff(*critics) > 5e-4  # the critic's second step moved it by ~lr (1e-3)
 
 
+def _sharded_critic_weights(run: Path, step: int, config: list[str], tokenizer) -> dict:
+    """The whole weights of a checkpoint's sharded critic (critic/sharded/), read into a
+    replicated critic on this process."""
+    from memrl.config import load_config
+    from memrl.recipes import models
+    from memrl.recipes.config import TrainConfig
+    from memrl.rl.checkpoint.critic import load_critic
+
+    critic = models.build_critic(load_config(TrainConfig, None, config), tokenizer,
+                                 total_steps=2)
+    load_critic(_checkpoint(run, step), critic)
+    # on the CPU, as the files it is compared with (on a GPU machine the critic is on CUDA)
+    return {k: v.detach().cpu().clone() for k, v in critic.model.state_dict().items()}
+
+
 @pytest.mark.slow
-def test_ppo_with_an_fsdp_policy_on_two_ranks(ppo_runs, tiny_model_dir, data_dir, tmp_path):
-    """model.strategy fsdp: the policy sharded over 2 ranks, the critic whole on each (it is
-    not sharded): step 1 is still the one-process step (the policy read back by export)."""
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP read in one process
+def test_ppo_sharded_with_fsdp_on_two_ranks_and_resumed(ppo_runs, tiny_model_dir,
+                                                        tiny_tokenizer, data_dir, tmp_path):
+    """model.strategy fsdp: the policy and the critic sharded over 2 ranks (each holds half
+    of every weight and of its AdamW state), step 1, then step 2 resumed on 2 ranks from the
+    sharded checkpoint: each step is still the one-process step (the policy read back by
+    export, the critic by loading its shards into a replicated critic; metrics alike)."""
     from memrl.rl.checkpoint import export_checkpoint
 
     fsdp = tmp_path / "fsdp"
     run_helper(2, _ppo(tiny_model_dir, data_dir, fsdp, "trainer.total_steps=1",
                        "model.strategy=fsdp"))
-    export_checkpoint(_checkpoint(fsdp, 1), tmp_path / "hf")
-    policy = load_file(tmp_path / "hf" / "model.safetensors")
-    one = load_file(_checkpoint(ppo_runs["one"], 1) / "model" / "model.safetensors")
-    assert _max_diff(policy, one) < 2e-6
-    critic = [load_file(_checkpoint(r, 1) / "critic" / "model.safetensors")
-              for r in (ppo_runs["one"], fsdp)]
-    assert _max_diff(*critic) < 1e-4
-    assert_same_metrics(read_metrics(fsdp / "metrics.jsonl")[0],
-                        read_metrics(ppo_runs["one"] / "metrics.jsonl")[0])
+    assert (_checkpoint(fsdp, 1) / "critic" / "sharded" / ".metadata").is_file()
+    run_helper(2, _ppo(tiny_model_dir, data_dir, fsdp, "trainer.total_steps=2",
+                       "trainer.resume=auto", "model.strategy=fsdp"))
+    config = _ppo(tiny_model_dir, data_dir, tmp_path / "unused")
+    for step in (1, 2):
+        export_checkpoint(_checkpoint(fsdp, step), tmp_path / f"hf{step}")
+        policy = load_file(tmp_path / f"hf{step}" / "model.safetensors")
+        one = load_file(_checkpoint(ppo_runs["one"], step) / "model" / "model.safetensors")
+        assert _max_diff(policy, one) < 2e-6
+        critic = _sharded_critic_weights(fsdp, step, config, tiny_tokenizer)
+        one = load_file(_checkpoint(ppo_runs["one"], step) / "critic" / "model.safetensors")
+        assert _max_diff(critic, one) < 1e-4
+        a = read_metrics(fsdp / "metrics.jsonl")[step - 1]
+        b = read_metrics(ppo_runs["one"] / "metrics.jsonl")[step - 1]
+        assert a["step"] == b["step"] == step and a["critic/grad_norm"] > 0
+        assert_same_metrics(a, b)
+
+
+@pytest.mark.slow
+def test_ppo_with_a_value_head_on_the_policy_on_two_ranks(tiny_model_dir, data_dir, tmp_path):
+    """critic.value_model policy_head, replicated: one step on 2 ranks is the one-process
+    step (the policy, the head, the metrics with critic/*, the advantages); the head's
+    gradients are summed over ranks with the policy's."""
+    runs = {}
+    for nproc in (1, 2):
+        runs[nproc] = tmp_path / f"head_{nproc}"
+        run_helper(nproc, _ppo(tiny_model_dir, data_dir, runs[nproc], "trainer.total_steps=1",
+                               "critic.value_model=policy_head"))
+    head = load_file(_checkpoint(runs[1], 1) / "critic" / "model.safetensors")
+    assert set(head) == {"weight", "bias"}
+    _assert_same_step(runs[1], runs[2], 1)
 
 
 @pytest.mark.slow

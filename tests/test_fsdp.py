@@ -198,3 +198,62 @@ def test_fsdp_options_are_checked(tiny_model_dir, data_dir, tmp_path):
         load_config(SFTConfig, None, [f"model.path={tiny_model_dir}",
                                       f"data.train_file={data_dir / 'train.jsonl'}",
                                       "model.strategy=fsdp"])
+
+
+def test_a_sharded_critic_takes_the_replicated_step_and_resumes(tiny_model_dir, tiny_tokenizer,
+                                                                data_dir, tmp_path,
+                                                                group_of_one):
+    """PPO's critic under model.strategy fsdp (a group of one): FSDP units per decoder layer
+    and the root, the values and update of the whole critic, and a checkpoint that holds its
+    shards (critic/sharded/), read back into a sharded and a replicated critic."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from memrl.recipes import models
+    from memrl.rl.batch import RolloutBatch
+    from memrl.rl.checkpoint.critic import load_critic
+    from memrl.rl.gae import gae_batch
+    from memrl.trajectory import Trajectory, Turn
+
+    def turn(prompt, response):
+        return Turn(kind="final", prompt_ids=prompt, response_ids=response,
+                    response_logprobs=[-1.0] * len(response), response_text="")
+
+    batch = RolloutBatch.from_trajectories([
+        Trajectory(record_id="a", turns=(turn([5, 6, 7], [8, 9, 10]), turn([11], [13, 14])),
+                   reward=1.0),
+        Trajectory(record_id="b", turns=(turn([5, 6], [20, 21, 22, 23]),), reward=0.0)])
+    base = [*overrides(tiny_model_dir, data_dir, tmp_path), "rl.adv_estimator=gae",
+            "critic.optim.lr=1e-3", "rl.ppo_mini_batch_size=2", "rollout.n=1"]
+    critics, stats = {}, {}
+    for strategy in ("replicate", "fsdp"):
+        torch.manual_seed(0)
+        cfg = load_config(TrainConfig, None, [*base, f"model.strategy={strategy}"])
+        critic = models.build_critic(cfg, tiny_tokenizer, group_of_one, total_steps=2)
+        values = critic.values(batch)
+        stats[strategy] = critic.update(gae_batch(batch.with_values(values), gamma=1.0, lam=0.9))
+        critics[strategy] = critic
+    sharded = critics["fsdp"]
+    units = [m for m in sharded.model.modules() if isinstance(m, FSDPModule)]
+    assert len(units) == 1 + len(sharded.model.body.layers)  # every layer, and the root
+    assert stats["fsdp"].vf_loss == pytest.approx(stats["replicate"].vf_loss, rel=1e-6)
+    assert stats["fsdp"].grad_norm == pytest.approx(stats["replicate"].grad_norm, rel=1e-5)
+    whole = {k: v.full_tensor() for k, v in sharded.model.state_dict().items()}
+    plain = critics["replicate"].model.state_dict()
+    assert max((whole[k] - plain[k]).abs().max().item() for k in plain) < 1e-6
+
+    policy = sharded_policy(tiny_model_dir)
+    path = save_checkpoint(tmp_path / "ckpt", 1, model=policy, optimizer=None, scheduler=None,
+                           tokenizer=None, trainer_state={"epoch": 0}, config_yaml="",
+                           keep_last=1, dist=group_of_one, critic=sharded)
+    assert (path / "critic" / "sharded" / ".metadata").is_file()
+    assert not (path / "critic" / "model.safetensors").exists()
+    for strategy in ("fsdp", "replicate"):
+        torch.manual_seed(1)  # another value head, replaced by the checkpoint's
+        cfg = load_config(TrainConfig, None, [*base, f"model.strategy={strategy}"])
+        fresh = models.build_critic(cfg, tiny_tokenizer, group_of_one, total_steps=2)
+        load_critic(path, fresh)
+        got = fresh.model.state_dict()
+        got = {k: getattr(v, "full_tensor", lambda v=v: v)() for k, v in got.items()}
+        assert all(torch.equal(got[k], whole[k]) for k in whole), strategy
+        assert float(next(iter(fresh.optimizer.state.values()))["step"]) == 1.0
+        assert fresh.scheduler.last_epoch == 1

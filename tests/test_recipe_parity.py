@@ -188,17 +188,17 @@ def test_response_logprobs_equal_a_full_forward(tiny_model_dir):
 def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir, monkeypatch):
     """The vocabulary projection runs on response positions only: a 6K-token prompt with a
     1K-token response projects 1K rows, as many as a 100-token prompt does."""
-    import memrl.rl.actor as actor_module
+    import memrl.rl.logprobs as forward_module
 
     model = load_model(tiny_model_dir)
     head_rows = []
-    fused = actor_module.linear_logprobs
+    fused = forward_module.linear_logprobs
 
     def counting(hidden, *args, **kwargs):
         head_rows.append(hidden.shape[0])
         return fused(hidden, *args, **kwargs)
 
-    monkeypatch.setattr(actor_module, "linear_logprobs", counting)
+    monkeypatch.setattr(forward_module, "linear_logprobs", counting)
     for prompt_len in (100, 6000):
         s = Conversation([4] * prompt_len, [5] * 1000, [0.0] * 1000, 0, "g", 0, "final")
         with torch.no_grad():

@@ -196,3 +196,136 @@ def test_critic_init_from_a_path_and_a_missing_one(tiny_model_dir, tiny_tokenize
         models.build_critic(cfg, tiny_tokenizer, total_steps=1)
     grpo_cfg = make_config(tiny_model_dir, data_dir, tmp_path, "rl.adv_estimator=grpo")
     assert models.build_critic(grpo_cfg, tiny_tokenizer, total_steps=1) is None
+
+
+# ---- critic.value_model: policy_head (a value head on the policy, one joint loss)
+
+
+def test_a_value_head_on_the_policy_steps_by_the_joint_loss(tiny_model_dir):
+    """One update of the actor with a value head (SGD of lr 1, no clipping: every weight
+    moves by minus its gradient) is the step of pg_loss + vf_coef · vf_loss, computed here by
+    hand at ratio 1 from the batch's own numbers: pg = -mean(A) and vf = mean((V - R)²) / 2
+    over the loss tokens. The head gets vf_coef · ∇vf; the shared body ∇pg + vf_coef · ∇vf."""
+    import copy
+
+    from memrl.inference.loader import load_model
+    from memrl.rl.actor import Actor, response_pass
+    from memrl.rl.config import RLConfig
+    from memrl.rl.values import PolicyValueHead, value_head
+
+    coef = 0.3
+    torch.manual_seed(0)
+    model = load_model(tiny_model_dir, device="cpu", dtype=torch.float32)
+    head = value_head(model.config.hidden_size)
+    optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=1.0)
+    actor = Actor(model, RLConfig(use_kl_loss=False, ppo_mini_batch_size=2),
+                  optimizer=optimizer, grad_clip=1e9, pad_id=0,
+                  scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                  value_head=PolicyValueHead(head, vf_coef=coef, cliprange_value=0.5))
+    batch = RolloutBatch.from_trajectories(two_trajectories())
+    old, _, values = actor.logprobs_entropy_and_values(batch)
+    assert [v.shape for v in values] == [(3,), (2,), (4,)]
+    batch = gae_batch(batch.with_values(values).with_logprobs(old, None), gamma=1.0, lam=0.9)
+
+    # by hand, on copies: the two losses and their gradients
+    body, own_head = copy.deepcopy(model), copy.deepcopy(head)
+    tensors = batch.collate([0, 1, 2], pad_id=0)
+    mask = tensors["loss_mask"]
+    lp, _, v = response_pass(body, tensors, value_head=own_head)
+    n = mask.sum()
+    ratio = torch.exp(lp - tensors["old_logprobs"])  # 1, with the policy's gradient
+    pg = -(ratio * tensors["advantages"] * mask).sum() / n
+    vf = 0.5 * (((v - tensors["returns"]) ** 2) * mask).sum() / n
+    returns, old_values = torch.cat(batch.returns), torch.cat(batch.values)
+    assert float(vf.detach()) == pytest.approx(0.5 * float(((old_values - returns) ** 2).mean()),
+                                      rel=1e-5)
+    pg.backward(retain_graph=True)
+    pg_only = {k: p.grad.clone() for k, p in body.named_parameters()}
+    (coef * vf).backward()
+    want_body = {k: p.grad for k, p in body.named_parameters()}
+    want_head = {k: p.grad for k, p in own_head.named_parameters()}
+
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    head_before = {k: p.detach().clone() for k, p in head.named_parameters()}
+    stats = actor.update(batch)
+    assert stats.pg_loss == pytest.approx(float(pg.detach()), abs=1e-6)
+    assert stats.pg_loss == pytest.approx(-float(torch.cat(batch.token_advantages).mean()),
+                                          abs=1e-6)
+    assert stats.critic is not None and set(stats.critic.metrics()) == CRITIC_KEYS
+    assert stats.critic.vf_loss == pytest.approx(float(vf.detach()), rel=1e-5)
+    assert not set(stats.metrics()) & CRITIC_KEYS  # critic/* come from stats.critic
+    for k, p in head.named_parameters():
+        moved = head_before[k] - p.detach()
+        assert torch.allclose(moved, want_head[k], atol=1e-6, rtol=1e-4), k
+        assert moved.abs().max() > 0
+    worst = max(float((before[k] - p.detach() - want_body[k]).abs().max())
+                for k, p in model.named_parameters())
+    assert worst < 1e-5
+    from_vf = max(float((want_body[k] - pg_only[k]).abs().max()) for k in pg_only)
+    assert from_vf > 100 * worst  # the value loss reaches the body
+
+
+def test_policy_head_options_are_checked(tiny_model_dir, data_dir, tmp_path):
+    cfg = make_config(tiny_model_dir, data_dir, tmp_path, "critic.value_model=policy_head")
+    assert cfg.critic.vf_coef == 0.1 and cfg.critic.value_model == "policy_head"
+    with pytest.raises(MemrlInputError, match="critic.value_model=separate"):
+        make_config(tiny_model_dir, data_dir, tmp_path, "critic.value_model=policy_head",
+                    "model.strategy=fsdp")
+    with pytest.raises(MemrlInputError, match="critic.init, critic.micro_batch_size"):
+        make_config(tiny_model_dir, data_dir, tmp_path, "critic.value_model=policy_head",
+                    f"critic.init={tiny_model_dir}", "critic.micro_batch_size=2")
+    with pytest.raises(MemrlInputError, match="critic.value_model"):
+        make_config(tiny_model_dir, data_dir, tmp_path, "critic.value_model=shared")
+    with pytest.raises(MemrlInputError, match="critic.vf_coef"):
+        make_config(tiny_model_dir, data_dir, tmp_path, "critic.vf_coef=0")
+
+
+def test_policy_head_trains_resumes_and_exports_a_plain_model(tiny_model_dir, data_dir,
+                                                              tmp_path):
+    """critic.value_model policy_head: 3 steps straight, or 2 then a resumed third, log the
+    same third step (critic/* included: the head's weights and its AdamW state in the
+    actor's optimizer were saved and loaded); `memrl export` writes the plain causal LM,
+    the head stays in the checkpoint's critic/. Two mini-batches a step: the values come from
+    the old log-prob pass."""
+    from safetensors.torch import load_file
+
+    head = ["critic.value_model=policy_head"]
+    grpo.train(make_config(tiny_model_dir, data_dir, tmp_path / "ref", *head,
+                           "trainer.total_steps=3"))
+    grpo.train(make_config(tiny_model_dir, data_dir, tmp_path / "cut", *head,
+                           "trainer.total_steps=2"))
+    ckpt = tmp_path / "cut" / "checkpoints" / "step_00000002"
+    assert set(load_file(ckpt / "critic" / "model.safetensors")) == {"weight", "bias"}
+    assert not (ckpt / "critic" / "optimizer.pt").exists()
+    grpo.train(make_config(tiny_model_dir, data_dir, tmp_path / "cut", *head,
+                           "trainer.total_steps=3", "trainer.resume=auto"))
+    want = read_metrics(tmp_path / "ref" / "metrics.jsonl")[-1]
+    got = read_metrics(tmp_path / "cut" / "metrics.jsonl")[-1]
+    assert got["step"] == want["step"] == 3
+    assert CRITIC_KEYS <= set(got) and got["critic/vf_loss"] > 0
+    assert got["critic/lr"] == pytest.approx(1e-3)
+    for key in sorted(want):
+        if key.startswith(("critic/", "actor/", "train/")):
+            assert math.isclose(got[key], want[key], rel_tol=1e-6, abs_tol=1e-9), key
+    assert cli_main(["export", str(tmp_path / "cut"), str(tmp_path / "hf")]) == 0
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert set(exported) <= set(load_file(tiny_model_dir / "model.safetensors"))
+
+
+def test_policy_head_on_policy_step_takes_a_values_pass(tiny_model_dir, data_dir, tmp_path):
+    """One mini-batch a step (on-policy: the update gives the old log-probs), so the values
+    take a pass of their own; in padded and in packed micro-batches (rl.remove_padding) the
+    step is the same."""
+    rows = {}
+    for packed in ("false", "true"):
+        out = tmp_path / f"packed_{packed}"
+        grpo.train(make_config(tiny_model_dir, data_dir, out, "critic.value_model=policy_head",
+                               "rl.ppo_mini_batch_size=2", "trainer.total_steps=1",
+                               f"rl.remove_padding={packed}"))
+        (rows[packed],) = read_metrics(out / "metrics.jsonl")
+    for row in rows.values():
+        assert CRITIC_KEYS <= set(row) and all(math.isfinite(row[k]) for k in CRITIC_KEYS)
+        assert row["critic/vf_loss"] > 0 and row["critic/grad_norm"] > 0
+    for key in ("critic/vf_loss", "critic/values_mean", "critic/grad_norm", "actor/pg_loss",
+                "actor/grad_norm"):
+        assert rows["true"][key] == pytest.approx(rows["false"][key], rel=1e-4, abs=1e-6), key

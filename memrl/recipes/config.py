@@ -90,7 +90,7 @@ class ModelConfig(StrictModel):
     flash-attn package."""
     lora: LoraConfig = LoraConfig()
     strategy: Literal["replicate", "fsdp"] = "replicate"
-    """How the policy and the reference are held by several training processes
+    """How the policy, the reference and PPO's critic are held by several training processes
     (verl actor_rollout_ref.actor.strategy). replicate: every rank holds every weight and
     the gradients are summed over ranks. fsdp: FSDP2 (`fully_shard` per decoder layer, then
     the whole model): each rank holds 1/N of the weights, gradients and AdamW state;
@@ -423,6 +423,23 @@ class TrainConfig(AgentSection):
                 "rollout.n=1 with rl.dynamic_sampling drops every group (one reward has no "
                 "spread): set rl.dynamic_sampling=false"
             )
+        critic = self.critic
+        if self.rl.adv_estimator == "gae" and critic.value_model == "policy_head":
+            if self.model.strategy == "fsdp":
+                raise _located(
+                    "critic.value_model", "a value head on the policy is not sharded: with "
+                    "model.strategy fsdp use critic.value_model=separate (sharded as the "
+                    "policy), or model.strategy=replicate", critic.value_model)
+            own = [f"critic.{k}" for k, default in (("init", "policy"),
+                                                    ("max_tokens_per_micro_batch", None),
+                                                    ("micro_batch_size", None))
+                   if getattr(critic, k) != default]
+            if own:
+                raise _located(
+                    own[0], f"{', '.join(own)} configures a separate critic; "
+                    "critic.value_model policy_head reads the policy's body in the actor's "
+                    "micro-batches: remove it, or use critic.value_model=separate",
+                    getattr(critic, own[0].split(".", 1)[1]))
         if self.rl.ppo_mini_batch_size > self.data.train_batch_size:
             raise ValueError(
                 f"rl.ppo_mini_batch_size ({self.rl.ppo_mini_batch_size}) exceeds "

@@ -10,7 +10,9 @@
                                                      per token, memrl.rl.gae)
         stats  = actor.update(batch, dist, guard)    PPO over mini/micro-batches; on-policy
                                                      its forward gives the old log-probs
-        critic = run.critic.update(batch, dist)      PPO: the value model (else None)
+        critic = run.critic.update(batch, dist)      PPO: the value model (else None; a
+                                                     value head on the policy trains in
+                                                     the actor's update)
         return step_metrics(...)                     recipes/step_metrics.py
 
 The loop around it (resume, validate, log, checkpoint) is `recipes/scaffold.py`, shared
@@ -72,7 +74,8 @@ class Run:
     trajectory_log: TrajectoryLog | None = None
     """Per-trajectory records of each step (`trainer.log_trajectories`); None: off."""
     critic: Critic | None = None
-    """PPO's value model (rl.adv_estimator=gae); None for the group estimators."""
+    """PPO's separate value model (rl.adv_estimator=gae); None for the group estimators and
+    for a value head on the policy (`actor.value_head`)."""
 
     @property
     def out_dir(self) -> Path:
@@ -148,7 +151,8 @@ def train_step(run: Run) -> dict[str, float]:
     lr = run.actor.lr
     with phases("update"):
         update = run.actor.update(batch, run.dist, guard=guard if source == "update" else None)
-        critic = run.critic.update(batch, run.dist) if run.critic is not None else None
+        # the separate critic's update (PPO), or the value head's share of the actor's
+        critic = run.critic.update(batch, run.dist) if run.critic is not None else update.critic
     if update.old_pass is not None:  # the batch gets the old log-probs the update used
         batch = batch.with_logprobs(update.old_pass.logprobs, batch.ref_logprobs)
         entropy, mismatch = update.old_pass.entropy, update.old_pass.mismatch
@@ -196,18 +200,26 @@ def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuar
                   ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
     """The batch with its old log-probs from `source` (`RLConfig.old_logprob_source`: the
     engine's, a separate pass, or none yet: the update's forward gives them) and its
-    reference log-probs (and the critic's values: PPO); the entropies of the separate pass
-    (else None); and, after that pass, the engine's mismatch with the trainer (`guard`:
-    `rollout/logprob_diff_*`), which stops the run past rollout.max_logprob_diff (on every
-    rank, or none)."""
+    reference log-probs (and the critic's values: PPO; a value head on the policy reads
+    them in the old log-prob pass, else in a pass of their own); the entropies of the
+    separate pass (else None); and, after that pass, the engine's mismatch with the trainer
+    (`guard`: `rollout/logprob_diff_*`), which stops the run past rollout.max_logprob_diff
+    (on every rank, or none)."""
     ref = run.reference.logprobs(batch) if run.reference is not None else None
+    head = run.actor.value_head is not None  # critic.value_model policy_head
     if run.critic is not None:
         batch = batch.with_values(run.critic.values(batch))
+    elif head and source != "pass":  # no old log-prob pass to read the values in
+        batch = batch.with_values(run.actor.values(batch))
     if source == "engine":
         return batch.with_logprobs(guard.engine_logprobs, ref), None, {}
     if source == "update":
         return batch.with_logprobs(None, ref), None, {}
-    old, entropy = run.actor.logprobs_and_entropy(batch)
+    if head:  # the values from the old log-prob pass's own forward
+        old, entropy, values = run.actor.logprobs_entropy_and_values(batch)
+        batch = batch.with_values(values)
+    else:
+        old, entropy = run.actor.logprobs_and_entropy(batch)
     return batch.with_logprobs(old, ref), entropy, guard.check(old, run.dist)
 
 
@@ -269,10 +281,11 @@ def validate(run: Run) -> dict[str, float]:
 
 def save(run: Run) -> Path | None:
     """A checkpoint of the policy, optimizer, schedule, RNG and data cursor, and the critic
-    (PPO) (every rank takes part; the next step starts once it is complete)."""
+    (PPO: the separate one, or the value head on the policy, whose AdamW state is in the
+    actor's) (every rank takes part; the next step starts once it is complete)."""
     return save_run(run.config, run.state, model=run.actor.model, optimizer=run.actor.optimizer,
                     scheduler=run.actor.scheduler, tokenizer=run.tokenizer, dist=run.dist,
-                    critic=run.critic)
+                    critic=run.critic or run.actor.value_head)
 
 
 def total_steps(config: TrainConfig, num_records: int) -> int:
@@ -298,7 +311,7 @@ def setup(
                                total_steps=total_steps(config, len(train_records)))
     reference = models.build_reference(config, policy, tokenizer, temperature, dist)
     engine = models.build_engine(config, policy, tokenizer)
-    critic = models.build_critic(config, tokenizer,
+    critic = models.build_critic(config, tokenizer, dist,
                                  total_steps=total_steps(config, len(train_records)))
     if critic is not None:
         critic.replicate(dist)  # one value head on every rank (a checkpoint may replace it)
@@ -306,7 +319,7 @@ def setup(
     out_dir = Path(config.trainer.out_dir)
     state = resume_or_start(out_dir, config.trainer.resume, model=policy,
                             optimizer=actor.optimizer, scheduler=actor.scheduler, dist=dist,
-                            console=console, critic=critic)
+                            console=console, critic=critic or actor.value_head)
     stream = QuestionStream(train_records, config.seed, config.data.shuffle, state)
     log = TrajectoryLog.from_config(
         config.trainer.log_trajectories, out_dir, records=train_records, dist=dist,

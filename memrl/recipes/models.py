@@ -1,8 +1,9 @@
 """Building the trained models from a config: the policy (+LoRA), the reference, the engine.
 
-With `model.strategy: fsdp` the policy and the reference are loaded on the CPU and sharded
-over the ranks (`memrl.rl.sharding.shard`); the in-process engine then generates from a full
-copy of the policy of its own (a sharded module cannot generate: see memrl.rl.sharding).
+With `model.strategy: fsdp` the policy, the reference and the critic are loaded on the CPU
+and sharded over the ranks (`memrl.rl.sharding.shard`); the in-process engine then generates
+from a full copy of the policy of its own (a sharded module cannot generate: see
+memrl.rl.sharding).
 """
 
 from __future__ import annotations
@@ -20,9 +21,17 @@ from memrl.errors import MemrlInputError, require
 from memrl.inference import factory
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.recipes.config import ModelConfig, TrainConfig
-from memrl.rl.actor import Actor, Reference, build_optimizer, mixed_precision, warmup_schedule
+from memrl.rl.actor import (
+    Actor,
+    Reference,
+    build_optimizer,
+    mixed_precision,
+    policy_hidden_states_error,
+    warmup_schedule,
+)
 from memrl.rl.config import OptimConfig
 from memrl.rl.critic import Critic, ValueModel
+from memrl.rl.values import PolicyValueHead, value_head
 from memrl.rl.sharding import decoder_layers, shard
 from memrl.rl.flops import device_peak_flops
 
@@ -228,13 +237,20 @@ def build_actor(
     *, total_steps: int,
 ) -> Actor:
     """The trainer of `policy`; `total_steps` (training steps of the run) sizes the cosine
-    learning-rate schedule."""
+    learning-rate schedule. With critic.value_model policy_head (PPO) it also trains a value
+    head on the policy, a second parameter group of its AdamW (critic.optim's lr and weight
+    decay), broadcast from the main rank."""
     optimizer = build_optimizer(
         policy,
         lr=config.optim.lr,
         betas=config.optim.betas,
         weight_decay=config.optim.weight_decay,
     )
+    head = build_value_head(config, policy)
+    if head is not None:  # before the schedule: it scales every group's lr
+        optimizer.add_param_group({"params": head.parameters(), "lr": config.critic.optim.lr,
+                                   "weight_decay": config.critic.optim.weight_decay})
+        dist.broadcast_(head.parameters())  # one head on every rank (a checkpoint may replace it)
     return Actor(
         policy,
         config.rl,
@@ -245,8 +261,24 @@ def build_actor(
         pad_id=pad_token_id(tokenizer),
         temperature=temperature,
         autocast_dtype=autocast_dtype(config.model),
+        value_head=head,
         **sharding_kwargs(config, dist),
     )
+
+
+def build_value_head(config: TrainConfig, policy: Any) -> PolicyValueHead | None:
+    """A fresh value head on the policy's last hidden state (rl.adv_estimator gae with
+    critic.value_model policy_head, else None), on the policy's device in its master dtype."""
+    if config.rl.adv_estimator != "gae" or config.critic.value_model != "policy_head":
+        return None
+    problem = policy_hidden_states_error(policy)
+    if problem is not None:
+        raise MemrlInputError(problem, location="critic.value_model")
+    param = next(policy.parameters())
+    head = value_head(int(policy.config.hidden_size), device=param.device,
+                      dtype=master_dtype(config.model))
+    return PolicyValueHead(head, vf_coef=config.critic.vf_coef,
+                           cliprange_value=config.critic.cliprange_value)
 
 
 def peak_flops(config: TrainConfig, policy: Any) -> float | None:
@@ -275,15 +307,22 @@ def build_reference(
     return Reference(ref, config.rl, **kw, **sharding_kwargs(config, dist))
 
 
-def build_critic(config: TrainConfig, tokenizer: Any, *, total_steps: int) -> Critic | None:
-    """PPO's value model (rl.adv_estimator=gae, else None): the body of `critic.init`'s
+def build_critic(config: TrainConfig, tokenizer: Any, dist: Dist = Dist(), *,
+                 total_steps: int) -> Critic | None:
+    """PPO's separate value model (rl.adv_estimator=gae with critic.value_model separate,
+    else None; a value head on the policy is the actor's: `build_actor`): the body of
+    `critic.init`'s
     causal LM (`policy`: model.path) with a fresh value head, its own AdamW and schedule.
-    Always whole on this process, fp32 master weights, the policy's autocast."""
-    if config.rl.adv_estimator != "gae":
+    fp32 master weights and the policy's autocast; whole on this process (model.strategy
+    replicate), or sharded over `dist`'s ranks as the policy is (fsdp: its mesh, mixed
+    precision, CPU offload and resharding; the AdamW state then sharded too)."""
+    if config.rl.adv_estimator != "gae" or config.critic.value_model != "separate":
         return None
     ccfg, mcfg = config.critic, config.model
+    fsdp = mcfg.strategy == "fsdp"
+    device = resolve_device(mcfg.device)
     path = mcfg.path if ccfg.init == "policy" else ccfg.init
-    lm = load_model(path, device=resolve_device(mcfg.device), dtype=master_dtype(mcfg),
+    lm = load_model(path, device="cpu" if fsdp else device, dtype=master_dtype(mcfg),
                     **attention(mcfg))
     vocab = len(tokenizer)
     if lm.get_input_embeddings().weight.shape[0] < vocab:
@@ -293,10 +332,14 @@ def build_critic(config: TrainConfig, tokenizer: Any, *, total_steps: int) -> Cr
             "policy's token ids", location="critic.init")
     if mcfg.gradient_checkpointing:
         checkpoint_layers(lm, every_n_layers=mcfg.gradient_checkpointing_every_n_layers,
-                          fsdp=False)
+                          fsdp=fsdp)
     if mcfg.compile:
         compile_layers(lm)
     model = ValueModel.from_causal_lm(lm)
+    if fsdp:
+        f = mcfg.fsdp
+        model = shard(model, device, param_dtype=fsdp_param_dtype(mcfg),
+                      cpu_offload=f.cpu_offload, reshard_after_forward=f.reshard_after_forward)
     model.train()
     optim = ccfg.optim
     optimizer = build_optimizer(model, lr=optim.lr, betas=optim.betas,
@@ -310,6 +353,7 @@ def build_critic(config: TrainConfig, tokenizer: Any, *, total_steps: int) -> Cr
         or rl.max_tokens_per_micro_batch,
         micro_batch_size=ccfg.micro_batch_size or rl.micro_batch_size,
         autocast_dtype=autocast_dtype(mcfg),
+        sharded_over=dist if fsdp else None, compute_device=device if fsdp else None,
     )
 
 

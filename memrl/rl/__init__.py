@@ -3,6 +3,9 @@
 - `advantages`, `losses`: pure functions over tensors (verl's formulas, with tests).
 - `batch`: `RolloutBatch`, the typed batch of one step; `collate`, `pack_token_budget`.
 - `actor`: `Actor` (log-probs + PPO update, its `UpdateStats`) and `Reference`.
+- `logprobs`: the per-token forward (`response_logprobs`; with a value head, `response_pass`).
+- `gae`, `critic`, `values`: PPO's GAE and value loss, the separate value model (`Critic`),
+  and what it shares with a value head on the policy (`PolicyValueHead`, `CriticStats`).
 - `optim`: AdamW, verl's lr schedules, `optimizer_step` (clip, skip non-finite, step).
 - `packing`: padding-free micro-batches (`packed_inputs`, rl.remove_padding).
 - `flops`: training FLOPs, MFU and padding waste (`train_flops`, `mfu`, `padding_waste`).

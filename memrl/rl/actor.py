@@ -12,10 +12,11 @@ PPO update. Neither knows which agent or engine produced the batch.
                                without old log-probs (on-policy) takes them from the
                                update's own forward, detached (ratio 1: no separate pass)
 
-Memory: the final hidden states are projected to the vocabulary only at response positions,
-so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K; and for a
-plain linear head the projection is fused with the log-prob, chunk by chunk
-(`memrl.rl.losses.linear_logprobs`), so no (tokens, vocab) tensor is kept for backward.
+The forward of both is `memrl.rl.logprobs.response_pass`: the final hidden states are
+projected to the vocabulary only at response positions, fused with the log-prob for a plain
+linear head; with a value head on the policy (critic.value_model: policy_head) the same
+forward gives the values, and the actor's loss adds critic.vf_coef · vf_loss to the policy
+loss (one backward through the shared body).
 
 Padding: with rl.remove_padding each micro-batch runs as one packed row of its real tokens
 (`memrl.rl.packing`), and token-budget micro-batches count real tokens; otherwise rows are
@@ -40,91 +41,29 @@ from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.correction import LogprobGuard, rollout_is_weights
 from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
+from memrl.rl.gae import value_loss
 from memrl.rl.losses import (
     LossNorm,
     agg_loss,
-    entropy_from_logits,
     kl_penalty,
-    linear_logprobs,
-    logprobs_from_logits,
+    masked_mean,
     policy_loss,
 )
 from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
-from memrl.rl.packing import check_packed_attention, packed_inputs
-from memrl.rl.sharding import run_as_forward
+from memrl.rl.packing import check_packed_attention
+from memrl.rl.logprobs import policy_hidden_states_error, response_logprobs, response_pass
+from memrl.rl.sharding import padding_passes, run_as_forward
+from memrl.rl.values import CriticStats, PolicyValueHead, batch_value_statistics
 
 __all__ = ["Actor", "OldPass", "Reference", "UpdateStats", "build_optimizer",
-           "response_logprobs", "warmup_schedule"]
+           "policy_hidden_states_error", "response_logprobs", "response_pass",
+           "warmup_schedule"]
 
 
-def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
-    """The transformer body and the vocabulary projection, when logits are a plain
-    projection of the last hidden state (no soft-capping or scaling), else None."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = getattr(base, "config", None)
-    if any(getattr(config, k, None) not in (None, 1.0) for k in
-           ("final_logit_softcapping", "logit_scale", "logits_scaling")):
-        return None
-    get_decoder = getattr(base, "get_decoder", None)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    decoder = get_decoder() if callable(get_decoder) else None
-    if decoder is None or head is None or decoder is base:
-        return None
-    return decoder, head
-
-
-def response_logprobs(
-    model: Any,
-    tensors: dict[str, Tensor],
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-    device: torch.device | None = None,
-    remove_padding: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (and entropies) of the response tokens of a collated batch, as (B, L)
-    float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere).
-
-    Logits are computed at response positions only. ``temperature`` is the sampling
-    temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
-    forward runs (None: the device of the model's parameters). ``remove_padding``: the
-    forward pass runs on the conversations packed into one row (`memrl.rl.packing`); the result
-    has the same layout.
-    """
-    device = device or next(model.parameters()).device
-    mask = tensors["response_mask"].to(device)
-    if remove_padding:
-        inputs, select = packed_inputs(tensors)
-        inputs, select = {k: v.to(device) for k, v in inputs.items()}, select.to(device)
-    else:
-        keys = ("input_ids", "attention_mask", "position_ids")
-        inputs, select = {k: tensors[k].to(device) for k in keys}, mask
-    labels = tensors["labels"].to(device)[mask]
-    parts = _decoder_and_head(model)
-    ent = None
-    if parts is not None and _plain_linear(parts[1]) and not entropy_grad:
-        # Fused, chunked projection + log-prob: no (tokens, vocab) logits, even for backward.
-        decoder, head = parts
-        hidden = decoder(**inputs, use_cache=False).last_hidden_state[select]
-        flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature)
-    else:
-        if parts is not None:
-            decoder, head = parts
-            logits = head(decoder(**inputs, use_cache=False).last_hidden_state[select])
-        else:  # logits are not a plain projection: full logits, then select
-            logits = model(**inputs, use_cache=False).logits[select]
-        flat = logprobs_from_logits(logits, labels, temperature=temperature)
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = entropy_from_logits(logits, temperature=temperature)
-
-    def padded(values: Tensor) -> Tensor:
-        return torch.zeros(mask.shape, dtype=values.dtype, device=device).masked_scatter(
-            mask, values
-        )
-
-    return padded(flat), (padded(ent) if with_entropy else None)
+def _grad_norm(params: Sequence[Tensor]) -> float:
+    """The global norm of the parameters' gradients (None counts as zeros)."""
+    grads = [p.grad.detach().float().norm() for p in params if p.grad is not None]
+    return float(torch.stack(grads).norm()) if grads else 0.0
 
 
 def mixed_precision(dtype: torch.dtype | None, device: torch.device
@@ -135,11 +74,6 @@ def mixed_precision(dtype: torch.dtype | None, device: torch.device
     if dtype is None or device.type != "cuda":
         return contextlib.nullcontext()
     return torch.autocast("cuda", dtype=dtype)
-
-
-def _plain_linear(head: Any) -> bool:
-    """A bias-free nn.Linear (not a LoRA-wrapped one): its weight is the whole projection."""
-    return type(head) is torch.nn.Linear and head.bias is None
 
 
 class _PolicyModel:
@@ -165,19 +99,14 @@ class _PolicyModel:
         """The ranks an FSDP model is sharded over (None: not sharded). Its forwards are
         collectives, so every rank runs as many as the busiest (zero-weight padding)."""
         self.compute_device = device
+        self.value_head: PolicyValueHead | None = None
+        """The actor's value head on the policy (critic.value_model policy_head), else None."""
         self._packing_checked = False
 
     @property
     def device(self) -> torch.device:
         """Where forward passes run: the given device, else the parameters'."""
         return self.compute_device or next(self.model.parameters()).device
-
-    def padding_passes(self, count: int) -> int:
-        """How many zero-weight micro-batches this rank adds to its `count` real ones so that
-        every rank of a sharded model runs the same number of forwards (0 if replicated)."""
-        if self.sharded_over is None:
-            return 0
-        return self.sharded_over.all_reduce_max(count) - count
 
     def padding_tensors(self) -> dict[str, Tensor]:
         """A one-token micro-batch whose only use is to take part in the collectives."""
@@ -201,15 +130,18 @@ class _PolicyModel:
         n, k = len(indices), cfg.micro_batch_size
         return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
-    def _forward(self, tensors: dict[str, Tensor], **kw: Any) -> tuple[Tensor, Tensor | None]:
+    def _forward(self, tensors: dict[str, Tensor], *, with_values: bool = False, **kw: Any
+                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Log-probs, entropies (with_entropy) and the value head's values (with_values)."""
         packed = self.config.remove_padding
         if packed and not self._packing_checked:
             check_packed_attention(self.model)
             self._packing_checked = True
+        head = self.value_head.model if with_values and self.value_head is not None else None
         with self.autocast():
-            return run_as_forward(self.model, response_logprobs, self.model, tensors,
+            return run_as_forward(self.model, response_pass, self.model, tensors,
                                   temperature=self.temperature, device=self.device,
-                                  remove_padding=packed, **kw)
+                                  remove_padding=packed, value_head=head, **kw)
 
     def logprobs(self, batch: RolloutBatch) -> list[Tensor]:
         """Log-prob of every conversation's response tokens (float32, CPU), in eval mode."""
@@ -219,32 +151,52 @@ class _PolicyModel:
         """`logprobs`, and the entropy of the policy's next-token distribution at every
         response token (at the sampling temperature; float32, CPU): verl computes both in
         its old log-prob pass. The log-probs are the same numbers as `logprobs`'."""
-        return self._per_token(batch, with_entropy=True)
+        out, ent, _ = self._per_token(batch, with_entropy=True)
+        return out, ent
+
+    def logprobs_entropy_and_values(self, batch: RolloutBatch
+                                    ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """`logprobs_and_entropy`, and from the same forward the value head's V(s_t) at
+        every response token (critic.value_model policy_head; float32, CPU)."""
+        return self._per_token(batch, with_entropy=True, with_values=True)
+
+    def values(self, batch: RolloutBatch) -> list[Tensor]:
+        """The value head's V(s_t) at every response token (float32, CPU), in eval mode: a
+        pass of its own, for a step whose old log-probs need none."""
+        return self._per_token(batch, with_entropy=False, with_values=True)[2]
 
     @torch.no_grad()
-    def _per_token(self, batch: RolloutBatch, *, with_entropy: bool
-                   ) -> tuple[list[Tensor], list[Tensor]]:
+    def _per_token(self, batch: RolloutBatch, *, with_entropy: bool, with_values: bool = False
+                   ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        if with_values and self.value_head is None:
+            raise ValueError("values need a value head on the policy "
+                             "(critic.value_model policy_head)")
         was_training = self.model.training
         self.model.eval()
-        out: list[Tensor] = [torch.empty(0)] * len(batch.conversations)
-        ent: list[Tensor] = [torch.empty(0)] * len(batch.conversations) if with_entropy else []
-        everything = list(range(len(batch.conversations)))
+        n = len(batch.conversations)
+        out: list[Tensor] = [torch.empty(0)] * n
+        ent: list[Tensor] = [torch.empty(0)] * n if with_entropy else []
+        vals: list[Tensor] = [torch.empty(0)] * n if with_values else []
+        everything = list(range(n))
         try:
             micros = self.micro_batches(batch, everything) if everything else []
-            padding = self.padding_passes(len(micros))  # agreed before any forward
+            padding = padding_passes(self.sharded_over, len(micros))  # agreed before any forward
             for micro in micros:
                 tensors = batch.collate(micro, self.pad_id)
-                lp, h = self._forward(tensors, with_entropy=with_entropy)
+                lp, h, v = self._forward(tensors, with_entropy=with_entropy,
+                                         with_values=with_values)
                 mask = tensors["response_mask"].to(lp.device)
                 for row, i in enumerate(micro):
                     out[i] = lp[row][mask[row]].float().cpu()
                     if h is not None:
                         ent[i] = h[row][mask[row]].float().cpu()
+                    if v is not None:
+                        vals[i] = v[row][mask[row]].float().cpu()
             for _ in range(padding):
                 self._forward(self.padding_tensors())
         finally:
             self.model.train(was_training)
-        return out, ent
+        return out, ent, vals
 
 
 class Reference(_PolicyModel):
@@ -292,7 +244,7 @@ class _Averages:
 
 
 _REPLICATED = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm",
-                         "actor/skipped_nonfinite_steps"})
+                         "actor/skipped_nonfinite_steps", "critic/vf_loss", "critic/grad_norm"})
 """Metrics every rank computes from all-reduced values, so they agree on every rank."""
 
 
@@ -331,6 +283,9 @@ class UpdateStats:
     old_pass: OldPass | None = field(default=None, compare=False, repr=False)
     """Not a metric: the old log-probs the update took from its own forward (a batch
     without old log-probs), else None."""
+    critic: CriticStats | None = field(default=None, compare=False, repr=False)
+    """The value head on the policy's `critic/*` metrics (critic.value_model policy_head),
+    logged by the recipe as a separate critic's are; else None."""
 
     PERF = frozenset({"padding_waste", "tokens_per_micro_batch", "update_tflops_per_s", "mfu"})
     """Fields logged under `perf/`; the others under `actor/` (old_pass is not logged)."""
@@ -341,12 +296,23 @@ class UpdateStats:
         return cls(**{key.split("/", 1)[1]: value for key, value in metrics.items()})
 
     def metrics(self) -> dict[str, float]:
-        """The `actor/*` and `perf/*` metrics of the step's log, measured ones only."""
+        """The `actor/*` and `perf/*` metrics of the step's log, measured ones only (the
+        value head's `critic/*`: `critic.metrics()`)."""
         return {
             f"{'perf' if f.name in self.PERF else 'actor'}/{f.name}": value
             for f in fields(self)
-            if f.name != "old_pass" and (value := getattr(self, f.name)) is not None
+            if f.name not in ("old_pass", "critic") and (value := getattr(self, f.name)) is not None
         }
+
+
+def _head_stats(metrics: dict[str, float], lr: float, before: dict[str, float]
+                ) -> CriticStats:
+    """The value head's `critic/*` metrics, taken out of the update's `metrics`, as a
+    separate critic's update gives them (`before`: `batch_value_statistics`)."""
+    own = {k.split("/", 1)[1]: metrics.pop(k) for k in list(metrics) if k.startswith("critic/")}
+    return CriticStats(vf_loss=own["vf_loss"], grad_norm=own.get("grad_norm", float("nan")),
+                       vf_clipfrac=own.get("vf_clipfrac", 0.0),
+                       vpred_mean=own.get("vpred_mean", 0.0), lr=lr, **before)
 
 
 @dataclass
@@ -373,6 +339,7 @@ class Actor(_PolicyModel):
         scheduler: Any,
         grad_clip: float,
         peak_flops: float | None = None,
+        value_head: PolicyValueHead | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(model, config, **kw)
@@ -381,6 +348,16 @@ class Actor(_PolicyModel):
         self.grad_clip = grad_clip
         self.peak_flops = peak_flops
         """Peak FLOP/s of the accelerator in the compute dtype: `update` reports perf/mfu."""
+        if value_head is not None:
+            if self.sharded_over is not None:
+                raise ValueError("a value head on the policy is not sharded: not with FSDP")
+            problem = policy_hidden_states_error(model)
+            if problem is not None:
+                raise ValueError(problem)
+            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            if not all(id(p) in owned for p in value_head.parameters()):
+                raise ValueError("the value head's parameters must be in the actor's optimizer")
+        self.value_head = value_head
 
     @property
     def lr(self) -> float:
@@ -409,9 +386,17 @@ class Actor(_PolicyModel):
         use_kl = cfg.use_kl_loss and cfg.kl_loss_coef > 0
         if use_kl and batch.ref_logprobs is None:
             raise ValueError("a KL loss needs reference log-probs in the batch")
+        head = self.value_head
+        if head is not None and (batch.values is None or batch.returns is None):
+            raise ValueError("a value head on the policy needs values and returns in the batch")
         avg = _Averages()
         loss_names = ["actor/pg_loss", "actor/entropy"] + (["actor/kl_loss"] if use_kl else [])
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        head_params = head.parameters() if head is not None else []
+        if head is not None:  # before the update: its values, returns, lr
+            loss_names.append("critic/vf_loss")
+            before = batch_value_statistics(batch, all_reduce_sum=dist.all_reduce_sum)
+            head_lr = float(self.optimizer.param_groups[-1]["lr"])
+        params = [p for p in self.model.parameters() if p.requires_grad] + head_params
         shape, flops, t_start = ModelShape.of(self.model), 0.0, time.perf_counter()
         # With data parallelism every rank walks the same global mini-batches (its share of
         # each may be empty) and takes the same optimizer steps.
@@ -434,7 +419,8 @@ class Actor(_PolicyModel):
                 self.optimizer.zero_grad(set_to_none=True)
                 losses = torch.zeros(len(loss_names), dtype=torch.float64)
                 micros = self.micro_batches(batch, mini) if mini else []
-                padding = self.padding_passes(len(micros))  # agreed before any forward
+                # agreed before any forward
+                padding = padding_passes(self.sharded_over, len(micros))
                 for positions in micros:
                     indices = [mini[p] for p in positions]
                     flops += self._account(batch, indices, shape, avg)
@@ -442,13 +428,18 @@ class Actor(_PolicyModel):
                                              old)
                     losses += torch.tensor([terms[name] for name in loss_names])
                 for _ in range(padding):
-                    lp, _ = self._forward(self.padding_tensors())
+                    lp, _, _ = self._forward(self.padding_tensors())
                     (lp.sum() * 0.0).backward()  # zero gradients, same collectives
                 if old is not None and guard is not None:  # before any weight changes
                     old.mismatch.update(guard.check(old.logprobs, dist))
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
                     dist.sum_gradients(params)
-                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip)
+                if head is not None:
+                    norm = _grad_norm(head_params)
+                    if math.isfinite(norm):
+                        avg.add("critic/grad_norm", norm)
+                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip,
+                                           extra_params=head_params)
                 for name, value in zip(loss_names, dist.all_reduce_sum(losses).tolist(),
                                        strict=True):
                     avg.add(name, value)
@@ -460,7 +451,9 @@ class Actor(_PolicyModel):
             avg.add("perf/update_tflops_per_s", flops / elapsed / 1e12)
             if self.peak_flops:
                 avg.add("perf/mfu", mfu(flops, elapsed, self.peak_flops))
-        return replace(UpdateStats.from_metrics(avg.reduced(dist)), old_pass=old)
+        metrics = avg.reduced(dist)
+        critic = _head_stats(metrics, head_lr, before) if head is not None else None
+        return replace(UpdateStats.from_metrics(metrics), old_pass=old, critic=critic)
 
     def _account(
         self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None, avg: _Averages
@@ -489,9 +482,11 @@ class Actor(_PolicyModel):
         `old` given (on-policy): the old log-probs are this forward's, detached, and are
         kept there with the entropies, per conversation."""
         cfg = self.config
+        head = self.value_head
         tensors = batch.collate(indices, self.pad_id)
-        logprobs, entropy = self._forward(
-            tensors, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0
+        logprobs, entropy, vpreds = self._forward(
+            tensors, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
+            with_values=head is not None,
         )
         dev = logprobs.device
         mask = tensors["loss_mask"].to(dev)
@@ -532,8 +527,17 @@ class Actor(_PolicyModel):
             kl = agg_loss(kl_mat, mask, **agg)
             loss = loss + cfg.kl_loss_coef * kl
             terms["actor/kl_loss"] = float(kl.detach())
-        loss.backward()
         tokens = float(mask.sum())
+        if head is not None:  # shared-body PPO: loss = pg (+ kl, entropy) + vf_coef · vf_loss
+            assert vpreds is not None
+            mat, clipfrac = value_loss(vpreds, tensors["returns"].to(dev),
+                                       tensors["values"].to(dev), mask, head.cliprange_value)
+            vf = agg_loss(mat, mask, **agg)
+            loss = loss + head.vf_coef * vf
+            terms["critic/vf_loss"] = float(vf.detach())
+            avg.add("critic/vf_clipfrac", float(clipfrac), tokens)
+            avg.add("critic/vpred_mean", float(masked_mean(vpreds.detach(), mask)), tokens)
+        loss.backward()
         for name, value in pg_metrics.items():
             avg.add(f"actor/{name}", float(value), tokens)
         return terms

@@ -190,8 +190,24 @@ class OptimConfig(StrictModel):
 class CriticConfig(StrictModel):
     """The value model of `rl.adv_estimator: gae` (verl critic.*): a separate model, a causal
     LM's transformer body with a linear head giving one value per token (verl's
-    AutoModelForTokenClassification critic). Ignored by the other estimators."""
+    AutoModelForTokenClassification critic), or a linear head on the policy
+    (`value_model`). Ignored by the other estimators."""
 
+    value_model: Literal["separate", "policy_head"] = "separate"
+    """`separate`: a model of its own (init, optim, micro-batching below; verl's critic).
+    `policy_head`: a linear value head on the policy's last hidden state, sharing its body
+    (OpenAI baselines' shared-body PPO, TRL's AutoModelForCausalLMWithValueHead), trained
+    in the actor's update by one backward of pg_loss + vf_coef · vf_loss, in the actor's
+    micro-batches (padded or rl.remove_padding); its parameters are a parameter group of
+    the actor's AdamW with critic.optim's lr and weight_decay (the actor's betas, lr
+    schedule and gradient clip, over the policy and the head together). Its values come
+    from the old log-prob pass, or from a pass of their own when a step has none. Not with
+    model.strategy fsdp; critic.init and the critic's micro-batch sizes are the separate
+    model's."""
+    vf_coef: float = Field(0.1, gt=0)
+    """Weight of the value loss in the joint loss of value_model policy_head (TRL
+    PPOConfig's default, as OpenAI's lm-human-preferences; baselines' ppo2 uses 0.5).
+    Unused by a separate critic, whose loss is its own."""
     init: str = "policy"
     """Where its body's weights come from: `policy` (model.path, the policy's initial
     weights; verl critic.model.path = the actor's) or the directory of a Hugging Face
@@ -199,7 +215,8 @@ class CriticConfig(StrictModel):
     1/(hidden_size + 1), bias 0: OpenRLHF's init)."""
     optim: OptimConfig = OptimConfig(lr=1e-5)
     """Its own AdamW and lr schedule (verl critic.optim; lr 1e-5 and critic.grad_clip as
-    verl's defaults), stepped with the actor's."""
+    verl's defaults), stepped with the actor's. value_model policy_head: the lr and
+    weight_decay of the head's parameter group in the actor's AdamW (the rest unused)."""
     cliprange_value: float = Field(0.5, gt=0)
     """Clip of the new values around the rollout's (verl critic.cliprange_value)."""
     max_tokens_per_micro_batch: int | None = Field(None, ge=1)
@@ -209,7 +226,7 @@ class CriticConfig(StrictModel):
     """Samples per critic micro-batch without rl.use_dynamic_bsz (verl
     critic.ppo_micro_batch_size_per_gpu); None: rl.micro_batch_size."""
 
-    @field_validator("cliprange_value")
+    @field_validator("cliprange_value", "vf_coef")
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):

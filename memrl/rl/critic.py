@@ -14,17 +14,22 @@ position that predicts the token), so V(s_t) is the value of the context before 
 token t. The loss is aggregated with the actor's `rl.loss_agg_mode` and `LossNorm`, so it
 is exact however a mini-batch is cut into micro-batches (verl rescales per micro-batch).
 
-Data parallelism (as the replicated actor, `memrl.rl.actor`): every rank holds a whole copy
-of the value model and its optimizer state (also under model.strategy fsdp: the critic is
-not sharded) and its own share of the step's trajectories. Every rank walks the same global
-mini-batches (`RolloutBatch.group_order`; its share of one may be empty); the loss divisors
-are counts added over ranks (`LossNorm.with_global_count`), so a rank's loss is its exact
-share of the mini-batch loss, and the gradients are summed over ranks (`Dist.sum_gradients`)
-before clipping and AdamW: N ranks take the update one process takes on the whole batch.
-The logged statistics are over every rank's tokens.
+Data parallelism (as the actor, `memrl.rl.actor`): every rank holds its own share of the
+step's trajectories and walks the same global mini-batches (`RolloutBatch.group_order`; its
+share of one may be empty); the loss divisors are counts added over ranks
+(`LossNorm.with_global_count`), so a rank's loss is its exact share of the mini-batch loss,
+and the gradients are summed over ranks before clipping and AdamW: N ranks take the update
+one process takes on the whole batch. Replicated (model.strategy replicate), every rank
+holds a whole copy of the value model and its AdamW state, and `Dist.sum_gradients` sums
+the gradients. Sharded (model.strategy fsdp: `memrl.rl.sharding.shard`, the policy's mesh
+and mixed precision), every rank holds 1/N of each weight and of its AdamW state, FSDP's
+reduce-scatter sums the gradients, and every rank runs as many forwards and backwards as
+the busiest (zero-weight padding micro-batches: its forwards are collectives). The logged
+statistics are over every rank's tokens.
 
-Not here: a value head sharing the policy's body, padding-free (packed) micro-batches,
-a critic sharded with FSDP (docs/algorithms.md).
+A value head sharing the policy's body (critic.value_model: policy_head) is not this class:
+the actor trains it (`memrl.rl.values.PolicyValueHead`). Not here: padding-free (packed)
+micro-batches (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,9 +47,11 @@ from memrl.distributed import Dist
 from memrl.rl.actor import mixed_precision
 from memrl.rl.batch import RolloutBatch, pack_token_budget
 from memrl.rl.config import RLConfig
-from memrl.rl.gae import value_loss, value_statistics
+from memrl.rl.gae import value_loss
 from memrl.rl.losses import agg_loss, masked_mean
 from memrl.rl.optim import optimizer_step
+from memrl.rl.sharding import padding_passes
+from memrl.rl.values import CriticStats, batch_value_statistics, head_values, value_head
 
 __all__ = ["Critic", "CriticStats", "ValueModel"]
 
@@ -56,11 +63,9 @@ class ValueModel(nn.Module):
         super().__init__()
         self.body = body
         param = next(body.parameters())
-        self.head = nn.Linear(hidden_size, 1, device=param.device, dtype=param.dtype)
-        # OpenRLHF's value-head init: std 1/(H+1), so initial values are O(1/sqrt(H)),
-        # whatever the body's initializer_range.
-        nn.init.normal_(self.head.weight, std=1.0 / (hidden_size + 1))
-        nn.init.zeros_(self.head.bias)
+        self.head = value_head(hidden_size, device=param.device, dtype=param.dtype)
+        # the body's repeated blocks: FSDP shards each as a unit (`sharding.decoder_layers`)
+        self._no_split_modules = list(getattr(body, "_no_split_modules", None) or [])
 
     @classmethod
     def from_causal_lm(cls, lm: Any) -> ValueModel:
@@ -74,30 +79,8 @@ class ValueModel(nn.Module):
                 position_ids: Tensor | None = None) -> Tensor:
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask,
                            position_ids=position_ids, use_cache=False).last_hidden_state
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CriticStats:
-    """What one `Critic.update` measured (logged as `critic/<name>`), over every rank's share
-    of the step: the loss and grad norm are means over its optimizer steps (the loss of a
-    step is the whole mini-batch's), the clip fraction and vpred_mean over every loss token
-    of the update; values, returns and the explained variance are over the batch's loss
-    tokens before the update (verl's metric_utils)."""
-
-    vf_loss: float
-    vf_clipfrac: float
-    vpred_mean: float
-    """Mean value the critic predicted during the update."""
-    grad_norm: float
-    lr: float
-    """The critic's learning rate of this update."""
-    values_mean: float
-    returns_mean: float
-    vf_explained_var: float
-
-    def metrics(self) -> dict[str, float]:
-        return {f"critic/{f.name}": getattr(self, f.name) for f in fields(self)}
+        # not a view (squeeze's): FSDP hooks its backward on the root module's output
+        return head_values(self.head, hidden).clone()
 
 
 @dataclass
@@ -116,10 +99,22 @@ class Critic:
     micro_batch_size: int
     autocast_dtype: torch.dtype | None = None
     """bf16 autocast on CUDA (model.dtype auto), else None."""
+    sharded_over: Dist | None = None
+    """The ranks an FSDP value model is sharded over (None: not sharded). Its forwards are
+    collectives, so every rank runs as many as the busiest (zero-weight padding)."""
+    compute_device: torch.device | None = None
+    """Where forward passes run (None: the parameters' device; FSDP with CPU offload keeps
+    the shards on the CPU)."""
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.compute_device or next(self.model.parameters()).device
+
+    def _padding_forward(self) -> Tensor:
+        """A one-token forward whose only use is to take part in the collectives."""
+        one = torch.full((1, 1), self.pad_id, dtype=torch.long)
+        return self._forward({"input_ids": one, "attention_mask": torch.ones_like(one),
+                              "position_ids": torch.zeros_like(one)})
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return mixed_precision(self.autocast_dtype, self.device)
@@ -148,12 +143,16 @@ class Critic:
         out: list[Tensor] = [torch.empty(0)] * len(batch.conversations)
         everything = list(range(len(batch.conversations)))
         try:
-            for micro in self.micro_batches(batch, everything) if everything else []:
+            micros = self.micro_batches(batch, everything) if everything else []
+            padding = padding_passes(self.sharded_over, len(micros))  # agreed before any forward
+            for micro in micros:
                 tensors = batch.collate(micro, self.pad_id)
                 v = self._forward(tensors)
                 mask = tensors["response_mask"].to(v.device)
                 for row, i in enumerate(micro):
                     out[i] = v[row][mask[row]].cpu()
+            for _ in range(padding):
+                self._padding_forward()
         finally:
             self.model.train(was_training)
         return out
@@ -161,8 +160,10 @@ class Critic:
     def replicate(self, dist: Dist) -> None:
         """Every rank's copy of the value model set to the main rank's, as DDP does when it
         wraps a module: the fresh value head is a random draw, equal on every rank only as
-        long as every rank drew the same numbers from the same seed before it."""
-        if dist.world_size > 1:
+        long as every rank drew the same numbers from the same seed before it. Sharded,
+        nothing to do: every element of a weight lives on one rank (the head's one row on
+        rank 0)."""
+        if dist.world_size > 1 and self.sharded_over is None:
             dist.broadcast_(list(self.model.state_dict().values()))
 
     def update(self, batch: RolloutBatch, dist: Dist = Dist()) -> CriticStats:
@@ -174,7 +175,7 @@ class Critic:
         cfg = self.config
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic's update needs values and returns in the batch")
-        before = self._before(batch, dist)
+        before = batch_value_statistics(batch, all_reduce_sum=dist.all_reduce_sum)
         lr = float(self.optimizer.param_groups[0]["lr"])
         params = [p for p in self.model.parameters() if p.requires_grad]
         # this rank's sums: loss shares, clipped and predicted values × tokens, tokens
@@ -187,7 +188,10 @@ class Critic:
                                        scale_factor=cfg.loss_scale_factor)
                 norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
-                for positions in self.micro_batches(batch, mini) if mini else []:
+                micros = self.micro_batches(batch, mini) if mini else []
+                # agreed before any forward
+                padding = padding_passes(self.sharded_over, len(micros))
+                for positions in micros:
                     tensors = batch.collate([mini[p] for p in positions], self.pad_id)
                     vpreds = self._forward(tensors)
                     dev = vpreds.device
@@ -202,7 +206,10 @@ class Critic:
                         float(loss.detach()), float(clipfrac) * n,
                         float(masked_mean(vpreds.detach(), mask)) * n, n,
                     ], dtype=torch.float64)
-                dist.sum_gradients(params)
+                for _ in range(padding):
+                    (self._padding_forward().sum() * 0.0).backward()  # zeros, same collectives
+                if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
+                    dist.sum_gradients(params)
                 grad_norms.append(optimizer_step(self.model, self.optimizer, self.grad_clip))
         self.scheduler.step()
         loss_sum, clipped, vpred, tokens = dist.all_reduce_sum(local).tolist()
@@ -216,14 +223,3 @@ class Critic:
             lr=lr,
             **before,
         )
-
-    @staticmethod
-    def _before(batch: RolloutBatch, dist: Dist = Dist()) -> dict[str, float]:
-        """Values, returns and explained variance over the loss tokens of every rank's
-        share of the batch."""
-        keep = [i for i, s in enumerate(batch.conversations) if s.trainable]
-        assert batch.values is not None and batch.returns is not None
-        values = torch.cat([batch.values[i] for i in keep] or [torch.zeros(0)])
-        returns = torch.cat([batch.returns[i] for i in keep] or [torch.zeros(0)])
-        ones = torch.ones_like(values, dtype=torch.bool)
-        return value_statistics(returns, values, ones, all_reduce_sum=dist.all_reduce_sum)

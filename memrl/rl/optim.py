@@ -10,6 +10,7 @@ optimizer step.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -63,16 +64,16 @@ def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, *,
 
 def optimizer_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, *,
-    scheduler: Any = None,
+    scheduler: Any = None, extra_params: Sequence[torch.Tensor] = (),
 ) -> float:
-    """Clip the gradients of the model's trainable parameters to global norm `grad_clip`,
-    step the optimizer unless that norm is not finite, clear the gradients, then step
-    `scheduler` (when given).
+    """Clip the gradients of the model's trainable parameters (and of `extra_params`, e.g.
+    a value head on the policy) to global norm `grad_clip`, step the optimizer unless that
+    norm is not finite, clear the gradients, then step `scheduler` (when given).
 
     The parameters are read from the model here, at the step: an FSDP model registers its
     sharded parameters (those holding the gradients) again only after backward. Returns the
     norm before clipping; with FSDP (a DTensor) the norm over every shard."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad] + list(extra_params)
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, reduced over the shards
         norm = norm.full_tensor()

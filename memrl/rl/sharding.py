@@ -1,4 +1,4 @@
-"""FSDP2: the policy and the reference sharded over the training processes.
+"""FSDP2: the policy, the reference and PPO's critic sharded over the training processes.
 
     model = shard(model, device, param_dtype=torch.bfloat16, cpu_offload=False)
         fully_shard(layer) for every decoder layer, then fully_shard(model): each rank keeps
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["decoder_layers", "is_sharded", "run_as_forward", "shard"]
+__all__ = ["decoder_layers", "is_sharded", "padding_passes", "run_as_forward", "shard"]
 
 _FORWARD_METHOD = "memrl_run_as_forward"
 
@@ -112,3 +112,11 @@ def run_as_forward(model: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any
         return fn(*args, **kwargs)
     return method(fn, *args, **kwargs)
 
+
+def padding_passes(sharded_over: Any, count: int) -> int:
+    """How many zero-weight micro-batches a rank adds to its `count` real ones so that every
+    rank of a sharded model runs as many forwards as the busiest (its forwards are
+    collectives); 0 when `sharded_over` (the ranks' `Dist`) is None: not sharded."""
+    if sharded_over is None:
+        return 0
+    return sharded_over.all_reduce_max(count) - count

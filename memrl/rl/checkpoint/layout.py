@@ -15,6 +15,7 @@ at once with torch.distributed.checkpoint (DCP), and can be loaded on any number
     model/              memrl_model.json (format "sharded") and the model's config.json
     sharded/            DCP: {"model": weights, "optim": AdamW state}, by parameter name
     rng/rank_00000.pt   the RNG state of every rank (a rank with no file takes rank 0's)
+    critic/sharded/     PPO: the critic, sharded the same way (DCP), and critic/scheduler.pt
     tokenizer/  scheduler.pt  trainer_state.json  config.yaml   (main rank)
 
 A checkpoint is written into `ROOT/.tmp-step_.../` and renamed into place, so a `step_*`

@@ -17,7 +17,6 @@ from memrl.rl.checkpoint.layout import (
     SCHEDULER_FILE,
     SHARDED_DIR,
     TRAINER_STATE,
-    first_line,
     is_peft,
     read_checkpoint_marker,
     read_json,
@@ -25,6 +24,7 @@ from memrl.rl.checkpoint.layout import (
 )
 from memrl.rl.checkpoint.critic import load_critic
 from memrl.rl.checkpoint.rng import set_rng_state
+from memrl.rl.checkpoint.shards import read_shards
 from memrl.rl.sharding import is_sharded
 
 
@@ -53,7 +53,7 @@ def load_checkpoint(
     if not (path / MODEL_DIR).is_dir():
         raise MemrlInputError(f"checkpoint is missing {MODEL_DIR}/", location=str(path / MODEL_DIR))
     if read_checkpoint_marker(path)["format"] == "sharded":
-        _load_shards(path / SHARDED_DIR, unwrap(model), optimizer)
+        read_shards(path / SHARDED_DIR, unwrap(model), optimizer)
         rng_file = path / RANK_RNG_DIR / f"rank_{dist.rank:05d}.pt"
         if not rng_file.is_file():
             rng_file = path / RANK_RNG_DIR / f"rank_{0:05d}.pt"
@@ -74,36 +74,6 @@ def load_checkpoint(
         load_critic(path, critic)
     set_rng_state(_torch_load(rng_file))
     return state
-
-
-def _load_shards(shards: Path, model: torch.nn.Module, optimizer: Any) -> None:
-    """Weights (and the optimizer state) from a DCP checkpoint, resharded to this world."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
-
-    if not shards.is_dir():
-        raise MemrlInputError(f"checkpoint is missing {SHARDED_DIR}/", location=str(shards))
-    try:
-        if optimizer is None:
-            state = {"model": get_model_state_dict(model)}
-            dcp.load(state, checkpoint_id=shards)
-            set_model_state_dict(model, state["model"])
-        else:
-            weights, optim = get_state_dict(model, optimizer)
-            state = {"model": weights, "optim": optim}
-            dcp.load(state, checkpoint_id=shards)
-            set_state_dict(model, optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
-    except (RuntimeError, ValueError, KeyError, OSError) as exc:  # DCP's CheckpointException
-        raise MemrlInputError(
-            f"cannot load the sharded checkpoint into the model: {first_line(exc)}",
-            location=str(shards),
-        ) from None
 
 
 def _read_trainer_state(path: Path) -> dict[str, Any]:

@@ -36,8 +36,9 @@ from memrl.rl.checkpoint.layout import (
     step_dir_name,
     unwrap,
 )
-from memrl.rl.checkpoint.critic import save_critic
+from memrl.rl.checkpoint.critic import save_critic, save_critic_shards
 from memrl.rl.checkpoint.rng import get_rng_state, set_rng_state
+from memrl.rl.checkpoint.shards import write_shards
 from memrl.rl.sharding import is_sharded
 
 
@@ -60,13 +61,13 @@ def save_checkpoint(
     Called by every rank: the main rank writes the checkpoint (with a sharded model every
     rank writes its shards into it first) and returns its path; the others return None once
     it is complete. `critic` (model, optimizer, scheduler; PPO) is saved beside the policy
-    in `critic/` by the main rank. The RNG states are captured on entry and restored on
-    exit, so saving draws nothing from any generator: a run with checkpoints continues
-    exactly like one without.
+    in `critic/` by the main rank (a sharded one's shards by every rank first). The RNG
+    states are captured on entry and restored on exit, so saving draws nothing from any
+    generator: a run with checkpoints continues exactly like one without.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    if not (dist.is_main or is_sharded(model)):
+    if not (dist.is_main or is_sharded(model) or _sharded_critic(critic)):
         dist.barrier()  # the main rank saves alone; the next step starts once it is done
         return None
     rng = get_rng_state()
@@ -110,23 +111,28 @@ def _save_atomically(
     from memrl.metrics import scrub_env_secrets
 
     sharded = is_sharded(model)
+    every_rank = sharded or _sharded_critic(critic)
     tmp: Path | None = None
     if dist.is_main:
         root.mkdir(parents=True, exist_ok=True)
         remove_leftovers(root)
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}-", dir=root))
-    if sharded:
+    if every_rank:
         tmp = Path(dist.all_gather(str(tmp))[0])  # the main rank's directory, on every rank
     assert tmp is not None
     aside: Path | None = None
     try:
         if sharded:
-            _write_shards(tmp / SHARDED_DIR, model, optimizer)
+            write_shards(tmp / SHARDED_DIR, model, optimizer)
             (tmp / RANK_RNG_DIR).mkdir(exist_ok=True)
             torch.save(rng, tmp / RANK_RNG_DIR / f"rank_{dist.rank:05d}.pt")
+        if _sharded_critic(critic):
+            save_critic_shards(tmp / CRITIC_DIR, critic)
+        if every_rank:
             dist.barrier()
             if not dist.is_main:
                 return
+        if sharded:
             _write_sharded_marker(tmp / MODEL_DIR, model)
         else:
             _write_model(tmp / MODEL_DIR, model)
@@ -212,17 +218,9 @@ def _write_model(out: Path, model: torch.nn.Module) -> None:
     (out / MODEL_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
-def _write_shards(out: Path, model: torch.nn.Module, optimizer: Any) -> None:
-    """This rank's shards of the weights and of the optimizer state (a DCP collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-    if optimizer is None:
-        state = {"model": get_model_state_dict(model)}
-    else:
-        weights, optim = get_state_dict(model, optimizer)
-        state = {"model": weights, "optim": optim}
-    dcp.save(state, checkpoint_id=out)
+def _sharded_critic(critic: Any) -> bool:
+    """Whether `critic` (or None) is sharded with FSDP: every rank writes its shards."""
+    return critic is not None and is_sharded(critic.model)
 
 
 def _write_sharded_marker(out: Path, model: torch.nn.Module) -> None:
