@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -20,6 +21,29 @@ os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """`--dist loadgroup` (scripts/test.sh): the tests of one `xdist_group` on one worker.
+    pytest-xdist names a test's group in its node id (`ID@group`) by setting `item._nodeid`,
+    which pytest 9 no longer reads (its node ids live in `item._id`): the groups were ignored,
+    and a module's vLLM server started on both workers. Done here where xdist's did not take."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
+        return
+    for item in items:
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                 for m in item.iter_markers("xdist_group")}
+        suffix = "@" + "_".join(sorted(names))
+        node_id = getattr(item, "_id", None)
+        if not names or item.nodeid.endswith(suffix) or node_id is None:
+            continue
+        try:  # pytest's internals: if they change, the groups are ignored (slower), no more
+            renamed = dataclasses.replace(node_id)
+            object.__setattr__(renamed, "_str_cache", item.nodeid + suffix)  # what str() gives
+            item._id = renamed
+        except (TypeError, AttributeError, ValueError):
+            return
 
 
 def shared_data_dir() -> Path | None:

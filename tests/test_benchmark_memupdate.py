@@ -1,6 +1,6 @@
 """benchmarks/real_model_memupdate_gpu.py: its settings and table by hand, and `--plan tiny`
-end to end on the CPU (the tiny model, the real LoCoMo file; every stage, then a re-run that
-skips them all)."""
+end to end on the CPU (the tiny model, the real LoCoMo file): a run whose GRPO fails, the
+re-run that finishes it, then a re-run that skips every stage)."""
 
 from __future__ import annotations
 
@@ -58,17 +58,47 @@ def test_the_budget_plan_changes_grpo_reward_only():
 
 
 @pytest.mark.slow
-def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data, monkeypatch):
+def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data, monkeypatch,
+                                                          capsys):
+    # One torch thread a process: SFT and the base evaluation run side by side, and the
+    # suite's other worker shares the two cores.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "TORCH_COMPILE_DISABLE": "1"}
+           "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     work, out = tmp_path / "work", tmp_path / "out"
+    locomo = shared_data / "locomo" / "locomo10.json"
+    stages = ("init_model", "data_train", "data_heldout", "sft", "eval_base", "sft_export",
+              "rl_train", "eval_warm_start", "rl_export", "eval_rl")
+
+    # First a GRPO run that fails (here: a key the config does not have): the rows evaluated
+    # before it (base, warm start) and the report are still written, then the pipeline fails
+    # naming it
+    for key in ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_COMPILE_DISABLE",
+                "OMP_NUM_THREADS"):
+        monkeypatch.setenv(key, env[key])
+    bench = load_script()
+    plan = bench.PLANS["tiny"]
+    failing = type(plan)(**{**plan.__dict__, "rl_overrides": (*plan.rl_overrides,
+                                                              "rl.no_such_key=1")})
+    with pytest.raises(SystemExit, match="rl_train"):
+        bench.pipeline(failing, work, out, locomo)
+    failed = capsys.readouterr().out
+    assert "] rl_train: exit 2" in failed
+    assert (out / "warm_start" / "results.json").is_file() and not (out / "rl").exists()
+    table = (out / "tables.md").read_text()
+    assert "| base model |" in table and "| warm start (SFT on the oracle) |" in table
+    assert "| RL (GRPO) |" not in table
+
+    # `--plan tiny` again: the stages done are skipped, GRPO and the rest run; every stage
+    # has run once, to exit 0
     command = [sys.executable, str(SCRIPT), "--plan", "tiny", "--work", str(work), "--out",
-               str(out), "--locomo", str(shared_data / "locomo" / "locomo10.json")]
+               str(out), "--locomo", str(locomo)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for stage in ("init_model", "data_train", "data_heldout", "sft", "eval_base",
-                  "sft_export", "rl_train", "eval_warm_start", "rl_export", "eval_rl"):
+    for stage in stages:
+        runs = [f"] {stage}: exit 0" in text for text in (failed, proc.stdout)]
+        assert runs.count(True) == 1, (stage, runs)
+    for stage in ("rl_train", "rl_export", "eval_rl"):
         assert f"] {stage}: exit 0" in proc.stdout, stage
     table = (out / "tables.md").read_text()
     for name in ("base model", "warm start (SFT on the oracle)", "RL (GRPO)"):
@@ -76,31 +106,17 @@ def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data,
     assert "| evidence recall@5 % |" in table and "QA F1 2 temporal %" in table
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["results"]) == {"base", "warm_start", "rl"}
+    for row in summary["results"].values():  # the plan's episodes hold categories 1-4
+        assert {"1", "2", "3", "4", "all"} <= set(row)
     assert summary["plan"]["memupdate"]["embedder"] == "hashing"
     assert summary["reward_curve"] and (out / "reward_curve.png").stat().st_size > 0
     for row in ("base", "warm_start", "rl"):
         assert (out / row / "view.html").is_file()
         results = json.loads((out / row / "results.json").read_text())
-        assert results["split"] == "heldout" and results["num_episodes"] == 9
+        assert results["split"] == "heldout" and results["num_episodes"] == 5
     with tarfile.open(tmp_path / "out.tar.gz") as tar:
         assert "out/tables.md" in tar.getnames()
     # run again: every stage is skipped, the report is written again
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "exit 0" not in again.stdout
     assert (out / "tables.md").read_text() == table
-
-    # a GRPO run that fails (here: a key the config does not have) still leaves the warm
-    # start's row, evaluated before it, and the report; then the pipeline fails naming it
-    for path in (work / "model_rl", work / "rl", out / "rl", out / "warm_start"):
-        subprocess.run(["rm", "-rf", str(path)], check=True)
-    for key in ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TORCH_COMPILE_DISABLE"):
-        monkeypatch.setenv(key, env[key])
-    bench = load_script()
-    plan = bench.PLANS["tiny"]
-    failing = type(plan)(**{**plan.__dict__, "rl_overrides": (*plan.rl_overrides,
-                                                              "rl.no_such_key=1")})
-    with pytest.raises(SystemExit, match="rl_train"):
-        bench.pipeline(failing, work, out, shared_data / "locomo" / "locomo10.json")
-    assert (out / "warm_start" / "results.json").is_file() and not (out / "rl").exists()
-    table = (out / "tables.md").read_text()
-    assert "| warm start (SFT on the oracle) |" in table and "| RL (GRPO) |" not in table

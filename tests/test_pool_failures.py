@@ -28,7 +28,9 @@ from memrl.inference.openai import ServerError, wait_until_ready
 
 pytestmark = [needs_vllm, pytest.mark.xdist_group("vllm_pool_faults"), pytest.mark.slow]
 
-QUESTIONS = 64
+QUESTIONS = 32
+"""4 runs of RECORDS_PER_RUN: a server frozen during the 2nd is lost and back (a health check
+of HEALTH_S after its SIGCONT) while 2 runs are still to go; killed servers leave 2 to resume."""
 RECORDS_PER_RUN = 8
 HEALTH_S = 1.0
 """--health-check: a frozen server is lost within stall bound + 2 x this + 1 s (the tick)."""
