@@ -62,6 +62,19 @@ def test_streamed_chunks_equal_the_whole_text_chunks(tiny_tokenizer, words, seps
         whole.num_chunks, whole.context_tokens, whole.capped)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 5])
+def test_lines_without_spaces_stream_as_the_whole_text(tiny_tokenizer, chunk_size):
+    """Found by the property above (CI, 2026-11-27): lines with no space were cut where the
+    block ended, inside '000ad' ('000a' | 'd'); a single newline is now a safe cut too."""
+    words = ["0"] * 5 + ["00"] * 3 + ["0000", "00000", "00000", "000000", "0000000",
+                                      "0000000", "00000000", "000ad"]
+    text = "\n".join(words)
+    streamed = DocumentChunks(tiny_tokenizer, [open_document(text)], chunk_size, block_chars=24)
+    whole = chunk_context(tiny_tokenizer, text, chunk_size)
+    assert list(streamed) == whole.texts
+    assert streamed.context_tokens == whole.context_tokens
+
+
 @pytest.mark.parametrize("max_chunks,truncation", [(None, "right"), (3, "right"),
                                                    (3, "center"), (4, "center"), (99, "center")])
 @pytest.mark.parametrize("block_chars", [100, 1000, BLOCK_CHARS])

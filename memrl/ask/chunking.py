@@ -13,12 +13,14 @@ count their tokens (so the number of chunks is known before the first is read: p
 `max_chunks`, `truncation: center`), once while the agent reads them.
 
 Exactness. A block boundary is put only where no pre-token of a byte-level BPE (GPT-2,
-Llama 3, Qwen, SmolLM: their split regexes) can span it: at a single space between two
-non-blank characters. There, encoding the blocks one by one gives the ids of encoding the
-whole text (tested against the whole-text chunks). A text with no such space in half a block
-(e.g. 32K characters without a single space) is cut where the block ends; so are tokenizers
-that add a prefix space to every call (SentencePiece's legacy mode), which may then tokenize
-one word differently at that boundary.
+Llama 3, Qwen, SmolLM: their split regexes) can span it: before a single space, or after a
+single newline, between two non-blank characters (in those regexes a space joins the word
+after it, a newline the punctuation before it, never the reverse). There, encoding the
+blocks one by one gives the ids of encoding the whole text (tested against the whole-text
+chunks). A text with neither in half a block (e.g. 32K characters without a single space
+or line break) is cut where the block ends; so are tokenizers that add a prefix space to
+every call (SentencePiece's legacy mode), which may then tokenize one word differently at
+that boundary.
 """
 
 from __future__ import annotations
@@ -44,18 +46,25 @@ class TooManyTokens(MemrlInputError):
 
 
 def safe_cut(text: str, limit: int) -> int:
-    """Where to end a block of `text` of at most `limit` characters: the last single space
-    between two non-blank characters at or before `limit` (the space starts the next block),
-    searched back to limit // 2; else `limit` itself."""
+    """Where to end a block of `text` of at most `limit` characters: the last place at or
+    before `limit`, searched back to limit // 2, that is just before a single space between
+    two non-blank characters (the space starts the next block) or just after a single
+    newline between two non-blank characters (the newline ends the block); else `limit`
+    itself."""
     if len(text) <= limit:
         return len(text)
-    lowest = max(1, limit // 2)
-    i = text.rfind(" ", lowest, limit + 1)
-    while i >= lowest:
-        if i + 1 < len(text) and not text[i - 1].isspace() and not text[i + 1].isspace():
-            return i
-        i = text.rfind(" ", lowest, i)
+    for cut in range(limit, max(1, limit // 2) - 1, -1):
+        if _safe_at(text, cut):
+            return cut
     return limit
+
+
+def _safe_at(text: str, i: int) -> bool:
+    """Whether no pre-token of a byte-level BPE can span text[:i] | text[i:] (0 < i < len)."""
+    if text[i] == " ":
+        return not text[i - 1].isspace() and i + 1 < len(text) and not text[i + 1].isspace()
+    return (i >= 2 and text[i - 1] == "\n" and not text[i - 2].isspace()
+            and not text[i].isspace())
 
 
 def text_blocks(pieces: Iterable[str], block_chars: int = BLOCK_CHARS) -> Iterator[str]:
