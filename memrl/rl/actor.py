@@ -52,7 +52,7 @@ from memrl.rl.losses import (
 from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
 from memrl.rl.packing import check_packed_attention
 from memrl.rl.logprobs import policy_hidden_states_error, response_logprobs, response_pass
-from memrl.rl.sharding import padding_passes, run_as_forward
+from memrl.rl.sharding import padding_micro_batch, padding_passes, run_as_forward
 from memrl.rl.values import CriticStats, PolicyValueHead, batch_value_statistics
 
 __all__ = ["Actor", "OldPass", "Reference", "UpdateStats", "build_optimizer",
@@ -107,13 +107,6 @@ class _PolicyModel:
     def device(self) -> torch.device:
         """Where forward passes run: the given device, else the parameters'."""
         return self.compute_device or next(self.model.parameters()).device
-
-    def padding_tensors(self) -> dict[str, Tensor]:
-        """A one-token micro-batch whose only use is to take part in the collectives."""
-        one = torch.full((1, 1), self.pad_id, dtype=torch.long)
-        return {"input_ids": one, "labels": one, "attention_mask": torch.ones_like(one),
-                "position_ids": torch.zeros_like(one),
-                "response_mask": torch.ones((1, 1), dtype=torch.bool)}
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast over fp32 master weights (CUDA), else nothing."""
@@ -193,7 +186,7 @@ class _PolicyModel:
                     if v is not None:
                         vals[i] = v[row][mask[row]].float().cpu()
             for _ in range(padding):
-                self._forward(self.padding_tensors())
+                self._forward(padding_micro_batch(self.pad_id))
         finally:
             self.model.train(was_training)
         return out, ent, vals
@@ -351,9 +344,6 @@ class Actor(_PolicyModel):
         if value_head is not None:
             if self.sharded_over is not None:
                 raise ValueError("a value head on the policy is not sharded: not with FSDP")
-            problem = policy_hidden_states_error(model)
-            if problem is not None:
-                raise ValueError(problem)
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
             if not all(id(p) in owned for p in value_head.parameters()):
                 raise ValueError("the value head's parameters must be in the actor's optimizer")
@@ -428,7 +418,7 @@ class Actor(_PolicyModel):
                                              old)
                     losses += torch.tensor([terms[name] for name in loss_names])
                 for _ in range(padding):
-                    lp, _, _ = self._forward(self.padding_tensors())
+                    lp, _, _ = self._forward(padding_micro_batch(self.pad_id))
                     (lp.sum() * 0.0).backward()  # zero gradients, same collectives
                 if old is not None and guard is not None:  # before any weight changes
                     old.mismatch.update(guard.check(old.logprobs, dist))

@@ -50,7 +50,7 @@ from memrl.rl.config import RLConfig
 from memrl.rl.gae import value_loss
 from memrl.rl.losses import agg_loss, masked_mean
 from memrl.rl.optim import optimizer_step
-from memrl.rl.sharding import padding_passes
+from memrl.rl.sharding import padding_micro_batch, padding_passes
 from memrl.rl.values import CriticStats, batch_value_statistics, head_values, value_head
 
 __all__ = ["Critic", "CriticStats", "ValueModel"]
@@ -110,12 +110,6 @@ class Critic:
     def device(self) -> torch.device:
         return self.compute_device or next(self.model.parameters()).device
 
-    def _padding_forward(self) -> Tensor:
-        """A one-token forward whose only use is to take part in the collectives."""
-        one = torch.full((1, 1), self.pad_id, dtype=torch.long)
-        return self._forward({"input_ids": one, "attention_mask": torch.ones_like(one),
-                              "position_ids": torch.zeros_like(one)})
-
     def autocast(self) -> contextlib.AbstractContextManager:
         return mixed_precision(self.autocast_dtype, self.device)
 
@@ -152,7 +146,7 @@ class Critic:
                 for row, i in enumerate(micro):
                     out[i] = v[row][mask[row]].cpu()
             for _ in range(padding):
-                self._padding_forward()
+                self._forward(padding_micro_batch(self.pad_id))
         finally:
             self.model.train(was_training)
         return out
@@ -207,7 +201,8 @@ class Critic:
                         float(masked_mean(vpreds.detach(), mask)) * n, n,
                     ], dtype=torch.float64)
                 for _ in range(padding):
-                    (self._padding_forward().sum() * 0.0).backward()  # zeros, same collectives
+                    # zero gradients, same collectives
+                    (self._forward(padding_micro_batch(self.pad_id)).sum() * 0.0).backward()
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
                     dist.sum_gradients(params)
                 grad_norms.append(optimizer_step(self.model, self.optimizer, self.grad_clip))

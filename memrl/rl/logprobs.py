@@ -81,7 +81,7 @@ def response_pass(
     """`response_logprobs`, and with `value_head` (a value head on the policy) the values
     it reads from the same final hidden states at the same positions, V(s_t) at every
     response token (B, L) float32, 0 elsewhere; else None. Needs a model whose logits are a
-    plain projection of its last hidden state (`policy_hidden_states`)."""
+    plain projection of its last hidden state (`policy_hidden_states_error`)."""
     device = device or next(model.parameters()).device
     mask = tensors["response_mask"].to(device)
     if remove_padding:
@@ -95,20 +95,17 @@ def response_pass(
     if value_head is not None and parts is None:
         raise ValueError(policy_hidden_states_error(model))
     ent = values = None
-    if parts is not None and _plain_linear(parts[1]) and not entropy_grad:
-        # Fused, chunked projection + log-prob: no (tokens, vocab) logits, even for backward.
+    if parts is not None:  # the final hidden states at response positions
         decoder, head = parts
         hidden = decoder(**inputs, use_cache=False).last_hidden_state[select]
-        flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature)
         if value_head is not None:
             values = head_values(value_head, hidden)
+    if parts is not None and _plain_linear(head) and not entropy_grad:
+        # Fused, chunked projection + log-prob: no (tokens, vocab) logits, even for backward.
+        flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature)
     else:
         if parts is not None:
-            decoder, head = parts
-            hidden = decoder(**inputs, use_cache=False).last_hidden_state[select]
             logits = head(hidden)
-            if value_head is not None:
-                values = head_values(value_head, hidden)
         else:  # logits are not a plain projection: full logits, then select
             logits = model(**inputs, use_cache=False).logits[select]
         flat = logprobs_from_logits(logits, labels, temperature=temperature)

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["decoder_layers", "is_sharded", "padding_passes", "run_as_forward", "shard"]
+__all__ = ["decoder_layers", "is_sharded", "padding_micro_batch", "padding_passes",
+           "run_as_forward", "shard"]
 
 _FORWARD_METHOD = "memrl_run_as_forward"
 
@@ -120,3 +121,12 @@ def padding_passes(sharded_over: Any, count: int) -> int:
     if sharded_over is None:
         return 0
     return sharded_over.all_reduce_max(count) - count
+
+
+def padding_micro_batch(pad_id: int) -> dict[str, torch.Tensor]:
+    """A one-token micro-batch (collated form) whose only use is to take part in a sharded
+    model's collectives: the forward of a rank with fewer real micro-batches."""
+    one = torch.full((1, 1), pad_id, dtype=torch.long)
+    return {"input_ids": one, "labels": one, "attention_mask": torch.ones_like(one),
+            "position_ids": torch.zeros_like(one),
+            "response_mask": torch.ones((1, 1), dtype=torch.bool)}
