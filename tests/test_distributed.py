@@ -126,6 +126,11 @@ def single(tiny_model_dir, data_dir, tmp_path_factory) -> Path:
     return out
 
 
+# The tests of `runs` on one xdist worker (scripts/test.sh: --dist loadgroup): split over two
+# workers, each ran the module's runs.
+runs_group = pytest.mark.xdist_group("distributed_runs")
+
+
 @pytest.fixture(scope="module")
 def runs(single, tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
     """2 ranks for 1 step, then resumed on 1 process to step 2 (and the one-process run)."""
@@ -137,6 +142,7 @@ def runs(single, tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
     return {"single": single, "two": two, "two_step1_metrics": first_two}
 
 
+@runs_group
 @pytest.mark.slow
 def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
     start = load_file(tiny_model_dir / "model.safetensors")
@@ -150,6 +156,7 @@ def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
     assert two_metrics["train/groups"] == 3.0 and "val/score" in two_metrics
 
 
+@runs_group
 @pytest.mark.slow
 def test_two_ranks_log_the_single_process_trajectories(runs):
     """Each rank's trajectory records are gathered on the main rank, in the order one
@@ -167,6 +174,7 @@ def test_two_ranks_log_the_single_process_trajectories(runs):
             c["response_tokens"] for c in b["conversations"]]
 
 
+@runs_group
 @pytest.mark.slow
 def test_resume_two_ranks_on_one_process(runs):
     assert_same_weights(weights(runs["two"], 2), weights(runs["single"], 2))

@@ -196,6 +196,11 @@ def _ppo(model_dir: Path, data_dir: Path, out: Path, *extra: str) -> list[str]:
     return overrides(model_dir, data_dir, out, *PPO, *ONE_ROUND, "trainer.keep_last=2", *extra)
 
 
+# The tests of `ppo_runs` on one xdist worker (scripts/test.sh: --dist loadgroup): split over
+# two workers, each ran the module's runs.
+ppo_runs_group = pytest.mark.xdist_group("distributed_ppo_runs")
+
+
 @pytest.fixture(scope="module")
 def ppo_runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
     """PPO for 2 steps on one process, and step 1 on 2 ranks. 3 questions a step, 2 a
@@ -230,6 +235,7 @@ def _assert_same_step(one: Path, two: Path, step: int) -> None:
         assert x["advantage"] == pytest.approx(y["advantage"], abs=1e-5)  # measured 6e-8
 
 
+@ppo_runs_group
 @pytest.mark.slow
 def test_ppo_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_model_dir):
     start = load_file(tiny_model_dir / "model.safetensors")
@@ -238,6 +244,7 @@ def test_ppo_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_model_dir
     _assert_same_step(ppo_runs["one"], ppo_runs["two"], 1)
 
 
+@ppo_runs_group
 @pytest.mark.slow
 def test_ppo_resumed_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_model_dir,
                                                                 data_dir, tmp_path):
@@ -268,6 +275,7 @@ def _sharded_critic_weights(run: Path, step: int, config: list[str], tokenizer) 
     return {k: v.detach().cpu().clone() for k, v in critic.model.state_dict().items()}
 
 
+@ppo_runs_group
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP read in one process
 def test_ppo_sharded_with_fsdp_on_two_ranks_and_resumed(ppo_runs, tiny_model_dir,

@@ -42,6 +42,11 @@ def data_dir(tmp_path_factory) -> Path:
     return d
 
 
+# The tests of `runs` on one xdist worker (scripts/test.sh: --dist loadgroup): split over two
+# workers, each ran the module's runs.
+runs_group = pytest.mark.xdist_group("fsdp_runs")
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
     """One replicated process for 3 steps; FSDP on 2 ranks for step 1, resumed on 1 rank
@@ -66,6 +71,7 @@ def exported_weights(run: Path, step: int, out: Path) -> dict[str, torch.Tensor]
     return load_file(out / "model.safetensors")
 
 
+@runs_group
 @pytest.mark.slow
 def test_fsdp_on_two_ranks_takes_the_single_process_step(runs, tiny_model_dir, tmp_path):
     # Rank 1 holds one question of three, none of the second mini-batch: it runs padding
@@ -80,6 +86,7 @@ def test_fsdp_on_two_ranks_takes_the_single_process_step(runs, tiny_model_dir, t
     assert fsdp_metrics["train/groups"] == 3.0 and "val/score" in fsdp_metrics
 
 
+@runs_group
 @pytest.mark.slow
 def test_sharded_checkpoints_resume_on_one_and_on_two_ranks(runs, tmp_path):
     ckpt = step_dir(runs["fsdp"], 3)
@@ -95,6 +102,7 @@ def test_sharded_checkpoints_resume_on_one_and_on_two_ranks(runs, tmp_path):
         assert_same_metrics(a, b)
 
 
+@runs_group
 @pytest.mark.slow
 def test_export_of_a_sharded_checkpoint_loads_and_evaluates(runs, tmp_path):
     from transformers import AutoModelForCausalLM

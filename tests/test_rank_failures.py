@@ -37,6 +37,9 @@ HOST = socket.gethostname()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="POSIX signals and /proc"),
+    # One xdist worker for the module: its tests share one run (`frozen`, then `killed`
+    # resuming it); split over two workers, each ran the frozen run.
+    pytest.mark.xdist_group("rank_failures"),
 ]
 
 

@@ -243,16 +243,27 @@ def test_a_step_of_auto_is_a_step_of_recompute(tiny_model_dir, data_dir, tmp_pat
 
 
 # ---- several ranks (gloo): replicated and FSDP2, one mini-batch of 3 questions
+RANKS_EXTRA = ["trainer.total_steps=1", "rl.ppo_mini_batch_size=3"]
+
+
+@pytest.fixture(scope="module")
+def one_process_step(tiny_model_dir, data_dir, tmp_path_factory) -> Path:
+    """The one-process run both strategies are compared with (the same for both: run once)."""
+    single = tmp_path_factory.mktemp("old_logprobs_ranks") / "single"
+    run_helper(1, overrides(tiny_model_dir, data_dir, single, *RANKS_EXTRA))
+    return single
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("old_logprobs_ranks")  # one worker: `one_process_step` runs once
 @pytest.mark.parametrize("strategy", ["replicate", "fsdp"])
 def test_ranks_take_the_one_process_step_without_the_pass(tiny_model_dir, data_dir, tmp_path,
-                                                         strategy):
+                                                         one_process_step, strategy):
     # 3 questions, one mini-batch (on-policy): rank 0 holds two, rank 1 one, so under FSDP
     # rank 1 runs a padding micro-batch before the guard's all_gather.
-    extra = ["trainer.total_steps=1", "rl.ppo_mini_batch_size=3"]
-    single, two = tmp_path / "single", tmp_path / "two"
-    run_helper(1, overrides(tiny_model_dir, data_dir, single, *extra))
-    run_helper(2, overrides(tiny_model_dir, data_dir, two, *extra, f"model.strategy={strategy}"))
+    single, two = one_process_step, tmp_path / "two"
+    run_helper(2, overrides(tiny_model_dir, data_dir, two, *RANKS_EXTRA,
+                            f"model.strategy={strategy}"))
     a, b = (read_metrics(d / "metrics.jsonl")[0] for d in (single, two))
     assert_same_metrics(b, a)
     assert "rollout/logprob_diff_max" in a
