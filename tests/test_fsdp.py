@@ -193,6 +193,23 @@ def test_a_replicated_checkpoint_is_refused_by_a_sharded_model(tiny_model_dir, t
         load_checkpoint(path, model=sharded_policy(tiny_model_dir))
 
 
+def test_the_recipe_set_up_directly_shards_on_one_process(tiny_model_dir, data_dir, tmp_path):
+    # grpo.setup without a Dist (a script's call, as the GPU benchmarks make) joins a group
+    # of one for FSDP, as `memrl train` does
+    from memrl.distributed import destroy_process_group
+    from memrl.recipes import grpo
+    from memrl.rl.sharding import is_sharded
+
+    cfg = load_config(TrainConfig, None, [*overrides(tiny_model_dir, data_dir, tmp_path),
+                                          "model.strategy=fsdp"])
+    try:
+        run = grpo.setup(cfg)
+        assert is_sharded(run.actor.model)
+        run.engine.close()
+    finally:
+        destroy_process_group()
+
+
 def test_fsdp_options_are_checked(tiny_model_dir, data_dir, tmp_path):
     base = overrides(tiny_model_dir, data_dir, tmp_path)
     cfg = load_config(TrainConfig, None, [*base, "model.strategy=fsdp",

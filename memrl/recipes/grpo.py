@@ -295,9 +295,16 @@ def total_steps(config: TrainConfig, num_records: int) -> int:
 def setup(
     config: TrainConfig, *, task: Task | None = None, dist: Dist | None = None, console: Any = None
 ) -> Run:
-    """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint."""
+    """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint.
+
+    Without `dist` it joins the launcher's process group as `train` does (one process of
+    model.strategy fsdp: a group of one), so a script may call it directly."""
     seed_everything(config.seed)
-    dist = dist or Dist.from_environment()
+    if dist is None:
+        from memrl.distributed import init_process_group
+
+        dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device,
+                                  always=config.model.strategy == "fsdp")
     task = task if task is not None else build_task(config)
     train_records = task.load(config.data.train_file, config.data.format, what="training")
     val_records: list[Any] = []
