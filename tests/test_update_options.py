@@ -119,6 +119,28 @@ def test_every_n_layers_names_the_transformers_it_needs(tiny_model_dir, monkeypa
 
 
 # ---- torch.compile of the decoder layers
+def test_compile_auto_is_on_for_cuda_only(monkeypatch):
+    import torch
+    import torch._dynamo
+
+    assert ModelConfig(path="m").compile == "auto"  # the default
+    assert ModelConfig(path="m", device="cpu").compiles() is False
+    assert ModelConfig(path="m", device="cpu", compile=True).compiles() is True
+    assert ModelConfig(path="m", compile=False).compiles() is False
+    # a CUDA device (faked: this machine may have none) compiles, unless torch can't
+    monkeypatch.setattr("memrl.inference.loader.resolve_device",
+                        lambda device=None: torch.device("cuda"))
+    with torch._dynamo.config.patch(disable=False):  # the suite may run with it disabled
+        assert ModelConfig(path="m").compiles() is True
+        assert ModelConfig(path="m", compile=False).compiles() is False
+        monkeypatch.delattr(torch.compiler, "set_stance")
+        assert ModelConfig(path="m").compiles() is False
+    with torch._dynamo.config.patch(disable=True):  # TORCH_COMPILE_DISABLE=1
+        assert ModelConfig(path="m").compiles() is False
+    with pytest.raises(ValueError, match="compile"):
+        ModelConfig(path="m", compile="sometimes")
+
+
 def test_compile_is_logged_when_torch_compile_is_disabled(tiny_model_dir, caplog):
     import torch._dynamo
 

@@ -72,15 +72,19 @@ class ModelConfig(StrictModel):
     """With gradient_checkpointing: recompute only decoder layers 0, n, 2n, ...; the other
     layers keep their activations (more memory, less recomputation: checkpointing only as
     much as memory requires). 1: every layer. Needs transformers >= 5.17."""
-    compile: bool = False
+    compile: bool | Literal["auto"] = "auto"
     """torch.compile every decoder layer of the policy, the reference and the critic, in
     place (parameter names unchanged): the update's and the log-prob passes' elementwise
-    work (norms, activations, rotary embeddings, casts) is fused. Shapes are dynamic from the
+    work (norms, activations, rotary embeddings, casts) is fused. auto: on for a CUDA
+    device (measured faster at every shape tried on an H100: docs/benchmarks.md), off on
+    the CPU (compiling costs more there than it saves on small models). Shapes are dynamic from the
     first compilation (the first step pays it; a few more graphs follow for the no-grad
     pass, a batch of one row, no attention mask). Generation always runs eagerly (the hf
     engine; vLLM compiles its own model). flex_attention stays out of the compiled graphs
     (a graph break; transformers compiles it as without this option). Needs torch >= 2.6.
-    TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged)."""
+    TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged).
+
+    `compiles()` gives the resolved choice."""
     attn_implementation: Literal[
         "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
     ] | None = None
@@ -111,6 +115,22 @@ class ModelConfig(StrictModel):
                 "their activations: set model.gradient_checkpointing=true too"
             )
         return self
+
+    def compiles(self) -> bool:
+        """Whether the layers are compiled: `compile`, with auto resolved: on for a CUDA
+        device (None: the one `memrl.inference.loader.resolve_device` picks) where torch
+        can compile them (torch >= 2.6, TORCH_COMPILE_DISABLE unset)."""
+        if self.compile != "auto":
+            return self.compile
+        import torch
+
+        from memrl.inference.loader import resolve_device
+
+        if resolve_device(self.device).type != "cuda":
+            return False
+        import torch._dynamo
+
+        return hasattr(torch.compiler, "set_stance") and not torch._dynamo.config.disable
 
     @field_validator("device")
     @classmethod

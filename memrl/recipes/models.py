@@ -79,7 +79,7 @@ def load_trained(mcfg: ModelConfig, *, trainable: bool) -> Any:
     if trainable and mcfg.gradient_checkpointing:
         checkpoint_layers(model, every_n_layers=mcfg.gradient_checkpointing_every_n_layers,
                           fsdp=fsdp)
-    if mcfg.compile:
+    if mcfg.compiles():
         compile_layers(model)
     if fsdp:
         f = mcfg.fsdp
@@ -333,7 +333,7 @@ def build_critic(config: TrainConfig, tokenizer: Any, dist: Dist = Dist(), *,
     if mcfg.gradient_checkpointing:
         checkpoint_layers(lm, every_n_layers=mcfg.gradient_checkpointing_every_n_layers,
                           fsdp=fsdp)
-    if mcfg.compile:
+    if mcfg.compiles():
         compile_layers(lm)
     model = ValueModel.from_causal_lm(lm)
     if fsdp:
