@@ -272,3 +272,28 @@ def test_ranks_take_the_one_process_step_without_the_pass(tiny_model_dir, data_d
     theirs = (exported_weights(two, 1, tmp_path / "hf") if strategy == "fsdp"
               else load_file(two / "checkpoints" / "step_00000001" / "model" / "model.safetensors"))
     assert_same_weights(theirs, mine)
+
+
+def test_read_scalars_reads_each_device_once_and_exactly():
+    from memrl.rl.actor import read_scalars
+
+    values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor([2.5], dtype=torch.float64),
+              torch.tensor(3, dtype=torch.int64), torch.tensor(1e-7, dtype=torch.bfloat16)]
+    assert read_scalars(values) == [float(v) for v in values]  # float32 etc. read exactly
+    assert read_scalars([]) == []
+
+
+def test_old_pass_keeps_rows_and_reads_their_response_tokens():
+    from memrl.rl.actor import OldPass
+
+    old = OldPass([torch.empty(0)] * 3, [torch.empty(0)] * 3, {})
+    lp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)
+    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    response = torch.tensor([[False, True, True], [True, False, False]])
+    old.keep([2, 0], response, lp, ent)
+    assert old.logprobs[2].numel() == 0  # nothing read before `read`
+    old.read()
+    assert old.logprobs[2].tolist() == [-2.0, -3.0] and old.logprobs[0].tolist() == [-4.0]
+    assert old.entropy[2].tolist() == [2.0, 3.0] and old.entropy[0].tolist() == [4.0]
+    assert not old.logprobs[2].requires_grad and old.logprobs[1].numel() == 0
+    assert old.pending == []

@@ -4,6 +4,8 @@ entropies, gradients and a whole PPO update equal to the padded path on the tiny
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from memrl.trajectory import Trajectory, Turn
@@ -142,3 +144,21 @@ def test_a_model_that_ignores_packing_is_refused_in_one_line(tiny_model_dir):
     check_packed_attention(model)  # the tiny Qwen2 keeps packed samples apart
     with pytest.raises(MemrlInputError, match="rl.remove_padding: .*attend to each other"):
         check_packed_attention(IgnoresPackedPositions(model))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 3), st.data())
+def test_gather_rows_is_boolean_indexing_forward_and_backward(rows, length, width, data):
+    from memrl.rl.logprobs import gather_rows
+
+    bits = data.draw(st.lists(st.booleans(), min_size=rows * length, max_size=rows * length))
+    select = torch.tensor(bits).reshape(rows, length)
+    x = torch.randn(rows, length, width, dtype=torch.float64, requires_grad=True)
+    got = gather_rows(x, select)
+    want = x[select]
+    assert torch.equal(got, want)
+    weights = torch.randn_like(want)
+    (grad_got,) = torch.autograd.grad((got * weights).sum(), x)
+    (grad_want,) = torch.autograd.grad((want * weights).sum(), x)
+    assert torch.equal(grad_got, grad_want)
+    assert torch.equal(gather_rows(x.detach()[..., 0], select), x.detach()[..., 0][select])

@@ -178,13 +178,14 @@ class _PolicyModel:
                 tensors = batch.collate(micro, self.pad_id)
                 lp, h, v = self._forward(tensors, with_entropy=with_entropy,
                                          with_values=with_values)
-                mask = tensors["response_mask"].to(lp.device)
-                for row, i in enumerate(micro):
-                    out[i] = lp[row][mask[row]].float().cpu()
+                mask = tensors["response_mask"].cpu()
+                lp, h, v = (None if t is None else t.float().cpu() for t in (lp, h, v))
+                for row, i in enumerate(micro):  # one copy to the host per tensor
+                    out[i] = lp[row][mask[row]]
                     if h is not None:
-                        ent[i] = h[row][mask[row]].float().cpu()
+                        ent[i] = h[row][mask[row]]
                     if v is not None:
-                        vals[i] = v[row][mask[row]].float().cpu()
+                        vals[i] = v[row][mask[row]]
             for _ in range(padding):
                 self._forward(padding_micro_batch(self.pad_id))
         finally:
@@ -208,17 +209,41 @@ class Reference(_PolicyModel):
 
 
 class _Averages:
-    """Running averages: plain (one value per event) or weighted (e.g. by tokens)."""
+    """Running averages: plain (one value per event) or weighted (e.g. by tokens).
+
+    A value or weight may be a one-element tensor on the device: it is read with the others
+    when the averages are (`flush`), in one transfer, so a micro-batch's metrics cost no
+    host synchronisation (each would drain the GPU's queue). The sums are the same numbers,
+    added in the same order, as with floats."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.weights: dict[str, float] = {}
+        self._pending: list[tuple[str, Tensor | float, Tensor | float]] = []
 
-    def add(self, name: str, value: float, weight: float = 1.0) -> None:
+    def add(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0) -> None:
+        if self._pending or isinstance(value, Tensor) or isinstance(weight, Tensor):
+            self._pending.append((name, value, weight))  # keeps the order of the sums
+        else:
+            self._accumulate(name, value, weight)
+
+    def _accumulate(self, name: str, value: float, weight: float) -> None:
         self.sums[name] = self.sums.get(name, 0.0) + value * weight
         self.weights[name] = self.weights.get(name, 0.0) + weight
 
+    def flush(self) -> None:
+        """Read the pending tensors (one device-to-host copy) into the sums."""
+        if not self._pending:
+            return
+        read = iter(read_scalars([x for _, v, w in self._pending for x in (v, w)
+                                  if isinstance(x, Tensor)]))
+        for name, value, weight in self._pending:
+            self._accumulate(name, next(read) if isinstance(value, Tensor) else value,
+                             next(read) if isinstance(weight, Tensor) else weight)
+        self._pending.clear()
+
     def result(self) -> dict[str, float]:
+        self.flush()
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
 
     def reduced(self, dist: Dist) -> dict[str, float]:
@@ -226,6 +251,7 @@ class _Averages:
         (losses, grad norms) are counted once; token-weighted ones are summed over ranks."""
         if dist.world_size == 1:
             return self.result()
+        self.flush()
         out = _Averages()
         for rank, (sums, weights) in enumerate(dist.all_gather((self.sums, self.weights))):
             for k in sums:
@@ -308,6 +334,20 @@ def _head_stats(metrics: dict[str, float], lr: float, before: dict[str, float]
                        vpred_mean=own.get("vpred_mean", 0.0), lr=lr, **before)
 
 
+def read_scalars(tensors: Sequence[Tensor]) -> list[float]:
+    """The values of one-element tensors as floats (float64, exact for float32), read from
+    each device in one transfer."""
+    out: list[float] = [0.0] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for positions in by_device.values():
+        values = torch.stack([tensors[i].detach().reshape(()).double() for i in positions])
+        for i, value in zip(positions, values.cpu().tolist(), strict=True):
+            out[i] = value
+    return out
+
+
 @dataclass
 class OldPass:
     """What the separate old log-prob pass would have given, taken from the update's own
@@ -318,6 +358,24 @@ class OldPass:
     entropy: list[Tensor]
     mismatch: dict[str, float]
     """`rollout/logprob_diff_*` (`LogprobGuard.check`); {} without a guard."""
+    pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = field(default_factory=list)
+    """Micro-batches not read yet: (conversations, response mask on the CPU, log-probs and
+    entropies on the device), read together by `read` (no synchronisation per row)."""
+
+    def keep(self, indices: list[int], response: Tensor, logprobs: Tensor,
+             entropy: Tensor) -> None:
+        """Keep a micro-batch's (rows, L) log-probs and entropies, detached, to `read`."""
+        self.pending.append((indices, response.cpu(), logprobs.detach().float(),
+                             entropy.detach().float()))
+
+    def read(self) -> None:
+        """Each kept row's response tokens into `logprobs` / `entropy` (float32, CPU)."""
+        for indices, response, lp, ent in self.pending:
+            lp, ent = lp.cpu(), ent.cpu()
+            for row, i in enumerate(indices):
+                self.logprobs[i] = lp[row][response[row]]
+                self.entropy[i] = ent[row][response[row]]
+        self.pending.clear()
 
 
 class Actor(_PolicyModel):
@@ -407,7 +465,7 @@ class Actor(_PolicyModel):
                 norm = batch.loss_norm(mini, cfg.loss_agg_mode, scale_factor=cfg.loss_scale_factor)
                 norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
-                losses = torch.zeros(len(loss_names), dtype=torch.float64)
+                micro_terms: list[Tensor] = []  # each micro-batch's loss terms, on the device
                 micros = self.micro_batches(batch, mini) if mini else []
                 # agreed before any forward
                 padding = padding_passes(self.sharded_over, len(micros))
@@ -416,10 +474,16 @@ class Actor(_PolicyModel):
                     flops += self._account(batch, indices, shape, avg)
                     terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg,
                                              old)
-                    losses += torch.tensor([terms[name] for name in loss_names])
+                    micro_terms.append(torch.stack([terms[name].reshape(()).double()
+                                                    for name in loss_names]))
                 for _ in range(padding):
                     lp, _, _ = self._forward(padding_micro_batch(self.pad_id))
                     (lp.sum() * 0.0).backward()  # zero gradients, same collectives
+                losses = torch.zeros(len(loss_names), dtype=torch.float64)
+                for row in torch.stack(micro_terms).cpu() if micro_terms else []:
+                    losses += row  # read once per optimizer step, summed in order
+                if old is not None:
+                    old.read()
                 if old is not None and guard is not None:  # before any weight changes
                     old.mismatch.update(guard.check(old.logprobs, dist))
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
@@ -467,10 +531,11 @@ class Actor(_PolicyModel):
         use_kl: bool,
         avg: _Averages,
         old: OldPass | None = None,
-    ) -> dict[str, float]:
-        """Forward + backward of one micro-batch; returns its shares of the loss terms.
-        `old` given (on-policy): the old log-probs are this forward's, detached, and are
-        kept there with the entropies, per conversation."""
+    ) -> dict[str, Tensor]:
+        """Forward + backward of one micro-batch; returns its shares of the loss terms
+        (detached one-element tensors on the device: read once per optimizer step). `old`
+        given (on-policy): the old log-probs are this forward's, detached, and are kept
+        there with the entropies (`OldPass.keep`)."""
         cfg = self.config
         head = self.value_head
         tensors = batch.collate(indices, self.pad_id)
@@ -484,10 +549,7 @@ class Actor(_PolicyModel):
             old_lp = tensors["old_logprobs"].to(dev)
         else:  # ratio 1; the gradient is the policy gradient
             old_lp = logprobs.detach()
-            response = tensors["response_mask"].to(dev)
-            for row, i in enumerate(indices):
-                old.logprobs[i] = old_lp[row][response[row]].float().cpu()
-                old.entropy[i] = entropy[row][response[row]].detach().float().cpu()
+            old.keep(indices, tensors["response_mask"], old_lp, entropy)
         agg = dict(mode=cfg.loss_agg_mode, norm=norm)
         is_weights = None
         if cfg.rollout_is is not None:  # truncated IS: π_old / π_rollout, capped
@@ -495,8 +557,8 @@ class Actor(_PolicyModel):
                 old_lp, tensors["rollout_logprobs"].to(dev), mask,
                 level=cfg.rollout_is, threshold=cfg.rollout_is_threshold,
             )
-            n = float(mask.sum())
-            avg.add("actor/rollout_is_weight", float(is_weights.sum()) / max(n, 1.0), n)
+            n = mask.sum()
+            avg.add("actor/rollout_is_weight", is_weights.sum() / n.clamp(min=1.0), n)
         pg, pg_metrics = policy_loss(
             logprobs,
             old_lp,
@@ -511,23 +573,23 @@ class Actor(_PolicyModel):
         )
         ent = agg_loss(entropy, mask, **agg)
         loss = pg - cfg.entropy_coeff * ent if cfg.entropy_coeff else pg
-        terms = {"actor/pg_loss": float(pg.detach()), "actor/entropy": float(ent.detach())}
+        terms = {"actor/pg_loss": pg.detach(), "actor/entropy": ent.detach()}
         if use_kl:
             kl_mat = kl_penalty(logprobs, tensors["ref_logprobs"].to(dev), cfg.kl_loss_type)
             kl = agg_loss(kl_mat, mask, **agg)
             loss = loss + cfg.kl_loss_coef * kl
-            terms["actor/kl_loss"] = float(kl.detach())
-        tokens = float(mask.sum())
+            terms["actor/kl_loss"] = kl.detach()
+        tokens = mask.sum()
         if head is not None:  # shared-body PPO: loss = pg (+ kl, entropy) + vf_coef · vf_loss
             assert vpreds is not None
             mat, clipfrac = value_loss(vpreds, tensors["returns"].to(dev),
                                        tensors["values"].to(dev), mask, head.cliprange_value)
             vf = agg_loss(mat, mask, **agg)
             loss = loss + head.vf_coef * vf
-            terms["critic/vf_loss"] = float(vf.detach())
-            avg.add("critic/vf_clipfrac", float(clipfrac), tokens)
-            avg.add("critic/vpred_mean", float(masked_mean(vpreds.detach(), mask)), tokens)
+            terms["critic/vf_loss"] = vf.detach()
+            avg.add("critic/vf_clipfrac", clipfrac, tokens)
+            avg.add("critic/vpred_mean", masked_mean(vpreds.detach(), mask), tokens)
         loss.backward()
         for name, value in pg_metrics.items():
-            avg.add(f"actor/{name}", float(value), tokens)
+            avg.add(f"actor/{name}", value, tokens)
         return terms

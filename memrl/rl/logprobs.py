@@ -23,7 +23,7 @@ from memrl.rl.losses import entropy_from_logits, linear_logprobs, logprobs_from_
 from memrl.rl.packing import packed_inputs
 from memrl.rl.values import head_values
 
-__all__ = ["policy_hidden_states_error", "response_logprobs", "response_pass"]
+__all__ = ["gather_rows", "policy_hidden_states_error", "response_logprobs", "response_pass"]
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
@@ -86,18 +86,21 @@ def response_pass(
     mask = tensors["response_mask"].to(device)
     if remove_padding:
         inputs, select = packed_inputs(tensors)
-        inputs, select = {k: v.to(device) for k, v in inputs.items()}, select.to(device)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
     else:
         keys = ("input_ids", "attention_mask", "position_ids")
-        inputs, select = {k: tensors[k].to(device) for k in keys}, mask
-    labels = tensors["labels"].to(device)[mask]
+        inputs, select = {k: tensors[k].to(device) for k in keys}, tensors["response_mask"]
+    # The response positions are found where the masks are (the CPU, for a collated batch)
+    # and gathered by index on the device: boolean indexing there would wait for the GPU.
+    labels = tensors["labels"][tensors["response_mask"].to(tensors["labels"].device)]
+    labels = labels.to(device)
     parts = _decoder_and_head(model)
     if value_head is not None and parts is None:
         raise ValueError(policy_hidden_states_error(model))
     ent = values = None
     if parts is not None:  # the final hidden states at response positions
         decoder, head = parts
-        hidden = decoder(**inputs, use_cache=False).last_hidden_state[select]
+        hidden = gather_rows(decoder(**inputs, use_cache=False).last_hidden_state, select)
         if value_head is not None:
             values = head_values(value_head, hidden)
     if parts is not None and _plain_linear(head) and not entropy_grad:
@@ -107,7 +110,7 @@ def response_pass(
         if parts is not None:
             logits = head(hidden)
         else:  # logits are not a plain projection: full logits, then select
-            logits = model(**inputs, use_cache=False).logits[select]
+            logits = gather_rows(model(**inputs, use_cache=False).logits, select)
         flat = logprobs_from_logits(logits, labels, temperature=temperature)
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -120,6 +123,14 @@ def response_pass(
 
     return (padded(flat), padded(ent) if with_entropy else None,
             padded(values.float()) if values is not None else None)
+
+
+def gather_rows(x: Tensor, select: Tensor) -> Tensor:
+    """`x[select]` for a (B, L, ...) `x` and a (B, L) bool `select`, which may live on
+    another device (the CPU): the same rows, in the same order, with no host
+    synchronisation on `x`'s device (the positions are computed where `select` is)."""
+    index = select.reshape(-1).nonzero().squeeze(1).to(x.device, non_blocking=True)
+    return x.reshape(-1, *x.shape[2:]).index_select(0, index)
 
 
 def policy_hidden_states_error(model: Any) -> str | None:
