@@ -93,7 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="BPE merges target of the trained tokenizer (default 8192; tiny 512)")
     p.add_argument("--no-pad-tokenizer", action="store_true",
                    help="do not pad the tokenizer with placeholder tokens to the model vocab")
-    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--gradient-checkpointing", action="store_true", default=None,
+                   help="recompute activations in the backward (on with --recipe-shapes)")
+    p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing",
+                   action="store_false", help="off, also with --recipe-shapes")
     p.add_argument("--checkpoint-every", type=int,
                    default=ModelConfig.model_fields["gradient_checkpointing_every_n_layers"].default,
                    help="with --gradient-checkpointing: only every n-th decoder layer "
@@ -176,8 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "budgets": "256,512"}
     if args.tiny and args.recipe_shapes:
         tiny = {**tiny, "temperature": 1.0, "top_p": 1.0, "max_tokens_per_micro_batch": 16384}
-    if args.recipe_shapes and not args.tiny:
-        args.gradient_checkpointing = True
+    if args.gradient_checkpointing is None:
+        args.gradient_checkpointing = args.recipe_shapes and not args.tiny
     for key, value in (tiny if args.tiny else recipe if args.recipe_shapes else big).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)

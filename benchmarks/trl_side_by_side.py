@@ -6,7 +6,11 @@ the same group size, batch, micro-batch, learning rate, sampling and number of s
 runs in its own child process (a clean GPU, its own peak memory), and the first `--warmup`
 steps are left out of the means. Per framework the JSON under `--out` gives step time,
 rollout time, update time, tokens/s and peak GPU memory, and per model
-`step_time_ratio_vs_trl` = memrl's mean step time / TRL's.
+`step_time_ratio_vs_trl` = memrl's mean step time / TRL's. With `--memrl-set KEY=VALUE`
+(dotted overrides of memrl's config, repeatable) a third side, `memrl_tuned`, runs memrl with
+its own options on top of the shared settings (e.g. packing, flex_attention, compiled layers,
+on-policy old log-probs), and `step_time_ratio_vs_trl_tuned` is its step time / TRL's. The
+summary's `mfu` gives each memrl side's update MFU per model.
 
     python benchmarks/trl_side_by_side.py --plan full --work runs/trl --out trl.json   # GPU
     python benchmarks/trl_side_by_side.py --plan tiny --work runs/trl_tiny --out t.json  # CPU
@@ -123,7 +127,8 @@ from gpu_common import (  # noqa: E402
     write_summary,
 )
 
-FRAMEWORKS = ("trl", "memrl")
+FRAMEWORKS = ("trl", "memrl", "memrl_tuned")
+"""`memrl_tuned`: memrl with its own options on top of the shared settings (`--memrl-set`)."""
 PRETRAINED = ("smollm2-135m-instruct",)
 RANDOM_SHAPES = {f"qwen2.5-{k}": v for k, v in SHAPES.items()}
 MODELS = ("tiny", *PRETRAINED, *RANDOM_SHAPES)
@@ -148,8 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="the summary JSON")
     p.add_argument("--models", default=None,
                    help=f"comma-separated, of {', '.join(MODELS)}")
-    p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                   help="comma-separated, of trl, memrl (default both)")
+    p.add_argument("--frameworks", default=None,
+                   help="comma-separated, of trl, memrl, memrl_tuned (default trl,memrl, "
+                        "and memrl_tuned with --memrl-set)")
     p.add_argument("--engine", choices=["vllm", "hf"], default=None,
                    help="vllm: TRL colocate + memrl rollout.engine=vllm; hf: TRL "
                         "use_vllm=False + memrl's HF engine")
@@ -165,6 +171,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="memrl's rl.old_logprobs: recompute (default) runs the separate no-grad "
                         "pass TRL runs with vLLM; auto takes them from the update's forward "
                         "(on-policy), which TRL does only without its vLLM IS correction")
+    p.add_argument("--memrl-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dotted override of memrl's config for the memrl_tuned side (memrl "
+                        "with its own options, e.g. rl.remove_padding=true); repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     p.add_argument("--model-dir", action="append", default=[], metavar="NAME=DIR",
@@ -196,9 +205,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    if args.frameworks is None:
+        args.frameworks = "trl,memrl" + (",memrl_tuned" if args.memrl_set else "")
     args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     if not args.frameworks or any(f not in FRAMEWORKS for f in args.frameworks):
-        p.error("--frameworks: a comma-separated subset of trl, memrl")
+        p.error("--frameworks: a comma-separated subset of trl, memrl, memrl_tuned")
+    if ("memrl_tuned" in args.frameworks) != bool(args.memrl_set):
+        p.error("the memrl_tuned side and --memrl-set go together")
+    from memrl.config import parse_override
+
+    for item in args.memrl_set:
+        try:
+            parse_override(item)
+        except ValueError as exc:
+            p.error(f"--memrl-set {item!r}: {exc}")
     batch = args.prompts_per_step * args.group_size
     if args.group_size < 2 or batch % args.micro_batch:
         p.error(f"need --group-size >= 2 and --micro-batch dividing the batch ({batch})")
@@ -282,7 +302,7 @@ def side_spec(args: argparse.Namespace, name: str, model_dir: Path, prompts: Pat
         "lr": args.lr, "temperature": args.temperature, "top_p": 1.0,
         "gradient_checkpointing": args.gradient_checkpointing,
         "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
-        "memrl_old_logprobs": args.memrl_old_logprobs,
+        "memrl_old_logprobs": args.memrl_old_logprobs, "memrl_set": args.memrl_set,
         "max_model_len": args.prompt_tokens + args.answer_tokens + 64,
         "max_num_batched_tokens": 4096,
     }
@@ -361,11 +381,11 @@ def summarize_side(framework: str, rows: list[dict[str, Any]], warmup: int,
 
 
 # ---------------------------------------------------------------------------------- memrl
-def run_memrl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """The recipe (`grpo.setup` + `train_step`) on the prompt plug-in task."""
-    import memrl
+def memrl_config(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) -> Any:
+    """memrl's `TrainConfig` for the job (settings as in the module docstring); `tuned`:
+    with the spec's `--memrl-set` overrides on top (a located one-line error if bad)."""
+    from memrl.config import apply_overrides, validate_config
     from memrl.recipes.config import TrainConfig
-    from train_step_gpu import record_update_shapes, run_steps, time_engine_hooks
 
     cuda = spec["device"].startswith("cuda")
     batch = spec["prompts_per_step"] * spec["group_size"]
@@ -375,7 +395,7 @@ def run_memrl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "max_num_batched_tokens": spec["max_num_batched_tokens"], "seed": spec["seed"]}
     if not cuda:
         vllm["kv_cache_memory_bytes"] = 1 << 28
-    config = TrainConfig.model_validate({
+    data = {
         "seed": spec["seed"],
         "agent": "prompt_task:PromptTask",
         "prompt": {"max_new_tokens": spec["answer_tokens"], "ignore_eos": True},
@@ -397,8 +417,21 @@ def run_memrl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
                   "grad_clip": 1.0, "lr_scheduler": "constant", "warmup_steps": 0},
         "trainer": {"out_dir": str(out_dir), "total_steps": spec["steps"],
                     "val_before_train": False, "log_sinks": ["jsonl"]},
-    })
+    }
+    if not tuned:
+        return TrainConfig.model_validate(data)
+    return validate_config(TrainConfig, apply_overrides(data, spec["memrl_set"]),
+                           source="--memrl-set")
+
+
+def run_memrl(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) -> dict[str, Any]:
+    """The recipe (`grpo.setup` + `train_step`) on the prompt plug-in task; `tuned`: with
+    `--memrl-set` on top (the memrl_tuned side)."""
+    import memrl
     from memrl.recipes import grpo
+    from train_step_gpu import record_update_shapes, run_steps, time_engine_hooks
+
+    config = memrl_config(spec, out_dir, tuned=tuned)
 
     peak = PeakMemory()
     t0 = time.perf_counter()
@@ -419,9 +452,10 @@ def run_memrl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             "prompt_tokens": r["prompt_tokens"], "response_tokens": r["response_tokens"],
             "samples": r["samples"],
             **{k: r[k] for k in ("peak_mem_allocated_gib", "perf/mfu") if k in r}})
-    return summarize_side("memrl", rows, spec["warmup"], peak_used, setup_s,
-                          version=memrl.__version__,
-                          config=config.model_dump(mode="json"))
+    return summarize_side("memrl_tuned" if tuned else "memrl", rows, spec["warmup"], peak_used,
+                          setup_s, version=memrl.__version__,
+                          config=config.model_dump(mode="json"),
+                          **({"memrl_set": spec["memrl_set"]} if tuned else {}))
 
 
 # ---------------------------------------------------------------------------------- TRL
@@ -551,7 +585,10 @@ def child(args: argparse.Namespace) -> None:
     out_dir = args.spec.parent / f"{args.side}_run"
     env = environment()
     print_environment(env)
-    result = (run_trl if args.side == "trl" else run_memrl)(spec, out_dir)
+    if args.side == "trl":
+        result = run_trl(spec, out_dir)
+    else:
+        result = run_memrl(spec, out_dir, tuned=args.side == "memrl_tuned")
     result["environment"] = env
     (args.spec.parent / f"{args.side}.json").write_text(json.dumps(result, default=str))
 
@@ -595,14 +632,19 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         lengths = write_prompts(model_dir, prompts, args.prompts_per_step * args.steps,
                                 args.prompt_tokens, args.seed)
         spec_file = work / "spec.json"
-        spec_file.write_text(json.dumps(side_spec(args, name, model_dir, prompts, device)))
+        spec = side_spec(args, name, model_dir, prompts, device)
+        if "memrl_tuned" in args.frameworks:  # a bad --memrl-set stops here, in one line
+            from memrl.errors import MemrlInputError
+
+            try:
+                memrl_config(spec, work / "memrl_tuned_run", tuned=True)
+            except MemrlInputError as exc:
+                raise SystemExit(f"error: {exc}") from None
+        spec_file.write_text(json.dumps(spec))
         entry: dict[str, Any] = {"model": name, "model_info": info, "prompts": lengths}
         for side in args.frameworks:
             entry[side] = run_side(args, spec_file, side, args.timeout_s)
-        trl_s = entry.get("trl", {}).get("step_s")
-        memrl_s = entry.get("memrl", {}).get("step_s")
-        entry["step_time_ratio_vs_trl"] = memrl_s / trl_s if trl_s and memrl_s else None
-        results.append(entry)
+        results.append(with_ratios(entry))
     envs = [r[side]["environment"] for r in results for side in FRAMEWORKS
             if "environment" in r.get(side, {})]
     env = {**(envs[0] if envs else {}), "command": command_line(),
@@ -621,12 +663,42 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
                      "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
                      "memrl_old_logprobs": args.memrl_old_logprobs,
                      "reward": "prompt_task.parity_reward (CRC-32 parity of answer ids)"},
-        "step_time_ratio_vs_trl": {r["model"]: r["step_time_ratio_vs_trl"] for r in results},
+        "memrl_set": args.memrl_set,
+        **per_model(results),
         "models": results,
     }
     print_table(results)
     write_summary(summary, str(args.out) if args.out else None)
     return summary
+
+
+def with_ratios(entry: dict[str, Any]) -> dict[str, Any]:
+    """`entry` (one model's sides) with `step_time_ratio_vs_trl` = memrl's step time /
+    TRL's, and `step_time_ratio_vs_trl_tuned` for the memrl_tuned side (None where a side
+    is missing or failed)."""
+    trl_s = entry.get("trl", {}).get("step_s")
+    for side, key in (("memrl", "step_time_ratio_vs_trl"),
+                      ("memrl_tuned", "step_time_ratio_vs_trl_tuned")):
+        if side == "memrl" or side in entry:
+            memrl_s = entry.get(side, {}).get("step_s")
+            entry[key] = memrl_s / trl_s if trl_s and memrl_s else None
+    return entry
+
+
+def per_model(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's per-model figures: the step-time ratios and each memrl side's update
+    MFU (`perf/mfu`, the mean of the measured steps; absent without a known peak)."""
+    out: dict[str, Any] = {
+        "step_time_ratio_vs_trl": {m["model"]: m.get("step_time_ratio_vs_trl") for m in models}}
+    tuned = {m["model"]: m["step_time_ratio_vs_trl_tuned"] for m in models
+             if "step_time_ratio_vs_trl_tuned" in m}
+    if tuned:
+        out["step_time_ratio_vs_trl_tuned"] = tuned
+    out["mfu"] = {m["model"]: {side: m[side]["mean_excluding_warmup"]["perf/mfu"]
+                               for side in ("memrl", "memrl_tuned")
+                               if "perf/mfu" in m.get(side, {}).get("mean_excluding_warmup", {})}
+                  for m in models}
+    return out
 
 
 def merge(paths: list[Path], out: Path) -> dict[str, Any]:
@@ -637,9 +709,7 @@ def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     summary = {**runs[0], "merged_from": [{"file": str(p), "argv": r["argv"],
                                            "environment": r["environment"]}
                                           for p, r in zip(paths, runs, strict=True)],
-               "models": models,
-               "step_time_ratio_vs_trl": {m["model"]: m["step_time_ratio_vs_trl"]
-                                          for m in models}}
+               "models": models, **per_model(models)}
     print_table(models)
     write_summary(summary, str(out))
     return summary
@@ -657,7 +727,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
             if s is None:
                 continue
             cells = ["-" if s.get(k) is None else f.format(s[k]) for _, k, f in cols]
-            ratio = r["step_time_ratio_vs_trl"] if side == "memrl" else None
+            ratio = {"memrl": r.get("step_time_ratio_vs_trl"),
+                     "memrl_tuned": r.get("step_time_ratio_vs_trl_tuned")}.get(side)
             print(f"{r['model']} | {side} | " + " | ".join(cells)
                   + (f" | {ratio:.2f}" if ratio else (" | " + s["error"] if "error" in s
                                                        else " |")), flush=True)

@@ -95,25 +95,61 @@ def test_tiny_plan_runs_both_frameworks(tmp_path):
         [r["prompt_tokens"] for r in memrl["steps"]]
     assert entry["step_time_ratio_vs_trl"] == pytest.approx(memrl["step_s"] / trl["step_s"])
     assert summary["step_time_ratio_vs_trl"] == {"tiny": entry["step_time_ratio_vs_trl"]}
+    assert "step_time_ratio_vs_trl_tuned" not in summary and "memrl_tuned" not in entry
+    assert summary["mfu"] == {"tiny": {}}  # no known peak on a CPU
     assert json.loads(out.read_text())["models"][0]["model"] == "tiny"
     record = read_record(tmp_path / "trl.run.json")
     assert (record["kind"], record["status"]) == ("benchmark trl_side_by_side", "ok")
 
-    # memrl alone on the model directory of the first run, its old log-probs from the
-    # update's forward (on-policy: no separate pass), then both runs merged into one
+    # memrl alone, tuned (its own options on top: packed micro-batches) on the model
+    # directory of the first run, its old log-probs from the update's forward (on-policy:
+    # no separate pass), then both runs merged into one
     model = tmp_path / "work" / "tiny" / "model"
     alone = bench.main(["--plan", "tiny", "--work", str(tmp_path / "w2"), "--out",
-                        str(tmp_path / "memrl.json"), "--frameworks", "memrl",
+                        str(tmp_path / "memrl.json"), "--frameworks", "memrl_tuned",
+                        "--memrl-set", "rl.remove_padding=true",
                         "--model-dir", f"tiny={model}", "--device", "cpu",
                         "--memrl-old-logprobs", "auto"])
     assert alone["models"][0]["model_info"]["dir"] == str(model)
     assert summary["settings"]["memrl_old_logprobs"] == "recompute"
     assert alone["settings"]["memrl_old_logprobs"] == "auto"
+    tuned = alone["models"][0]["memrl_tuned"]
+    assert "error" not in tuned, tuned.get("log_tail")
+    assert tuned["memrl_set"] == ["rl.remove_padding=true"]
+    assert tuned["config"]["rl"]["remove_padding"] is True
+    assert tuned["config"]["rl"]["old_logprobs"] == "auto"
+    assert memrl["config"]["rl"]["remove_padding"] is False
     separate = memrl["mean_excluding_warmup"]["logprobs_s"]
-    skipped = alone["models"][0]["memrl"]["mean_excluding_warmup"]["logprobs_s"]
+    skipped = tuned["mean_excluding_warmup"]["logprobs_s"]
     assert skipped < 0.1 * separate, (skipped, separate)
-    assert "trl" not in alone["models"][0] and alone["step_time_ratio_vs_trl"] == {"tiny": None}
+    assert "trl" not in alone["models"][0] and "memrl" not in alone["models"][0]
+    assert alone["step_time_ratio_vs_trl"] == {"tiny": None}
+    assert alone["step_time_ratio_vs_trl_tuned"] == {"tiny": None}
     merged = bench.main(["--merge", str(out), str(tmp_path / "memrl.json"), "--out",
                          str(tmp_path / "merged.json")])
     assert [m["model"] for m in merged["models"]] == ["tiny", "tiny"]
     assert len(merged["merged_from"]) == 2
+    assert merged["step_time_ratio_vs_trl_tuned"] == {"tiny": None}
+
+
+def test_bad_memrl_set_is_one_line(capsys):
+    bench = load("trl_side_by_side")
+    for argv, message in [(["--memrl-set", "rl"], "key.path=value"),
+                          (["--frameworks", "memrl_tuned"], "go together"),
+                          (["--frameworks", "trl", "--memrl-set", "rl.x=1"], "go together")]:
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--plan", "tiny", *argv])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert message in err, err
+    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.remove_padding=true"])
+    assert args.frameworks == ["trl", "memrl", "memrl_tuned"]
+
+
+def test_memrl_set_unknown_key_is_located(tmp_path):
+    bench = load("trl_side_by_side")
+    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.no_such_key=1",
+                             "--device", "cpu"])
+    spec = bench.side_spec(args, "tiny", tmp_path / "model", tmp_path / "p.jsonl", "cpu")
+    with pytest.raises(MemrlInputError, match=r"--memrl-set.*rl.no_such_key: unknown key"):
+        bench.memrl_config(spec, tmp_path / "run", tuned=True)
+    assert bench.memrl_config(spec, tmp_path / "run").rl.remove_padding is False
