@@ -434,3 +434,16 @@ def test_corrupt_latest_falls_back_with_one_warning_line(capsys, tmp_path, full_
     ]
     assert f"exported {newest}" in out
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_a_command_without_a_model_leaves_transformers_unimported_and_quiet():
+    # memrl turns Hugging Face's progress bars off; a command that needs no model (here
+    # --help) does it without importing transformers (1-2 s), and the bars stay off when
+    # transformers comes later.
+    code = ("import sys\nfrom memrl.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nassert 'transformers' not in sys.modules\n"
+            "import transformers.utils.logging as hf\nassert not hf.is_progress_bar_enabled()\n")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -23,7 +23,14 @@ from memrl.distributed import RankFailedError
 
 
 def _quiet_library_progress_bars() -> None:
-    """memrl shows its own progress; transformers' per-file bars would only add noise."""
+    """memrl shows its own progress; transformers' per-file bars would only add noise.
+    Before transformers is imported, Hugging Face's own switch does it (transformers reads
+    it when imported), so a command that needs no model does not import transformers
+    (1-2 s) just for this."""
+    if "transformers" not in sys.modules:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "huggingface_hub" not in sys.modules:
+            return
     try:
         from transformers.utils import logging as hf_logging
 
