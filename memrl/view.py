@@ -39,7 +39,7 @@ from typing import Any
 
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.errors import MemrlInputError
-from memrl.recipes.trajectory_log import TRAJECTORY_DIR, read_step_files
+from memrl.recipes.trajectory_files import TRAJECTORY_DIR, read_step_files
 from memrl.rewards.evidence import answer_in_text, evidence_chunk
 from memrl.runrecord import RUN_FILE, read_record, summary_line
 

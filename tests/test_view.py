@@ -145,3 +145,16 @@ def test_page_renders_in_a_headless_browser_without_console_errors(run_dir, tmp_
     # Chromium logs every console message (and uncaught exception) as ":CONSOLE"; the page
     # writes none, so any such line is an error.
     assert [line for line in proc.stderr.splitlines() if ":CONSOLE" in line] == []
+
+
+def test_reading_a_run_imports_neither_torch_nor_transformers():
+    # memrl view reads files: it starts in a second, not after importing torch (the
+    # trajectory step files are read by memrl.recipes.trajectory_files, not the writer)
+    import sys
+
+    code = ("import sys\nimport memrl.view\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('torch', 'transformers')))[:5]\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -26,7 +26,7 @@ from memrl.distributed import Dist, note
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
 from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
-from memrl.recipes.trajectory_log import remove_steps_after
+from memrl.recipes.trajectory_files import remove_steps_after
 from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from memrl.rl.rollout import TrainState
 

@@ -30,7 +30,6 @@ resumed run removes the files of steps after its checkpoint and counts what is l
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,13 @@ import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
+from memrl.recipes.trajectory_files import (
+    TRAJECTORY_DIR,
+    read_step_files,
+    remove_steps_after,
+    step_file,
+    step_files,
+)
 from memrl.rl.batch import RolloutBatch
 
 __all__ = [
@@ -50,17 +56,6 @@ __all__ = [
     "take_whole_groups",
     "trajectory_rows",
 ]
-
-TRAJECTORY_DIR = "train_trajectories"
-"""The folder of a run directory that holds the step files."""
-
-_STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
-
-
-def step_file(out_dir: str | Path, step: int) -> Path:
-    """Where step `step`'s rows go."""
-    return Path(out_dir) / TRAJECTORY_DIR / f"step_{step:06d}.jsonl"
-
 
 def _mean(values: Sequence[float] | Tensor | None) -> float | None:
     if values is None or len(values) == 0:
@@ -134,33 +129,6 @@ def take_whole_groups(rows: Sequence[dict[str, Any]], max_rows: int) -> list[dic
     return [row for row in rows if row["id"] in kept]
 
 
-def remove_steps_after(out_dir: str | Path, step: int) -> None:
-    """Delete the step files of steps after `step` (a resumed run redoes them; -1: all)."""
-    folder = Path(out_dir) / TRAJECTORY_DIR
-    if not folder.is_dir():
-        return
-    for path in folder.iterdir():
-        found = _STEP_FILE.match(path.name)
-        if found and int(found.group(1)) > step:
-            path.unlink(missing_ok=True)
-
-
-def read_step_files(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
-    """{step: rows} of every step file under `run_dir/train_trajectories` (step order)."""
-    from memrl.data.io import expect_object, iter_jsonl
-
-    folder = Path(run_dir) / TRAJECTORY_DIR
-    out: dict[int, list[dict[str, Any]]] = {}
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.iterdir()):
-        found = _STEP_FILE.match(path.name)
-        if found and path.is_file():
-            out[int(found.group(1))] = [dict(expect_object(v, f"{path}:{n}", "trajectory row"))
-                                        for n, v in iter_jsonl(path)]
-    return dict(sorted(out.items()))
-
-
 class TrajectoryLog:
     """Writes the step files of one run (only the main rank writes; every rank gathers)."""
 
@@ -198,9 +166,7 @@ class TrajectoryLog:
     def written_bytes(self) -> int:
         """Bytes of the run's step files (counted on disk once, then added up)."""
         if self._bytes is None:
-            folder = self.out_dir / TRAJECTORY_DIR
-            self._bytes = sum(p.stat().st_size for p in folder.iterdir()
-                              if _STEP_FILE.match(p.name)) if folder.is_dir() else 0
+            self._bytes = sum(p.stat().st_size for p in step_files(self.out_dir).values())
         return self._bytes
 
     def write(
