@@ -274,7 +274,7 @@ def test_ranks_take_the_one_process_step_without_the_pass(tiny_model_dir, data_d
     assert_same_weights(theirs, mine)
 
 
-def test_read_scalars_reads_each_device_once_and_exactly():
+def test_read_scalars_reads_the_values_exactly():
     from memrl.rl.actor import read_scalars
 
     values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor([2.5], dtype=torch.float64),

@@ -149,6 +149,7 @@ def test_a_model_that_ignores_packing_is_refused_in_one_line(tiny_model_dir):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 3), st.data())
 def test_gather_rows_is_boolean_indexing_forward_and_backward(rows, length, width, data):
+    # on the CPU both (the point of gather_rows, a CPU mask for GPU data, needs a GPU)
     from memrl.rl.logprobs import gather_rows
 
     bits = data.draw(st.lists(st.booleans(), min_size=rows * length, max_size=rows * length))

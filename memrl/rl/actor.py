@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
-from memrl.rl.batch import RolloutBatch, pack_token_budget
+from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.correction import LogprobGuard, rollout_is_weights
 from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
@@ -206,6 +206,11 @@ class Reference(_PolicyModel):
             return super().logprobs(batch)
         with self.model.disable_adapter():
             return super().logprobs(batch)
+
+
+_LOSS_INPUTS = ("loss_mask", "old_logprobs", "rollout_logprobs", "advantages", "ref_logprobs",
+                "returns", "values")
+"""The keys of a collated micro-batch the update's losses read (those it has)."""
 
 
 class _Averages:
@@ -539,14 +544,14 @@ class Actor(_PolicyModel):
         cfg = self.config
         head = self.value_head
         tensors = batch.collate(indices, self.pad_id)
+        loss_inputs = on_device(tensors, _LOSS_INPUTS, self.device)  # queued, before the forward
         logprobs, entropy, vpreds = self._forward(
             tensors, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
             with_values=head is not None,
         )
-        dev = logprobs.device
-        mask = tensors["loss_mask"].to(dev)
+        mask = loss_inputs["loss_mask"]
         if old is None:
-            old_lp = tensors["old_logprobs"].to(dev)
+            old_lp = loss_inputs["old_logprobs"]
         else:  # ratio 1; the gradient is the policy gradient
             old_lp = logprobs.detach()
             old.keep(indices, tensors["response_mask"], old_lp, entropy)
@@ -554,15 +559,16 @@ class Actor(_PolicyModel):
         is_weights = None
         if cfg.rollout_is is not None:  # truncated IS: π_old / π_rollout, capped
             is_weights = rollout_is_weights(
-                old_lp, tensors["rollout_logprobs"].to(dev), mask,
+                old_lp, loss_inputs["rollout_logprobs"], mask,
                 level=cfg.rollout_is, threshold=cfg.rollout_is_threshold,
             )
             n = mask.sum()
-            avg.add("actor/rollout_is_weight", is_weights.sum() / n.clamp(min=1.0), n)
+            avg.add("actor/rollout_is_weight", is_weights.sum().double() / n.clamp(min=1).double(),
+                    n)
         pg, pg_metrics = policy_loss(
             logprobs,
             old_lp,
-            tensors["advantages"].to(dev),
+            loss_inputs["advantages"],
             mask,
             clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high,
@@ -575,15 +581,15 @@ class Actor(_PolicyModel):
         loss = pg - cfg.entropy_coeff * ent if cfg.entropy_coeff else pg
         terms = {"actor/pg_loss": pg.detach(), "actor/entropy": ent.detach()}
         if use_kl:
-            kl_mat = kl_penalty(logprobs, tensors["ref_logprobs"].to(dev), cfg.kl_loss_type)
+            kl_mat = kl_penalty(logprobs, loss_inputs["ref_logprobs"], cfg.kl_loss_type)
             kl = agg_loss(kl_mat, mask, **agg)
             loss = loss + cfg.kl_loss_coef * kl
             terms["actor/kl_loss"] = kl.detach()
         tokens = mask.sum()
         if head is not None:  # shared-body PPO: loss = pg (+ kl, entropy) + vf_coef · vf_loss
             assert vpreds is not None
-            mat, clipfrac = value_loss(vpreds, tensors["returns"].to(dev),
-                                       tensors["values"].to(dev), mask, head.cliprange_value)
+            mat, clipfrac = value_loss(vpreds, loss_inputs["returns"], loss_inputs["values"],
+                                       mask, head.cliprange_value)
             vf = agg_loss(mat, mask, **agg)
             loss = loss + head.vf_coef * vf
             terms["critic/vf_loss"] = vf.detach()

@@ -27,6 +27,7 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +42,7 @@ __all__ = [
     "RolloutBatch",
     "Conversation",
     "collate",
+    "on_device",
     "pack_token_budget",
 ]
 
@@ -331,6 +333,16 @@ def pack_token_budget(
             bins.append([i])
             totals.append(size)
     return [sorted(members) for members in bins]
+
+
+def on_device(tensors: dict[str, Tensor], keys: Sequence[str], device: Any
+               ) -> dict[str, Tensor]:
+    """`keys` of a `collate` batch (those it has) copied to `device`, queued without
+    waiting for the device: a blocking copy from the host would first wait for every
+    kernel queued before it (from pageable memory, CUDA stages the bytes at once, so the
+    host tensors may go after the call)."""
+    return {k: tensors[k].to(device, non_blocking=True) for k in keys
+            if tensors.get(k) is not None}
 
 
 # Alignment. A causal LM's logits at position t predict token t+1. Every per-token tensor

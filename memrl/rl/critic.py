@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from memrl.distributed import Dist
 from memrl.rl.actor import mixed_precision
-from memrl.rl.batch import RolloutBatch, pack_token_budget
+from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.gae import value_loss
 from memrl.rl.losses import agg_loss, masked_mean
@@ -125,8 +125,9 @@ class Critic:
     def _forward(self, tensors: dict[str, Tensor]) -> Tensor:
         dev = self.device
         with self.autocast():
-            out = self.model(tensors["input_ids"].to(dev), tensors["attention_mask"].to(dev),
-                             tensors["position_ids"].to(dev))
+            inputs = on_device(tensors, ("input_ids", "attention_mask", "position_ids"), dev)
+            out = self.model(inputs["input_ids"], inputs["attention_mask"],
+                             inputs["position_ids"])
         return out.float()
 
     @torch.no_grad()
@@ -187,12 +188,12 @@ class Critic:
                 padding = padding_passes(self.sharded_over, len(micros))
                 for positions in micros:
                     tensors = batch.collate([mini[p] for p in positions], self.pad_id)
+                    targets = on_device(tensors, ("loss_mask", "returns", "values"),
+                                        self.device)  # queued before the forward
                     vpreds = self._forward(tensors)
-                    dev = vpreds.device
-                    mask = tensors["loss_mask"].to(dev)
-                    mat, clipfrac = value_loss(vpreds, tensors["returns"].to(dev),
-                                               tensors["values"].to(dev), mask,
-                                               self.cliprange_value)
+                    mask = targets["loss_mask"]
+                    mat, clipfrac = value_loss(vpreds, targets["returns"], targets["values"],
+                                               mask, self.cliprange_value)
                     loss = agg_loss(mat, mask, cfg.loss_agg_mode, norm=norm.rows(positions))
                     loss.backward()
                     n = float(mask.sum())

@@ -83,17 +83,18 @@ def response_pass(
     response token (B, L) float32, 0 elsewhere; else None. Needs a model whose logits are a
     plain projection of its last hidden state (`policy_hidden_states_error`)."""
     device = device or next(model.parameters()).device
-    mask = tensors["response_mask"].to(device)
+    mask = tensors["response_mask"].to(device, non_blocking=True)
     if remove_padding:
         inputs, select = packed_inputs(tensors)
-        inputs = {k: v.to(device) for k, v in inputs.items()}
+        inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
     else:
         keys = ("input_ids", "attention_mask", "position_ids")
-        inputs, select = {k: tensors[k].to(device) for k in keys}, tensors["response_mask"]
+        inputs = {k: tensors[k].to(device, non_blocking=True) for k in keys}
+        select = tensors["response_mask"]
     # The response positions are found where the masks are (the CPU, for a collated batch)
     # and gathered by index on the device: boolean indexing there would wait for the GPU.
     labels = tensors["labels"][tensors["response_mask"].to(tensors["labels"].device)]
-    labels = labels.to(device)
+    labels = labels.to(device, non_blocking=True)
     parts = _decoder_and_head(model)
     if value_head is not None and parts is None:
         raise ValueError(policy_hidden_states_error(model))

@@ -203,7 +203,7 @@ def agg_loss(
         )
     # where(), not a product alone: a non-finite loss at a masked position must not leak in.
     row_sums = torch.where(m != 0, loss_mat * m, torch.zeros_like(loss_mat)).sum(-1)
-    d = norm.row_divisor.to(device=loss_mat.device, dtype=loss_mat.dtype)
+    d = norm.row_divisor.to(device=loss_mat.device, dtype=loss_mat.dtype, non_blocking=True)
     return (row_sums / d).sum() / norm.divisor
 
 
