@@ -133,6 +133,8 @@ def test_compile_auto_is_on_for_cuda_only(monkeypatch):
     with torch._dynamo.config.patch(disable=False):  # the suite may run with it disabled
         assert ModelConfig(path="m").compiles() is True
         assert ModelConfig(path="m", compile=False).compiles() is False
+        assert ModelConfig(path="m", lora={"enabled": True}).compiles() is False  # unmeasured
+        assert ModelConfig(path="m", lora={"enabled": True}, compile=True).compiles() is True
         monkeypatch.delattr(torch.compiler, "set_stance")
         assert ModelConfig(path="m").compiles() is False
     with torch._dynamo.config.patch(disable=True):  # TORCH_COMPILE_DISABLE=1

@@ -75,14 +75,17 @@ class ModelConfig(StrictModel):
     compile: bool | Literal["auto"] = "auto"
     """torch.compile every decoder layer of the policy, the reference and the critic, in
     place (parameter names unchanged): the update's and the log-prob passes' elementwise
-    work (norms, activations, rotary embeddings, casts) is fused. auto: on for a CUDA
-    device (measured faster at every shape tried on an H100: docs/benchmarks.md), off on
-    the CPU (compiling costs more there than it saves on small models). Shapes are dynamic from the
+    work (norms, activations, rotary embeddings, casts) is fused. auto: on for full
+    fine-tuning on a CUDA device (measured faster at every shape tried on an H100:
+    docs/benchmarks.md; `memrl sft` compiles the same layers), off on the CPU (compiling
+    costs more there than it saves on small models) and with LoRA (not measured compiled);
+    where torch cannot compile (torch < 2.6, TORCH_COMPILE_DISABLE=1) auto is off without
+    a word, while true is refused or warns. Shapes are dynamic from the
     first compilation (the first step pays it; a few more graphs follow for the no-grad
     pass, a batch of one row, no attention mask). Generation always runs eagerly (the hf
     engine; vLLM compiles its own model). flex_attention stays out of the compiled graphs
     (a graph break; transformers compiles it as without this option). Needs torch >= 2.6.
-    TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged).
+    TORCH_COMPILE_DISABLE=1 in the environment turns it off (logged with true).
 
     `compiles()` gives the resolved choice."""
     attn_implementation: Literal[
@@ -117,11 +120,14 @@ class ModelConfig(StrictModel):
         return self
 
     def compiles(self) -> bool:
-        """Whether the layers are compiled: `compile`, with auto resolved: on for a CUDA
-        device (None: the one `memrl.inference.loader.resolve_device` picks) where torch
-        can compile them (torch >= 2.6, TORCH_COMPILE_DISABLE unset)."""
+        """Whether the layers are compiled: `compile`, with auto resolved: on for full
+        fine-tuning (no LoRA) on a CUDA device (None: the one
+        `memrl.inference.loader.resolve_device` picks) where torch can compile them
+        (torch >= 2.6, TORCH_COMPILE_DISABLE unset)."""
         if self.compile != "auto":
             return self.compile
+        if self.lora.enabled:
+            return False
         import torch
 
         from memrl.inference.loader import resolve_device
