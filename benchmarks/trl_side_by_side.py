@@ -384,7 +384,7 @@ def summarize_side(framework: str, rows: list[dict[str, Any]], warmup: int,
 def memrl_config(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) -> Any:
     """memrl's `TrainConfig` for the job (settings as in the module docstring); `tuned`:
     with the spec's `--memrl-set` overrides on top (a located one-line error if bad)."""
-    from memrl.config import apply_overrides, validate_config
+    from memrl.config import load_config
     from memrl.recipes.config import TrainConfig
 
     cuda = spec["device"].startswith("cuda")
@@ -420,8 +420,8 @@ def memrl_config(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) ->
     }
     if not tuned:
         return TrainConfig.model_validate(data)
-    return validate_config(TrainConfig, apply_overrides(data, spec["memrl_set"]),
-                           source="--memrl-set")
+    # as `memrl train` reads overrides (a renamed key warns and moves), located at --memrl-set
+    return load_config(TrainConfig, None, spec["memrl_set"], base=data, source="--memrl-set")
 
 
 def run_memrl(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) -> dict[str, Any]:
@@ -687,28 +687,37 @@ def with_ratios(entry: dict[str, Any]) -> dict[str, Any]:
 
 def per_model(models: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary's per-model figures: the step-time ratios and each memrl side's update
-    MFU (`perf/mfu`, the mean of the measured steps; absent without a known peak)."""
-    out: dict[str, Any] = {
-        "step_time_ratio_vs_trl": {m["model"]: m.get("step_time_ratio_vs_trl") for m in models}}
-    tuned = {m["model"]: m["step_time_ratio_vs_trl_tuned"] for m in models
+    MFU (`perf/mfu`, the mean of the measured steps; absent without a known peak). A model
+    that comes again (merged runs) is keyed `NAME (run K)` from its second entry on."""
+    seen: dict[str, int] = {}
+    keys = []
+    for m in models:
+        seen[m["model"]] = seen.get(m["model"], 0) + 1
+        n = seen[m["model"]]
+        keys.append(m["model"] if n == 1 else f"{m['model']} (run {n})")
+    out: dict[str, Any] = {"step_time_ratio_vs_trl": {
+        k: m.get("step_time_ratio_vs_trl") for k, m in zip(keys, models, strict=True)}}
+    tuned = {k: m["step_time_ratio_vs_trl_tuned"] for k, m in zip(keys, models, strict=True)
              if "step_time_ratio_vs_trl_tuned" in m}
     if tuned:
         out["step_time_ratio_vs_trl_tuned"] = tuned
-    out["mfu"] = {m["model"]: {side: m[side]["mean_excluding_warmup"]["perf/mfu"]
-                               for side in ("memrl", "memrl_tuned")
-                               if "perf/mfu" in m.get(side, {}).get("mean_excluding_warmup", {})}
-                  for m in models}
+    out["mfu"] = {k: {side: m[side]["mean_excluding_warmup"]["perf/mfu"]
+                      for side in ("memrl", "memrl_tuned")
+                      if "perf/mfu" in m.get(side, {}).get("mean_excluding_warmup", {})}
+                  for k, m in zip(keys, models, strict=True)}
     return out
 
 
 def merge(paths: list[Path], out: Path) -> dict[str, Any]:
     """Summaries of separate runs (one model each: a device command may not run both) as one:
-    the first one's fields, every run's models, each run's environment and argv kept."""
+    every run's models, and each run's argv, environment and settings (`merged_from`)."""
     runs = [json.loads(p.read_text()) for p in paths]
     models = [m for r in runs for m in r["models"]]
-    summary = {**runs[0], "merged_from": [{"file": str(p), "argv": r["argv"],
-                                           "environment": r["environment"]}
-                                          for p, r in zip(paths, runs, strict=True)],
+    summary = {"benchmark": runs[0]["benchmark"],
+               "merged_from": [{"file": str(p), "argv": r["argv"],
+                                "environment": r["environment"], "settings": r["settings"],
+                                "memrl_set": r.get("memrl_set", [])}
+                               for p, r in zip(paths, runs, strict=True)],
                "models": models, **per_model(models)}
     print_table(models)
     write_summary(summary, str(out))

@@ -6,6 +6,7 @@ error that names the key, never a silently ignored setting.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -250,14 +251,19 @@ def _input_error(exc: ValidationError, source: str) -> MemrlInputError:
     return MemrlInputError("; ".join(problems), location=source)
 
 
-def load_config(model: type[T], path: str | Path | None, overrides: list[str] = ()) -> T:
+def load_config(model: type[T], path: str | Path | None, overrides: list[str] = (), *,
+                base: dict[str, Any] | None = None, source: str | None = None) -> T:
     """YAML file (optional) + dotted overrides → validated config of type `model`.
 
     A model with renamed keys (`model.renamed_keys(data)`: old dotted key → new) reads the
     old ones, each with a warning line: the file's are moved first, then an override of an
-    old key sets the new key, so an override wins over the file whichever names it uses."""
-    data = load_yaml(path) if path is not None else {}
-    source = str(path) if path is not None else "overrides"
+    old key sets the new key, so an override wins over the file whichever names it uses.
+    `base` (without `path`): a mapping built in code in place of the file; `source` names
+    where the values came from in errors (default: the file, or "overrides")."""
+    if base is not None and path is not None:
+        raise ValueError("load_config takes a file or a base mapping, not both")
+    data = load_yaml(path) if path is not None else copy.deepcopy(base or {})
+    source = source or (str(path) if path is not None else "overrides")
     renamed_keys = getattr(model, "renamed_keys", None)
     if renamed_keys is not None:
         try:

@@ -129,7 +129,10 @@ def test_tiny_plan_runs_both_frameworks(tmp_path):
                          str(tmp_path / "merged.json")])
     assert [m["model"] for m in merged["models"]] == ["tiny", "tiny"]
     assert len(merged["merged_from"]) == 2
-    assert merged["step_time_ratio_vs_trl_tuned"] == {"tiny": None}
+    assert merged["step_time_ratio_vs_trl_tuned"] == {"tiny (run 2)": None}
+    assert [r["settings"]["memrl_old_logprobs"] for r in merged["merged_from"]] == \
+        ["recompute", "auto"]
+    assert merged["merged_from"][1]["memrl_set"] == ["rl.remove_padding=true"]
 
 
 def test_bad_memrl_set_is_one_line(capsys):
@@ -143,6 +146,28 @@ def test_bad_memrl_set_is_one_line(capsys):
         assert message in err, err
     args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.remove_padding=true"])
     assert args.frameworks == ["trl", "memrl", "memrl_tuned"]
+
+
+def test_memrl_set_reads_renamed_keys_as_memrl_train(tmp_path):
+    bench = load("trl_side_by_side")
+    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.rollout_n=4",
+                             "--device", "cpu"])
+    spec = bench.side_spec(args, "tiny", tmp_path / "model", tmp_path / "p.jsonl", "cpu")
+    with pytest.warns(Warning, match="rl.rollout_n"):
+        config = bench.memrl_config(spec, tmp_path / "run", tuned=True)
+    assert config.rollout.n == 4 and bench.memrl_config(spec, tmp_path / "run").rollout.n == 8
+
+
+def test_per_model_keys_a_model_that_comes_again():
+    bench = load("trl_side_by_side")
+    side = {"mean_excluding_warmup": {"perf/mfu": 0.2}}
+    models = [{"model": "m", "step_time_ratio_vs_trl": 0.9, "memrl": side},
+              {"model": "m", "step_time_ratio_vs_trl": 0.7, "step_time_ratio_vs_trl_tuned": 0.5,
+               "memrl_tuned": side}]
+    got = bench.per_model(models)
+    assert got["step_time_ratio_vs_trl"] == {"m": 0.9, "m (run 2)": 0.7}
+    assert got["step_time_ratio_vs_trl_tuned"] == {"m (run 2)": 0.5}
+    assert got["mfu"] == {"m": {"memrl": 0.2}, "m (run 2)": {"memrl_tuned": 0.2}}
 
 
 def test_memrl_set_unknown_key_is_located(tmp_path):
