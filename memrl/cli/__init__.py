@@ -24,9 +24,10 @@ from memrl.distributed import RankFailedError
 
 def _quiet_library_progress_bars() -> None:
     """memrl shows its own progress; transformers' per-file bars would only add noise.
-    Before transformers is imported, Hugging Face's own switch does it (transformers reads
-    it when imported), so a command that needs no model does not import transformers
-    (1-2 s) just for this."""
+    Before transformers is imported, Hugging Face's own switch does it
+    (HF_HUB_DISABLE_PROGRESS_BARS, read when transformers is imported; child processes
+    inherit it; a value the user set stays), so a command that needs no model does not
+    import transformers (1-2 s) just for this."""
     if "transformers" not in sys.modules:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         if "huggingface_hub" not in sys.modules:

@@ -298,7 +298,8 @@ def setup(
     """Data, policy (+LoRA), reference, engine, optimizer; resume from a checkpoint.
 
     Without `dist` it joins the launcher's process group as `train` does (one process of
-    model.strategy fsdp: a group of one), so a script may call it directly."""
+    model.strategy fsdp: a group of one), so a script may call it directly; such a caller
+    ends it with `memrl.distributed.destroy_process_group()`."""
     seed_everything(config.seed)
     if dist is None:
         from memrl.distributed import init_process_group
