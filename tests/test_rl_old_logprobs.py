@@ -275,7 +275,7 @@ def test_ranks_take_the_one_process_step_without_the_pass(tiny_model_dir, data_d
 
 
 def test_read_scalars_reads_the_values_exactly():
-    from memrl.rl.actor import read_scalars
+    from memrl.rl.averages import read_scalars
 
     values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor([2.5], dtype=torch.float64),
               torch.tensor(3, dtype=torch.int64), torch.tensor(1e-7, dtype=torch.bfloat16)]

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
+from memrl.rl.averages import RunningAverages
 from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget
 from memrl.rl.config import RLConfig
 from memrl.rl.correction import LogprobGuard, rollout_is_weights
@@ -213,60 +214,6 @@ _LOSS_INPUTS = ("loss_mask", "old_logprobs", "rollout_logprobs", "advantages", "
 """The keys of a collated micro-batch the update's losses read (those it has)."""
 
 
-class _Averages:
-    """Running averages: plain (one value per event) or weighted (e.g. by tokens).
-
-    A value or weight may be a one-element tensor on the device: it is read with the others
-    when the averages are (`flush`), in one transfer, so a micro-batch's metrics cost no
-    host synchronisation (each would drain the GPU's queue). The sums are the same numbers,
-    added in the same order, as with floats."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self._pending: list[tuple[str, Tensor | float, Tensor | float]] = []
-
-    def add(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0) -> None:
-        if self._pending or isinstance(value, Tensor) or isinstance(weight, Tensor):
-            self._pending.append((name, value, weight))  # keeps the order of the sums
-        else:
-            self._accumulate(name, value, weight)
-
-    def _accumulate(self, name: str, value: float, weight: float) -> None:
-        self.sums[name] = self.sums.get(name, 0.0) + value * weight
-        self.weights[name] = self.weights.get(name, 0.0) + weight
-
-    def flush(self) -> None:
-        """Read the pending tensors (one device-to-host copy) into the sums."""
-        if not self._pending:
-            return
-        read = iter(read_scalars([x for _, v, w in self._pending for x in (v, w)
-                                  if isinstance(x, Tensor)]))
-        for name, value, weight in self._pending:
-            self._accumulate(name, next(read) if isinstance(value, Tensor) else value,
-                             next(read) if isinstance(weight, Tensor) else weight)
-        self._pending.clear()
-
-    def result(self) -> dict[str, float]:
-        self.flush()
-        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
-
-    def reduced(self, dist: Dist) -> dict[str, float]:
-        """The averages over every rank's events. Values added identically on every rank
-        (losses, grad norms) are counted once; token-weighted ones are summed over ranks."""
-        if dist.world_size == 1:
-            return self.result()
-        self.flush()
-        out = _Averages()
-        for rank, (sums, weights) in enumerate(dist.all_gather((self.sums, self.weights))):
-            for k in sums:
-                if k in _REPLICATED and rank > 0:
-                    continue
-                out.sums[k] = out.sums.get(k, 0.0) + sums[k]
-                out.weights[k] = out.weights.get(k, 0.0) + weights[k]
-        return out.result()
-
-
 _REPLICATED = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm",
                          "actor/skipped_nonfinite_steps", "critic/vf_loss", "critic/grad_norm"})
 """Metrics every rank computes from all-reduced values, so they agree on every rank."""
@@ -337,20 +284,6 @@ def _head_stats(metrics: dict[str, float], lr: float, before: dict[str, float]
     return CriticStats(vf_loss=own["vf_loss"], grad_norm=own.get("grad_norm", float("nan")),
                        vf_clipfrac=own.get("vf_clipfrac", 0.0),
                        vpred_mean=own.get("vpred_mean", 0.0), lr=lr, **before)
-
-
-def read_scalars(tensors: Sequence[Tensor]) -> list[float]:
-    """The values of one-element tensors as floats (float64, exact for float32), read from
-    each device in one transfer."""
-    out: list[float] = [0.0] * len(tensors)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    for positions in by_device.values():
-        values = torch.stack([tensors[i].detach().reshape(()).double() for i in positions])
-        for i, value in zip(positions, values.cpu().tolist(), strict=True):
-            out[i] = value
-    return out
 
 
 @dataclass
@@ -442,7 +375,7 @@ class Actor(_PolicyModel):
         head = self.value_head
         if head is not None and (batch.values is None or batch.returns is None):
             raise ValueError("a value head on the policy needs values and returns in the batch")
-        avg = _Averages()
+        avg = RunningAverages()
         loss_names = ["actor/pg_loss", "actor/entropy"] + (["actor/kl_loss"] if use_kl else [])
         head_params = head.parameters() if head is not None else []
         if head is not None:  # before the update: its values, returns, lr
@@ -510,12 +443,13 @@ class Actor(_PolicyModel):
             avg.add("perf/update_tflops_per_s", flops / elapsed / 1e12)
             if self.peak_flops:
                 avg.add("perf/mfu", mfu(flops, elapsed, self.peak_flops))
-        metrics = avg.reduced(dist)
+        metrics = avg.reduced(dist, _REPLICATED)
         critic = _head_stats(metrics, head_lr, before) if head is not None else None
         return replace(UpdateStats.from_metrics(metrics), old_pass=old, critic=critic)
 
     def _account(
-        self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None, avg: _Averages
+        self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None,
+        avg: RunningAverages,
     ) -> float:
         """Records a micro-batch's padding waste and size; returns its training FLOPs (0
         when the model's shape is unknown)."""
@@ -534,7 +468,7 @@ class Actor(_PolicyModel):
         indices: list[int],
         norm: LossNorm,
         use_kl: bool,
-        avg: _Averages,
+        avg: RunningAverages,
         old: OldPass | None = None,
     ) -> dict[str, Tensor]:
         """Forward + backward of one micro-batch; returns its shares of the loss terms
