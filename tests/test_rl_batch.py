@@ -255,3 +255,15 @@ def test_packed_micro_batches_give_the_full_batch_loss(mode):
                               mb["advantages"], mb["loss_mask"], norm=norm.rows(idx), **kw)
         total += loss.item()
     assert total == pytest.approx(full_loss.item(), rel=1e-6, abs=1e-7)
+
+
+def test_response_rows_cut_each_row_at_its_response_positions():
+    from memrl.rl.batch import response_rows
+
+    values = torch.tensor([[0.5, 1.5, 2.5], [3.5, 4.5, 5.5]], dtype=torch.bfloat16,
+                          requires_grad=True)
+    mask = torch.tensor([[False, True, True], [True, False, False]])
+    rows = response_rows(values, mask)
+    assert [r.tolist() for r in rows] == [[1.5, 2.5], [3.5]]
+    assert all(r.dtype == torch.float32 and r.device.type == "cpu" and not r.requires_grad
+               for r in rows)

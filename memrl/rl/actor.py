@@ -38,7 +38,7 @@ from torch import Tensor
 
 from memrl.distributed import Dist
 from memrl.rl.averages import RunningAverages
-from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget
+from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget, response_rows
 from memrl.rl.config import RLConfig
 from memrl.rl.correction import LogprobGuard, rollout_is_weights
 from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
@@ -179,14 +179,11 @@ class _PolicyModel:
                 tensors = batch.collate(micro, self.pad_id)
                 lp, h, v = self._forward(tensors, with_entropy=with_entropy,
                                          with_values=with_values)
-                mask = tensors["response_mask"].cpu()
-                lp, h, v = (None if t is None else t.float().cpu() for t in (lp, h, v))
-                for row, i in enumerate(micro):  # one copy to the host per tensor
-                    out[i] = lp[row][mask[row]]
-                    if h is not None:
-                        ent[i] = h[row][mask[row]]
-                    if v is not None:
-                        vals[i] = v[row][mask[row]]
+                mask = tensors["response_mask"]
+                for into, values in ((out, lp), (ent, h), (vals, v)):
+                    if values is not None:
+                        for i, row in zip(micro, response_rows(values, mask), strict=True):
+                            into[i] = row
             for _ in range(padding):
                 self._forward(padding_micro_batch(self.pad_id))
         finally:
@@ -303,16 +300,14 @@ class OldPass:
     def keep(self, indices: list[int], response: Tensor, logprobs: Tensor,
              entropy: Tensor) -> None:
         """Keep a micro-batch's (rows, L) log-probs and entropies, detached, to `read`."""
-        self.pending.append((indices, response.cpu(), logprobs.detach().float(),
-                             entropy.detach().float()))
+        self.pending.append((indices, response, logprobs.detach(), entropy.detach()))
 
     def read(self) -> None:
         """Each kept row's response tokens into `logprobs` / `entropy` (float32, CPU)."""
         for indices, response, lp, ent in self.pending:
-            lp, ent = lp.cpu(), ent.cpu()
-            for row, i in enumerate(indices):
-                self.logprobs[i] = lp[row][response[row]]
-                self.entropy[i] = ent[row][response[row]]
+            for into, values in ((self.logprobs, lp), (self.entropy, ent)):
+                for i, row in zip(indices, response_rows(values, response), strict=True):
+                    into[i] = row
         self.pending.clear()
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "collate",
     "on_device",
     "pack_token_budget",
+    "response_rows",
 ]
 
 OVERLONG_MODES = ("mask", "keep")
@@ -343,6 +344,14 @@ def on_device(tensors: dict[str, Tensor], keys: Sequence[str], device: Any
     host tensors may go after the call)."""
     return {k: tensors[k].to(device, non_blocking=True) for k in keys
             if tensors.get(k) is not None}
+
+
+def response_rows(values: Tensor, response_mask: Tensor) -> list[Tensor]:
+    """Each row's values at its response positions, float32 on the CPU: (B, L) `values`
+    of a `collate` batch (on any device) copied to the host once, then cut by
+    `response_mask` (B, L) bool."""
+    values, mask = values.detach().float().cpu(), response_mask.cpu()
+    return [values[row][mask[row]] for row in range(values.shape[0])]
 
 
 # Alignment. A causal LM's logits at position t predict token t+1. Every per-token tensor

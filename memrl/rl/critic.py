@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from memrl.distributed import Dist
 from memrl.rl.actor import mixed_precision
-from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget
+from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget, response_rows
 from memrl.rl.config import RLConfig
 from memrl.rl.gae import value_loss
 from memrl.rl.losses import agg_loss, masked_mean
@@ -143,9 +143,8 @@ class Critic:
             for micro in micros:
                 tensors = batch.collate(micro, self.pad_id)
                 v = self._forward(tensors)
-                mask = tensors["response_mask"].to(v.device)
-                for row, i in enumerate(micro):
-                    out[i] = v[row][mask[row]].cpu()
+                for i, row in zip(micro, response_rows(v, tensors["response_mask"]), strict=True):
+                    out[i] = row
             for _ in range(padding):
                 self._forward(padding_micro_batch(self.pad_id))
         finally:
