@@ -212,19 +212,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--frameworks: a comma-separated subset of trl, memrl, memrl_tuned")
     if ("memrl_tuned" in args.frameworks) != bool(args.memrl_set):
         p.error("the memrl_tuned side and --memrl-set go together")
-    from memrl.config import parse_override
-
-    for item in args.memrl_set:
-        try:
-            parse_override(item)
-        except ValueError as exc:
-            p.error(f"--memrl-set {item!r}: {exc}")
     batch = args.prompts_per_step * args.group_size
     if args.group_size < 2 or batch % args.micro_batch:
         p.error(f"need --group-size >= 2 and --micro-batch dividing the batch ({batch})")
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.work = args.work or Path(f"runs/trl_{args.plan}")
+    if args.memrl_set:  # the tuned config as the child will build it: a bad override stops here
+        from memrl.errors import MemrlInputError
+        from memrl.inference.loader import resolve_device
+
+        device = args.device or resolve_device().type
+        spec = side_spec(args, args.models[0], args.work / "model", args.work / "prompts.jsonl",
+                         device)
+        try:
+            memrl_config(spec, args.work / "memrl_tuned_run", tuned=True)
+        except MemrlInputError as exc:
+            p.error(str(exc))
     return args
 
 
@@ -632,15 +636,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         lengths = write_prompts(model_dir, prompts, args.prompts_per_step * args.steps,
                                 args.prompt_tokens, args.seed)
         spec_file = work / "spec.json"
-        spec = side_spec(args, name, model_dir, prompts, device)
-        if "memrl_tuned" in args.frameworks:  # a bad --memrl-set stops here, in one line
-            from memrl.errors import MemrlInputError
-
-            try:
-                memrl_config(spec, work / "memrl_tuned_run", tuned=True)
-            except MemrlInputError as exc:
-                raise SystemExit(f"error: {exc}") from None
-        spec_file.write_text(json.dumps(spec))
+        spec_file.write_text(json.dumps(side_spec(args, name, model_dir, prompts, device)))
         entry: dict[str, Any] = {"model": name, "model_info": info, "prompts": lengths}
         for side in args.frameworks:
             entry[side] = run_side(args, spec_file, side, args.timeout_s)

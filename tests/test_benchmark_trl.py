@@ -139,7 +139,9 @@ def test_bad_memrl_set_is_one_line(capsys):
     bench = load("trl_side_by_side")
     for argv, message in [(["--memrl-set", "rl"], "key.path=value"),
                           (["--frameworks", "memrl_tuned"], "go together"),
-                          (["--frameworks", "trl", "--memrl-set", "rl.x=1"], "go together")]:
+                          (["--frameworks", "trl", "--memrl-set", "rl.x=1"], "go together"),
+                          (["--memrl-set", "rl.no_such_key=1", "--device", "cpu"],
+                           "rl.no_such_key: unknown key")]:
         with pytest.raises(SystemExit):
             bench.parse_args(["--plan", "tiny", *argv])
         err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -172,9 +174,10 @@ def test_per_model_keys_a_model_that_comes_again():
 
 def test_memrl_set_unknown_key_is_located(tmp_path):
     bench = load("trl_side_by_side")
-    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.no_such_key=1",
+    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.remove_padding=true",
                              "--device", "cpu"])
     spec = bench.side_spec(args, "tiny", tmp_path / "model", tmp_path / "p.jsonl", "cpu")
+    spec["memrl_set"] = ["rl.no_such_key=1"]  # parse_args refuses it (above): the child's check
     with pytest.raises(MemrlInputError, match=r"--memrl-set.*rl.no_such_key: unknown key"):
         bench.memrl_config(spec, tmp_path / "run", tuned=True)
     assert bench.memrl_config(spec, tmp_path / "run").rl.remove_padding is False
