@@ -449,3 +449,35 @@ def test_linear_logprobs_equals_the_plain_path_and_passes_gradcheck():
     )
     with pytest.raises(ValueError):
         linear_logprobs(h, w, y[:3])
+
+
+def test_linear_logprobs_backward_runs_in_the_forwards_autocast_dtype():
+    """Under bfloat16 autocast the fused backward gives the plain head(hidden) path's
+    gradients under the same autocast (its matrix products in bfloat16, from the forward's
+    logits), not float32 ones: the hidden states' gradient 10x closer to the plain path's
+    than to float32's; the weight's within one bfloat16 rounding of the plain path's (which
+    rounds its one product to bfloat16, where the fused path sums chunks in float32)."""
+    from memrl.rl.losses import linear_logprobs
+
+    g = torch.Generator().manual_seed(1)
+    h0 = torch.randn(70, 32, generator=g)
+    w0 = torch.randn(300, 32, generator=g) * 0.3
+    y = torch.randint(0, 300, (70,), generator=g)
+    upstream = torch.linspace(-1, 1, 70)
+
+    def grads(fused: bool, autocast: bool) -> list[torch.Tensor]:
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if fused:
+                lp = linear_logprobs(h, w, y, temperature=0.9, chunk_rows=16)[0]
+            else:
+                lp = logprobs_from_logits(h @ w.t(), y, temperature=0.9)
+        (lp * upstream).sum().backward()
+        return [h.grad, w.grad]
+
+    (fh, fw), (ph, pw), (eh, ew) = grads(True, True), grads(False, True), grads(False, False)
+    assert fh.dtype == fw.dtype == torch.float32
+    assert (fh - ph).norm() < (fh - eh).norm() / 10
+    assert (fw - pw).norm() < 2**-7 * pw.norm()
+    for f, e in ((fh, eh), (fw, ew)):
+        torch.testing.assert_close(f, e, rtol=0.1, atol=0.05)
