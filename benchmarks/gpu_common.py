@@ -197,6 +197,27 @@ def write_summary(summary: dict[str, Any], out: str | None) -> str:
     return line
 
 
+def count_host_syncs(fn: Any) -> dict[str, Any]:
+    """Run `fn()` once under `torch.cuda.set_sync_debug_mode("warn")` (CUDA): how many
+    operations made the host wait for the GPU, and the Python lines that called them (the
+    10 most frequent)."""
+    import collections
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                                if "synchroniz" in str(w.message))
+    return {"count": sum(sites.values()), "sites": dict(sites.most_common(10))}
+
+
 def profile_call(fn: Any, *, cuda: bool, rows: int = 15) -> dict[str, Any]:
     """Run `fn()` once under `torch.profiler`: the top operators by self CPU and by self CUDA
     time (tables), the call's wall time and the GPU's busy time (sum of kernel self times)."""

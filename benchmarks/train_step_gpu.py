@@ -67,6 +67,7 @@ from gpu_common import (  # noqa: E402
     gpu_memory_used_gib,
     print_environment,
     run_record,
+    count_host_syncs,
     profile_call,
 )
 
@@ -125,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="update-only: one more update per budget under torch.profiler (top "
                         "operators and GPU busy time in the JSON)")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="update-only, CUDA: one more update under torch.cuda.set_sync_debug_mode"
+                        "('warn'): how many operations waited for the GPU, and where")
     p.add_argument("--budgets", default=None,
                    help="update-only: micro-batch token budgets, comma-separated "
                         "(default 8192,16384,32768; tiny 256,512)")
@@ -569,6 +573,9 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
                 cuda=cuda)
             print(row["profile"].get("top_self_cuda") or row["profile"]["top_self_cpu"],
                   flush=True)
+        if args.sync_debug and cuda:
+            row["host_syncs"] = count_host_syncs(
+                lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)))
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
     summary = {

@@ -384,3 +384,21 @@ def test_the_memory_table_says_whom_each_final_memory_is_about(tmp_path):
                "final_memory_about": {"asked": 0, "namesake": 0, "other": 1, "empty": 1}}}}
     assert markdown.splitlines()[2:] == ["| RL (GRPO) MemAgent | 4 | 50% | 100% | 1 / 1 / 0 / 0 |",
                                          "| RL (GRPO) MemAgent | 16 | 50% | - | 0 / 0 / 1 / 1 |"]
+
+
+def test_fused_logprob_tiny_runs_end_to_end(tmp_path):
+    """memrl's fused projection and the plain path, timed and checked against a float64
+    reference on the CPU: the same log-probs and gradients (Liger and CCE are GPU-only)."""
+    summary = run_script("fused_logprob_gpu", tmp_path, "--repeats", "1",
+                         "--out", str(tmp_path / "fused_logprob_gpu.json"))
+    rows = {(r["impl"], r["precision"]): r for r in summary["rows"]}
+    assert set(rows) == {(i, p) for i in ("memrl", "plain") for p in ("bf16", "autocast")}
+    for r in rows.values():
+        assert "error" not in r and r["train_s"] > 0 and r["no_grad_s"] > 0
+        assert r["logp_max_abs_error"] < 0.05 and r["grad_w_rel_error"] < 0.02
+    for p in ("bf16", "autocast"):
+        for key in ("logp_max_abs_error", "grad_h_rel_error", "grad_w_rel_error"):
+            assert rows["memrl", p][key] == pytest.approx(rows["plain", p][key], rel=0.05)
+    bad = subprocess.run([sys.executable, str(BENCHMARKS / "fused_logprob_gpu.py"),
+                          "--impls", "memrl,foo"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--impls: unknown ['foo']" in bad.stderr.splitlines()[-1]
