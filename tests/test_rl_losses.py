@@ -447,6 +447,12 @@ def test_linear_logprobs_equals_the_plain_path_and_passes_gradcheck():
     assert torch.autograd.gradcheck(
         lambda a, b: linear_logprobs(a, b, y, temperature=0.7, chunk_rows=8)[0], (h, w)
     )
+    assert torch.autograd.gradcheck(
+        lambda a, b: linear_logprobs(a, b, y, chunk_rows=5, with_entropy=False)[0], (h, w)
+    )
+    alone, none = linear_logprobs(h, w, y, temperature=0.7, chunk_rows=8, with_entropy=False)
+    assert none is None
+    close(alone, lp, tol=1e-12)
     with pytest.raises(ValueError):
         linear_logprobs(h, w, y[:3])
 

@@ -106,7 +106,8 @@ def response_pass(
             values = head_values(value_head, hidden)
     if parts is not None and _plain_linear(head) and not entropy_grad:
         # Fused, chunked projection + log-prob: no (tokens, vocab) logits, even for backward.
-        flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature)
+        flat, ent = linear_logprobs(hidden, head.weight, labels, temperature=temperature,
+                                    with_entropy=with_entropy)
     else:
         if parts is not None:
             logits = head(hidden)

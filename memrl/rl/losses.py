@@ -413,28 +413,37 @@ def logprobs_from_logits(
 # Under autocast the backward's three matrix products run in the forward's autocast dtype, as
 # the plain head(hidden) path's backward does (autograd leaves autocast for the backward: in
 # float32 they were 13% of a 0.5B update's GPU time), and its recomputed logits are the
-# forward's.
+# forward's. Each chunk is a (rows, vocab) float32 tensor that memory bandwidth bounds, so
+# the passes over it are few and in place: the forward keeps logsumexp(z) for the backward,
+# which turns z into p = exp(z - lse) in place instead of a softmax (measured on an H100
+# before this: 1.5x the plain path's time, 2.7x without gradient).
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, chunk_rows):
+    def forward(ctx, hidden, weight, labels, temperature, chunk_rows, with_entropy):
         kind = hidden.device.type
         ctx.autocast = (kind, torch.get_autocast_dtype(kind)) if (
             torch.is_autocast_enabled(kind)) else None
-        logps, ents = [], []
         dt = _compute_dtype(hidden)
+        rows = hidden.shape[0]
+        logp = hidden.new_empty(rows, dtype=dt)
+        lse = hidden.new_empty(rows, dtype=dt)
+        entropy = hidden.new_empty(rows if with_entropy else 0, dtype=dt)
         with torch.no_grad():
-            for s in range(0, hidden.shape[0], chunk_rows):
-                z = (hidden[s : s + chunk_rows] @ weight.t()).to(dt) / temperature
-                lse = torch.logsumexp(z, dim=-1)
+            for s in range(0, rows, chunk_rows):
+                z = _chunk_logits(hidden[s : s + chunk_rows], weight, dt, temperature)
                 y = labels[s : s + chunk_rows].unsqueeze(-1)
-                logps.append(z.gather(-1, y).squeeze(-1) - lse)
-                p = torch.exp(z - lse.unsqueeze(-1))
-                z_safe = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
-                ents.append(lse - (p * z_safe).sum(-1))
-        empty = hidden.new_zeros(0, dtype=dt)
-        logp = torch.cat(logps) if logps else empty
-        entropy = torch.cat(ents) if ents else empty
-        ctx.save_for_backward(hidden, weight, labels)
+                picked = z.gather(-1, y).squeeze(-1)
+                if with_entropy:  # lse and sum(p z) from one exp: H = lse - sum(e z) / sum(e)
+                    top = z.amax(-1, keepdim=True)
+                    e = torch.sub(z, top).exp_()
+                    total = e.sum(-1)
+                    chunk_lse = top.squeeze(-1) + total.log()
+                    entropy[s : s + chunk_rows] = chunk_lse - e.mul_(z).sum(-1) / total
+                else:
+                    chunk_lse = torch.logsumexp(z, dim=-1)
+                lse[s : s + chunk_rows] = chunk_lse
+                logp[s : s + chunk_rows] = picked - chunk_lse
+        ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -449,23 +458,33 @@ class _LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_logp):
-        hidden, weight, labels = ctx.saved_tensors
+        hidden, weight, labels, lse = ctx.saved_tensors
         t, step = ctx.temperature, ctx.chunk_rows
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
         dt = _compute_dtype(hidden)
+        # the products' dtype: autocast's (the weight's cast is cached), else the weight's
+        mm_dtype = torch.get_autocast_dtype(ctx.autocast[0]) if ctx.autocast else weight.dtype
         grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device)
         for s in range(0, hidden.shape[0], step):
             h = hidden[s : s + step]
-            z = (h @ weight.t()).to(dt) / t
-            g = -torch.softmax(z, dim=-1)
-            g.scatter_add_(-1, labels[s : s + step].unsqueeze(-1), torch.ones_like(g[:, :1]))
-            g = g * (grad_logp[s : s + step].to(dt) / t).unsqueeze(-1)
+            z = _chunk_logits(h, weight, dt, t)
+            scale = (grad_logp[s : s + step].to(dt) / t).unsqueeze(-1)
+            g = z.sub_(lse[s : s + step].unsqueeze(-1)).exp_().mul_(-scale)  # -p g / T
+            g.scatter_add_(-1, labels[s : s + step].unsqueeze(-1), scale)  # + onehot g / T
+            g = g.to(mm_dtype)
             if need_h:
-                grad_h[s : s + step] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
+                grad_h[s : s + step] = (g @ weight).to(hidden.dtype)
             if need_w:
-                grad_w += g.t().to(h.dtype) @ h
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+                grad_w += g.t() @ h.to(mm_dtype)
+        return (grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None,
+                None)
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """A chunk's logits h W^T / T, a fresh tensor in `dtype` (divided in place)."""
+    z = (h @ weight.t()).to(dtype)
+    return z if temperature == 1.0 else z.div_(temperature)
 
 
 def linear_logprobs(
@@ -475,15 +494,18 @@ def linear_logprobs(
     *,
     temperature: float = 1.0,
     chunk_rows: int = 1024,
-) -> tuple[Tensor, Tensor]:
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """(log p(label), entropy) of softmax(hidden @ weight^T / temperature) per row (float32;
     float64 for float64 input),
     without materialising the (rows, vocab) logits; gradients flow to hidden and weight
-    through log p (the entropy is a metric, no gradient)."""
+    through log p (the entropy is a metric, no gradient; None without `with_entropy`,
+    which saves two of the passes over each chunk)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be (rows, dim) and labels (rows,), got "
                          f"{tuple(hidden.shape)} and {tuple(labels.shape)}")
-    return _LinearLogprobs.apply(hidden, weight, labels.long(), float(temperature),
-                                 max(int(chunk_rows), 1))
+    logp, entropy = _LinearLogprobs.apply(hidden, weight, labels.long(), float(temperature),
+                                          max(int(chunk_rows), 1), bool(with_entropy))
+    return logp, (entropy if with_entropy else None)
