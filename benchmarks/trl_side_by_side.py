@@ -73,7 +73,10 @@ What is the same on both sides:
   PPO ratio and its engine guard: `rl.old_logprobs=recompute`, pinned here).
   `--memrl-old-logprobs auto` measures memrl's default instead, which takes them from the
   update's own forward when the step is on-policy, as this job's is (it still checks the
-  engine, but applies no importance-sampling correction).
+  engine, but applies no importance-sampling correction). The engine guard's bound
+  (`rollout.max_logprob_diff`) is memrl's default 1 on the random-weight shapes and 2 on
+  SmolLM2, as memrl's own SmolLM2 configs set it (single tokens of bfloat16 runs reach
+  1-1.5 there: the same-work side stopped at 1.22 in its sixth step on 2026-11-27).
 
 What could not be made equal, and why:
 - Sleep depth: TRL sleeps vLLM at level 2 (weights and KV cache dropped, weights re-sent
@@ -410,7 +413,8 @@ def memrl_config(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) ->
                  "shuffle": False},
         "rollout": {"n": spec["group_size"], "temperature": spec["temperature"],
                     "top_p": spec["top_p"], "engine": spec["engine"],
-                    "generation_batch_size": batch, "vllm": vllm},
+                    "generation_batch_size": batch, "vllm": vllm,
+                    "max_logprob_diff": 2.0 if spec["model"] in PRETRAINED else 1.0},
         "rl": {"adv_estimator": "grpo", "norm_adv_by_std": True, "use_kl_loss": False,
                "dynamic_sampling": False, "overlong": "keep", "loss_agg_mode": "token-mean",
                "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": None,
