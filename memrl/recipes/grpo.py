@@ -23,6 +23,8 @@ docs/architecture.md traces one step.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,13 +136,17 @@ def train_step(run: Run) -> dict[str, float]:
         group_order=groups.group_order if run.dist.world_size > 1 else None,
     )
 
-    # The old log-probs: the engine's (rl.use_rollout_logprobs), a separate pass, or, when
-    # the step is on-policy (one optimizer step; rl.old_logprobs auto), the update's forward.
-    source = rl.old_logprob_source(len(batch.mini_batches(rl.ppo_mini_batch_size)))
+    # The old log-probs: the engine's (rl.use_rollout_logprobs), a separate pass, or, where
+    # the step is on-policy (before its first optimizer step; rl.old_logprobs auto), the
+    # update's forward: for the whole batch (one mini-batch), or its first mini-batch.
+    minis = batch.mini_batches(rl.ppo_mini_batch_size)
+    source = rl.old_logprob_source(len(minis))
+    # (the same on every rank, though a rank's share of the first may be empty)
+    first = minis[0] if source == "pass_and_update" else None
     guard = engine_guard(run, batch)  # the engine must sample the policy being trained
 
     with phases("logprobs"):  # 4. Old (a separate pass) and reference log-probs (no grad).
-        batch, entropy, mismatch = with_logprobs(run, batch, source, guard)
+        batch, entropy, mismatch = with_logprobs(run, batch, source, guard, first)
 
     # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
     task_rewards = batch.rewards
@@ -150,12 +156,16 @@ def train_step(run: Run) -> dict[str, float]:
     # the guard checks the update's own old log-probs before its optimizer step.
     lr = run.actor.lr
     with phases("update"):
-        update = run.actor.update(batch, run.dist, guard=guard if source == "update" else None)
+        update = run.actor.update(batch, run.dist, first_on_policy=first is not None,
+                                  guard=None if source in ("engine", "pass") else guard)
         # the separate critic's update (PPO), or the value head's share of the actor's
         critic = run.critic.update(batch, run.dist) if run.critic is not None else update.critic
     if update.old_pass is not None:  # the batch gets the old log-probs the update used
         batch = batch.with_logprobs(update.old_pass.logprobs, batch.ref_logprobs)
-        entropy, mismatch = update.old_pass.entropy, update.old_pass.mismatch
+        mismatch = update.old_pass.mismatch
+        taken = set(first) if first is not None else range(len(batch.conversations))
+        entropy = [update.old_pass.entropy[i] if i in taken else e
+                   for i, e in enumerate(entropy or update.old_pass.entropy)]
 
     with phases("metrics"):  # 7. Metrics (over every rank's share of the step).
         view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
@@ -196,7 +206,8 @@ def engine_guard(run: Run, batch: RolloutBatch) -> LogprobGuard:
                         step=run.state.step + 1)
 
 
-def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuard
+def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuard,
+                  first: list[int] | None = None,
                   ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
     """The batch with its old log-probs from `source` (`RLConfig.old_logprob_source`: the
     engine's, a separate pass, or none yet: the update's forward gives them) and its
@@ -204,22 +215,33 @@ def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuar
     them in the old log-prob pass, else in a pass of their own); the entropies of the
     separate pass (else None); and, after that pass, the engine's mismatch with the trainer
     (`guard`: `rollout/logprob_diff_*`), which stops the run past rollout.max_logprob_diff
-    (on every rank, or none)."""
+    (on every rank, or none). `pass_and_update`: the pass skips the conversations of
+    `first` (the first mini-batch), whose old log-probs are NaN placeholders until the
+    update takes them from its forward (and checks the guard there)."""
     ref = run.reference.logprobs(batch) if run.reference is not None else None
     head = run.actor.value_head is not None  # critic.value_model policy_head
     if run.critic is not None:
         batch = batch.with_values(run.critic.values(batch))
-    elif head and source != "pass":  # no old log-prob pass to read the values in
+    elif head and source not in ("pass", "pass_and_update"):  # no old pass to read them in
         batch = batch.with_values(run.actor.values(batch))
     if source == "engine":
         return batch.with_logprobs(guard.engine_logprobs, ref), None, {}
     if source == "update":
         return batch.with_logprobs(None, ref), None, {}
+    skip = set(first or ())  # pass_and_update: the guard is the update's (a collective)
+    rest = [i for i in range(len(batch.conversations)) if i not in skip]
     if head:  # the values from the old log-prob pass's own forward
-        old, entropy, values = run.actor.logprobs_entropy_and_values(batch)
+        old, entropy, values = run.actor.logprobs_entropy_and_values(batch, rest)
+        if first is not None:  # and the first mini-batch's from a pass of their own
+            own = run.actor.values(batch, sorted(skip))
+            values = [own[i] if i in skip else v for i, v in enumerate(values)]
         batch = batch.with_values(values)
     else:
-        old, entropy = run.actor.logprobs_and_entropy(batch)
+        old, entropy = run.actor.logprobs_and_entropy(batch, rest)
+    if first is not None:
+        old = [torch.full((len(s.response_ids),), math.nan) if i in skip else old[i]
+               for i, s in enumerate(batch.conversations)]
+        return batch.with_logprobs(old, ref), entropy, {}
     return batch.with_logprobs(old, ref), entropy, guard.check(old, run.dist)
 
 

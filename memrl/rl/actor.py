@@ -141,26 +141,31 @@ class _PolicyModel:
         """Log-prob of every conversation's response tokens (float32, CPU), in eval mode."""
         return self._per_token(batch, with_entropy=False)[0]
 
-    def logprobs_and_entropy(self, batch: RolloutBatch) -> tuple[list[Tensor], list[Tensor]]:
+    def logprobs_and_entropy(self, batch: RolloutBatch, indices: Sequence[int] | None = None
+                             ) -> tuple[list[Tensor], list[Tensor]]:
         """`logprobs`, and the entropy of the policy's next-token distribution at every
         response token (at the sampling temperature; float32, CPU): verl computes both in
-        its old log-prob pass. The log-probs are the same numbers as `logprobs`'."""
-        out, ent, _ = self._per_token(batch, with_entropy=True)
+        its old log-prob pass. The log-probs are the same numbers as `logprobs`'.
+        `indices`: these conversations only (the others' rows stay empty)."""
+        out, ent, _ = self._per_token(batch, with_entropy=True, indices=indices)
         return out, ent
 
-    def logprobs_entropy_and_values(self, batch: RolloutBatch
+    def logprobs_entropy_and_values(self, batch: RolloutBatch,
+                                    indices: Sequence[int] | None = None
                                     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """`logprobs_and_entropy`, and from the same forward the value head's V(s_t) at
         every response token (critic.value_model policy_head; float32, CPU)."""
-        return self._per_token(batch, with_entropy=True, with_values=True)
+        return self._per_token(batch, with_entropy=True, with_values=True, indices=indices)
 
-    def values(self, batch: RolloutBatch) -> list[Tensor]:
+    def values(self, batch: RolloutBatch, indices: Sequence[int] | None = None
+               ) -> list[Tensor]:
         """The value head's V(s_t) at every response token (float32, CPU), in eval mode: a
         pass of its own, for a step whose old log-probs need none."""
-        return self._per_token(batch, with_entropy=False, with_values=True)[2]
+        return self._per_token(batch, with_entropy=False, with_values=True, indices=indices)[2]
 
     @torch.no_grad()
-    def _per_token(self, batch: RolloutBatch, *, with_entropy: bool, with_values: bool = False
+    def _per_token(self, batch: RolloutBatch, *, with_entropy: bool, with_values: bool = False,
+                   indices: Sequence[int] | None = None
                    ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         if with_values and self.value_head is None:
             raise ValueError("values need a value head on the policy "
@@ -171,9 +176,11 @@ class _PolicyModel:
         out: list[Tensor] = [torch.empty(0)] * n
         ent: list[Tensor] = [torch.empty(0)] * n if with_entropy else []
         vals: list[Tensor] = [torch.empty(0)] * n if with_values else []
-        everything = list(range(n))
+        everything = list(range(n)) if indices is None else list(indices)
         try:
-            micros = self.micro_batches(batch, everything) if everything else []
+            micros = ([[everything[p] for p in positions]
+                       for positions in self.micro_batches(batch, everything)]
+                      if everything else [])
             padding = padding_passes(self.sharded_over, len(micros))  # agreed before any forward
             for micro in micros:
                 tensors = batch.collate(micro, self.pad_id)
@@ -346,7 +353,8 @@ class Actor(_PolicyModel):
         return float(self.optimizer.param_groups[0]["lr"])
 
     def update(
-        self, batch: RolloutBatch, dist: Dist = Dist(), *, guard: LogprobGuard | None = None
+        self, batch: RolloutBatch, dist: Dist = Dist(), *, guard: LogprobGuard | None = None,
+        first_on_policy: bool = False,
     ) -> UpdateStats:
         """PPO epochs over mini-batches; one optimizer step each; then one lr-schedule step.
 
@@ -360,6 +368,12 @@ class Actor(_PolicyModel):
         are the old ones, and the loss takes them detached from the same forward
         (`UpdateStats.old_pass` returns them). `guard` then checks them against the engine's
         before the optimizer step: past its bound the update stops with no weight changed.
+
+        `first_on_policy` (ppo_epochs 1, several mini-batches): the same for the first
+        mini-batch only, whose conversations' rows in the batch's old log-probs are
+        placeholders (the separate pass covered the others). `UpdateStats.old_pass` then
+        holds every conversation's old log-probs (the batch's for the others) and the first
+        mini-batch's entropies; `guard` checks all of them before the first optimizer step.
         """
         cfg = self.config
         if batch.advantages is None:
@@ -384,17 +398,11 @@ class Actor(_PolicyModel):
         minis = batch.mini_batches(cfg.ppo_mini_batch_size)
         if not minis:
             raise ValueError("update needs at least one conversation")
-        old = None  # on-policy: the old log-probs and entropies, taken from the forwards
-        if batch.old_logprobs is None:
-            if cfg.ppo_epochs != 1 or len(minis) != 1:
-                raise ValueError(
-                    f"update needs old log-probs in the batch: it takes {cfg.ppo_epochs} "
-                    f"epoch(s) of {len(minis)} mini-batch(es), not one optimizer step")
-            old = OldPass([torch.empty(0)] * len(batch.conversations),
-                          [torch.empty(0)] * len(batch.conversations), {})
+        old = self._on_policy_old(batch, len(minis), first_on_policy)
         self.model.train()
         for _ in range(cfg.ppo_epochs):
-            for mini in minis:
+            for k, mini in enumerate(minis):
+                own = old if k == 0 else None  # the first optimizer step is on-policy
                 norm = batch.loss_norm(mini, cfg.loss_agg_mode, scale_factor=cfg.loss_scale_factor)
                 norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -406,7 +414,7 @@ class Actor(_PolicyModel):
                     indices = [mini[p] for p in positions]
                     flops += self._account(batch, indices, shape, avg)
                     terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg,
-                                             old)
+                                             own)
                     micro_terms.append(torch.stack([terms[name].reshape(()).double()
                                                     for name in loss_names]))
                 for _ in range(padding):
@@ -415,10 +423,10 @@ class Actor(_PolicyModel):
                 losses = torch.zeros(len(loss_names), dtype=torch.float64)
                 for row in torch.stack(micro_terms).cpu() if micro_terms else []:
                     losses += row  # read once per optimizer step, summed in order
-                if old is not None:
-                    old.read()
-                if old is not None and guard is not None:  # before any weight changes
-                    old.mismatch.update(guard.check(old.logprobs, dist))
+                if own is not None:
+                    own.read()
+                if own is not None and guard is not None:  # before any weight changes
+                    own.mismatch.update(guard.check(own.logprobs, dist))
                 if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
                     dist.sum_gradients(params)
                 if head is not None:
@@ -441,6 +449,24 @@ class Actor(_PolicyModel):
         metrics = avg.reduced(dist, _REPLICATED)
         critic = _head_stats(metrics, head_lr, before) if head is not None else None
         return replace(UpdateStats.from_metrics(metrics), old_pass=old, critic=critic)
+
+    def _on_policy_old(self, batch: RolloutBatch, num_mini_batches: int,
+                       first_on_policy: bool) -> OldPass | None:
+        """Where the update keeps the old log-probs it takes from its first optimizer step's
+        forwards (None: the batch has them all)."""
+        cfg, n = self.config, len(batch.conversations)
+        if first_on_policy:
+            if cfg.ppo_epochs != 1 or batch.old_logprobs is None:
+                raise ValueError("first_on_policy needs ppo_epochs 1 and the other "
+                                 "mini-batches' old log-probs in the batch")
+            return OldPass(list(batch.old_logprobs), [torch.empty(0)] * n, {})
+        if batch.old_logprobs is not None:
+            return None
+        if cfg.ppo_epochs != 1 or num_mini_batches != 1:
+            raise ValueError(
+                f"update needs old log-probs in the batch: it takes {cfg.ppo_epochs} "
+                f"epoch(s) of {num_mini_batches} mini-batch(es), not one optimizer step")
+        return OldPass([torch.empty(0)] * n, [torch.empty(0)] * n, {})
 
     def _account(
         self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None,

@@ -90,9 +90,13 @@ class RLConfig(StrictModel):
     trainer's. `auto`: when the step is on-policy (ppo_epochs 1 and the batch is one
     mini-batch, so one optimizer step) the update takes them from its own forward, detached
     (ratio 1; the loss and gradients are those of the separate pass, which it skips: verl's
-    dp_actor does the same); otherwise a separate no-grad pass. `recompute`: always the
-    separate pass. rl.use_rollout_logprobs (the engine's) and a KL penalty in the reward
-    (it needs them before the update) take precedence over `auto`."""
+    dp_actor does the same). With ppo_epochs 1 and several mini-batches the first
+    mini-batch is still on-policy (no weight has changed before its optimizer step): the
+    update takes its old log-probs from its forward, and the separate no-grad pass covers
+    the other mini-batches only. Otherwise the separate pass covers the batch. `recompute`:
+    always the separate pass over the whole batch. rl.use_rollout_logprobs (the engine's)
+    and a KL penalty in the reward (it needs them before the update) take precedence over
+    `auto`."""
     # ---- optimisation schedule
     ppo_epochs: int = Field(1, ge=1)
     ppo_mini_batch_size: int = Field(2, ge=1)
@@ -132,17 +136,19 @@ class RLConfig(StrictModel):
             raise ValueError("loss_agg_mode seq-mean-token-sum-norm needs loss_scale_factor")
         return self
 
-    def old_logprob_source(self, num_mini_batches: int) -> Literal["engine", "pass", "update"]:
+    def old_logprob_source(self, num_mini_batches: int
+                           ) -> Literal["engine", "pass", "update", "pass_and_update"]:
         """Where a step's old log-probs come from, given its number of mini-batches: the
-        rollout engine (use_rollout_logprobs), a separate no-grad pass before the update, or
-        the update's own forward (on-policy with old_logprobs auto)."""
+        rollout engine (use_rollout_logprobs), a separate no-grad pass before the update,
+        the update's own forward (on-policy with old_logprobs auto), or both: the update's
+        forward for the first mini-batch, the pass for the others (ppo_epochs 1, several
+        mini-batches, old_logprobs auto)."""
         if self.use_rollout_logprobs:
             return "engine"
         kl_in_reward = self.use_kl_in_reward and self.kl_reward_coef > 0
-        on_policy = self.ppo_epochs == 1 and num_mini_batches == 1
-        if self.old_logprobs == "auto" and on_policy and not kl_in_reward:
-            return "update"
-        return "pass"
+        if self.old_logprobs == "recompute" or kl_in_reward or self.ppo_epochs != 1:
+            return "pass"
+        return "update" if num_mini_batches == 1 else "pass_and_update"
 
     @property
     def needs_reference(self) -> bool:
