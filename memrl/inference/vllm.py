@@ -94,6 +94,7 @@ class VLLMEngine:
         if self.config.model_runner == "v2" and not torch.cuda.is_available():
             raise MemrlInputError("rollout.vllm.model_runner v2 needs a CUDA GPU; use v1")
         runner = self.config.model_runner
+        # the model runner in use (rollout.vllm.model_runner resolved): how weights sync
         self.model_runner = runner if runner != "auto" else (
             "v2" if torch.cuda.is_available() else "v1")
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if self.model_runner == "v2" else "0"
