@@ -402,3 +402,13 @@ def test_fused_logprob_tiny_runs_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCHMARKS / "fused_logprob_gpu.py"),
                           "--impls", "memrl,foo"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--impls: unknown ['foo']" in bad.stderr.splitlines()[-1]
+
+
+@needs_vllm
+def test_vllm_sync_tiny_finds_the_synced_weights_in_the_engine(tmp_path):
+    """On the CPU build (v1 runner): the stale engine is far from the stepped policy, the
+    synced one as close as before the step."""
+    summary = run_script("vllm_sync_gpu", tmp_path, "--out", str(tmp_path / "vllm_sync_gpu.json"))
+    (row,) = summary["runs"]
+    assert row["runner"] == row["resolved"] == "v1" and row["reaches_engine"] is True
+    assert row["gap_stale"] > 0.1 and row["gap_synced"] < 1e-4
