@@ -200,7 +200,8 @@ def write_summary(summary: dict[str, Any], out: str | None) -> str:
 def count_host_syncs(fn: Any) -> dict[str, Any]:
     """Run `fn()` once under `torch.cuda.set_sync_debug_mode("warn")` (CUDA): how many
     operations made the host wait for the GPU, and the Python lines that called them (the
-    10 most frequent)."""
+    10 most frequent; the file's last three path components, enough to tell torch's
+    `distributed/utils.py` from another `utils.py`)."""
     import collections
     import warnings
 
@@ -213,8 +214,8 @@ def count_host_syncs(fn: Any) -> dict[str, Any]:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    sites = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
-                                if "synchroniz" in str(w.message))
+    sites = collections.Counter("/".join(Path(w.filename).parts[-3:]) + f":{w.lineno}"
+                                for w in caught if "synchroniz" in str(w.message))
     return {"count": sum(sites.values()), "sites": dict(sites.most_common(10))}
 
 
