@@ -295,6 +295,12 @@ def _one_optimizer_step(model, prompts, lr=1e-2) -> None:
 
 
 @needs_vllm
+def test_the_engine_reports_the_runner_vllm_uses(engine):
+    assert engine.config.model_runner == "auto"
+    assert engine.model_runner == ("v2" if torch.cuda.is_available() else "v1")
+
+
+@needs_vllm
 def test_sync_after_an_optimizer_step(engine, policy, prompts):
     params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=7)
     _one_optimizer_step(policy, prompts)

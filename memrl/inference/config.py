@@ -98,8 +98,10 @@ class VLLMConfig(StrictModel):
     request's sampling noise in one kernel, where v1 draws it one request at a time: the
     rollout of memrl's recipe shapes took 18% less time with it (0.5B, 32 trajectories of
     3 turns of 1,024 tokens, one H100, vLLM 0.21; docs/benchmarks.md). `auto`: v2 on a CUDA
-    GPU, v1 elsewhere (vLLM's CPU build has only its own runner). Weights sync into v2
-    through its model's load_weights (it has no reload_weights). v2 on a CPU is an error."""
+    GPU, v1 elsewhere (vLLM's CPU build has only its own runner); a VLLM_USE_V2_MODEL_RUNNER
+    of your own is kept. Weights sync through the runner vLLM uses (`VLLMEngine.model_runner`):
+    its reload_weights, or on vLLM 0.21's v2, which has none, its model's load_weights (not
+    for quantized or MLA models: use v1). v2 on a CPU is an error."""
 
 
 class OpenAIConfig(StrictModel):

