@@ -457,6 +457,22 @@ def test_linear_logprobs_equals_the_plain_path_and_passes_gradcheck():
         linear_logprobs(h, w, y[:3])
 
 
+def test_linear_logprobs_entropy_of_peaked_rows_is_accurate_in_float32():
+    """Entropy as log sum(e) - sum(e z) / sum(e) of the max-shifted logits: no cancellation
+    between logsumexp and sum(p z) on nearly one-hot rows (float64 reference)."""
+    from memrl.rl.losses import linear_logprobs
+
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(64, 16, generator=g) * 8.0
+    w = torch.randn(400, 16, generator=g)
+    y = torch.randint(0, 400, (64,), generator=g)
+    _, ent = linear_logprobs(h, w, y, chunk_rows=16)
+    exact = entropy_from_logits((h @ w.t()).double())  # of the same float32 logits
+    assert exact.min() < 1e-3  # some rows are nearly one-hot
+    assert (ent.double() - exact).abs().max() < 1e-6
+    assert ent.min() >= 0
+
+
 def test_linear_logprobs_backward_runs_in_the_forwards_autocast_dtype():
     """Under bfloat16 autocast the fused backward gives the plain head(hidden) path's
     gradients under the same autocast (its matrix products in bfloat16, from the forward's

@@ -433,12 +433,13 @@ class _LinearLogprobs(torch.autograd.Function):
                 z = _chunk_logits(hidden[s : s + chunk_rows], weight, dt, temperature)
                 y = labels[s : s + chunk_rows].unsqueeze(-1)
                 picked = z.gather(-1, y).squeeze(-1)
-                if with_entropy:  # lse and sum(p z) from one exp: H = lse - sum(e z) / sum(e)
-                    top = z.amax(-1, keepdim=True)
-                    e = torch.sub(z, top).exp_()
+                if with_entropy:  # lse and H from one exp of z - max (shifted in place):
+                    top = z.amax(-1, keepdim=True)  # H = log sum(e) - sum(e z) / sum(e)
+                    e = z.sub_(top).exp()
                     total = e.sum(-1)
-                    chunk_lse = top.squeeze(-1) + total.log()
-                    entropy[s : s + chunk_rows] = chunk_lse - e.mul_(z).sum(-1) / total
+                    log_total = total.log()
+                    chunk_lse = top.squeeze(-1) + log_total
+                    entropy[s : s + chunk_rows] = log_total - e.mul_(z).sum(-1) / total
                 else:
                     chunk_lse = torch.logsumexp(z, dim=-1)
                 lse[s : s + chunk_rows] = chunk_lse
