@@ -5,7 +5,8 @@ softmax(h W^T / T) (and the entropy, as a metric). Four implementations, each ti
 backward (the update) and forward under no_grad (the old and reference log-prob passes):
 
 - `memrl`: `memrl.rl.losses.linear_logprobs`, memrl's own fused projection (chunks of rows in
-  PyTorch, its own backward; no (rows, vocab) tensor kept; entropy from the same chunks);
+  PyTorch, its own backward; no (rows, vocab) tensor kept), timed with the entropy, as the
+  update and the old log-prob pass compute it (the others compute none);
 - `plain`: h @ W^T, then `memrl.rl.losses.logprobs_from_logits` (the (rows, vocab) logits
   kept for backward; memrl's path when the entropy needs a gradient);
 - `liger`: Liger Kernel's fused linear cross-entropy (`reduction="none"`, Triton);
@@ -123,6 +124,15 @@ def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
     ac = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "autocast")
     row: dict[str, Any] = {"impl": name, "hidden": hidden, "vocab": vocab, "rows": rows,
                            "precision": precision}
+    package = {"liger": "liger-kernel", "cce": "cut-cross-entropy",
+               "cce_filtered": "cut-cross-entropy"}.get(name)
+    if package is not None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            row["version"] = version(package)
+        except PackageNotFoundError:
+            return {**row, "error": f"not installed: pip install {package}"}
     try:
         fn = implementation(name)
     except ImportError as e:
@@ -151,6 +161,7 @@ def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
     def timed(call: Any) -> tuple[float, float | None]:
         times, peak = [], None
         for i in range(args.repeats + 1):  # the first call warms up (Triton compiles)
+            h.grad = w.grad = None  # the peak above the inputs counts the gradients
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()

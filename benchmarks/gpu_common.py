@@ -201,7 +201,8 @@ def count_host_syncs(fn: Any) -> dict[str, Any]:
     """Run `fn()` once under `torch.cuda.set_sync_debug_mode("warn")` (CUDA): how many
     operations made the host wait for the GPU, and the Python lines that called them (the
     10 most frequent; the file's last three path components, enough to tell torch's
-    `distributed/utils.py` from another `utils.py`)."""
+    `distributed/utils.py` from another `utils.py`). Waits inside a backward are reported at
+    the line that called `.backward()`."""
     import collections
     import warnings
 

@@ -57,6 +57,8 @@ def gap(policy: Any, prompts: list[list[int]], generations: Any) -> float:
     worst = 0.0
     device = next(policy.parameters()).device
     for prompt, g in zip(prompts, generations, strict=True):
+        if not g.token_ids:
+            continue
         ids = torch.tensor([prompt + list(g.token_ids)], device=device)
         with torch.no_grad():
             logits = policy(ids).logits[0, len(prompt) - 1 : -1].float()

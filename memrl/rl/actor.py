@@ -257,7 +257,8 @@ class UpdateStats:
     """Model FLOPs utilisation, given the accelerator's peak."""
     old_pass: OldPass | None = field(default=None, compare=False, repr=False)
     """Not a metric: the old log-probs the update took from its own forward (a batch
-    without old log-probs), else None."""
+    without old log-probs, or its first mini-batch's with `first_on_policy`, the others'
+    then the batch's), else None."""
     critic: CriticStats | None = field(default=None, compare=False, repr=False)
     """The value head on the policy's `critic/*` metrics (critic.value_model policy_head),
     logged by the recipe as a separate critic's are; else None."""
@@ -294,7 +295,9 @@ def _head_stats(metrics: dict[str, float], lr: float, before: dict[str, float]
 class OldPass:
     """What the separate old log-prob pass would have given, taken from the update's own
     forward on-policy (this rank's conversations, float32, CPU, as
-    `Actor.logprobs_and_entropy`), and the engine guard's metrics."""
+    `Actor.logprobs_and_entropy`), and the engine guard's metrics. With `first_on_policy`
+    the first mini-batch's rows come from the forward, the other log-probs are the batch's
+    (from the separate pass) and the other entropies stay empty."""
 
     logprobs: list[Tensor]
     entropy: list[Tensor]
