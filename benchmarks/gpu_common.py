@@ -105,6 +105,17 @@ def build_model_dir(out: Path, shape: dict[str, int], *, tokenizer_vocab: int,
             "tokenizer_bpe_tokens": bpe_len, "tokenizer_tokens": len(tokenizer)}
 
 
+def random_model_dir(out: Path, shape: dict[str, int], *, tiny: bool, seed: int,
+                     device: str) -> dict[str, Any]:
+    """`build_model_dir` as the rollout benchmarks use it: a padded BPE tokenizer of 512
+    tokens (`tiny`) or 8,192, trained on 200 synthetic paragraphs of `seed`."""
+    from memrl.data.synthetic import synthetic_corpus
+
+    return build_model_dir(out, shape, tokenizer_vocab=512 if tiny else 8192,
+                           pad_tokenizer=True, corpus=synthetic_corpus(seed, 200), seed=seed,
+                           device=device)
+
+
 def command_line() -> str:
     """The exact command that is running (interpreter, script, arguments), shell-quoted."""
     return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])

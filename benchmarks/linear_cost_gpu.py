@@ -59,10 +59,10 @@ from gpu_common import (  # noqa: E402
     QWEN25_05B,
     TINY,
     CaseTimeout,
-    build_model_dir,
     environment,
     gpu_memory_used_gib,
     print_environment,
+    random_model_dir,
     run_record,
     time_limit,
     write_summary,
@@ -373,7 +373,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from memrl.data.synthetic import synthetic_corpus
     from memrl.eval.report import plot_scores
     from memrl.inference import load_tokenizer
 
@@ -384,9 +383,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = None if args.work_dir else tempfile.TemporaryDirectory(prefix="memrl_linear_")
     work = Path(args.work_dir or tmp.name)
     t0 = time.perf_counter()
-    model_info = build_model_dir(
-        work / "model", shape, tokenizer_vocab=512 if args.tiny else 8192, pad_tokenizer=True,
-        corpus=synthetic_corpus(args.seed, 200), seed=args.seed, device=device)
+    model_info = random_model_dir(work / "model", shape, tiny=args.tiny, seed=args.seed,
+                                  device=device)
     records = documents(args.lengths, args.questions, load_tokenizer(work / "model"), args.seed)
     timing = {"build_model_and_data_s": time.perf_counter() - t0}
 

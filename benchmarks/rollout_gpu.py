@@ -49,10 +49,10 @@ from gpu_common import (  # noqa: E402
     QWEN25_05B,
     TINY,
     CaseTimeout,
-    build_model_dir,
     environment,
     gpu_memory_used_gib,
     print_environment,
+    random_model_dir,
     run_record,
     time_limit,
     write_summary,
@@ -231,7 +231,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from memrl.data.synthetic import synthetic_corpus
     from memrl.inference import HFEngine, SamplingParams, VLLMConfig, load_pretrained
 
     env = environment()
@@ -246,9 +245,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = work / "model"
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
-    model_info = build_model_dir(
-        model_dir, shape, tokenizer_vocab=512 if args.tiny else 8192, pad_tokenizer=True,
-        corpus=synthetic_corpus(args.seed, 200), seed=args.seed, device=device)
+    model_info = random_model_dir(model_dir, shape, tiny=args.tiny, seed=args.seed,
+                                  device=device)
     timing["build_model_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

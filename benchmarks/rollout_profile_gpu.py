@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
     QWEN25_05B,
     TINY,
-    build_model_dir,
     environment,
     print_environment,
-    run_record,
     profile_call,
+    random_model_dir,
+    run_record,
 )
 from rollout_gpu import random_prompts  # noqa: E402
 
@@ -55,7 +55,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from memrl.data.synthetic import synthetic_corpus
     from memrl.inference import SamplingParams, VLLMConfig, VLLMEngine, load_tokenizer
 
     env = environment()
@@ -66,9 +65,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompt_len = args.prompt or (32 if args.tiny else 1024)
     new = args.new or (8 if args.tiny else 256)
     work = Path(tempfile.mkdtemp(prefix="memrl_prof_"))
-    info = build_model_dir(work / "model", shape, tokenizer_vocab=512 if args.tiny else 8192,
-                           pad_tokenizer=True, corpus=synthetic_corpus(args.seed, 200),
-                           seed=args.seed, device="cuda" if cuda else "cpu")
+    info = random_model_dir(work / "model", shape, tiny=args.tiny, seed=args.seed,
+                            device="cuda" if cuda else "cpu")
     tokenizer = load_tokenizer(work / "model")
     engine = VLLMEngine(work / "model", tokenizer, VLLMConfig(
         gpu_memory_utilization=0.6, max_model_len=prompt_len + new, max_num_seqs=batch,

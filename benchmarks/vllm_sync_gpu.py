@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
     QWEN25_05B,
     TINY,
-    build_model_dir,
     environment,
     print_environment,
+    random_model_dir,
     run_record,
     write_summary,
 )
@@ -112,17 +112,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from memrl.data.synthetic import synthetic_corpus
 
     env = environment()
     print_environment(env)
     cuda = torch.cuda.is_available()
     runners = (args.runners.split(",") if args.runners else (["v1", "v2"] if cuda else ["v1"]))
     work = Path(tempfile.mkdtemp(prefix="memrl_sync_"))
-    build_model_dir(work / "model", dict(TINY if args.tiny else QWEN25_05B),
-                    tokenizer_vocab=512 if args.tiny else 8192, pad_tokenizer=True,
-                    corpus=synthetic_corpus(args.seed, 200), seed=args.seed,
-                    device="cuda" if cuda else "cpu")
+    random_model_dir(work / "model", dict(TINY if args.tiny else QWEN25_05B), tiny=args.tiny,
+                     seed=args.seed, device="cuda" if cuda else "cpu")
     rows = []
     for runner in runners:
         cmd = [sys.executable, __file__, "--child", runner, "--model-dir", str(work / "model"),

@@ -24,7 +24,6 @@ docs/architecture.md traces one step.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
