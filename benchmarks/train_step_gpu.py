@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=RLConfig.model_fields["old_logprobs"].default,
                    help="rl.old_logprobs (recipe mode; auto: from the update's own forward "
                         "on-policy, recompute: the separate pass measured before it existed)")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "eager"],
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "eager", "varlen"],
                    help="attention kernel (model.attn_implementation)")
     p.add_argument("--remove-padding", action="store_true",
                    help="packed micro-batches without padding (rl.remove_padding)")
@@ -477,6 +477,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from memrl.distributed import init_process_group
+    from memrl.models.attention import register as register_varlen
     from memrl.recipes.models import checkpoint_layers, compile_layers
     from memrl.rl.sharding import shard
     from memrl.rl.actor import Actor, build_optimizer, warmup_schedule
@@ -489,7 +490,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     torch.manual_seed(args.seed)
     fsdp = args.strategy == "fsdp"
     with torch.device("cpu") if fsdp else device:  # shard() moves each unit to the device
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn)
+        impl = register_varlen() if args.attn == "varlen" else args.attn
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=impl)
     if args.gradient_checkpointing:
         checkpoint_layers(model, every_n_layers=args.checkpoint_every, fsdp=fsdp)
     if args.compile:

@@ -14,7 +14,8 @@ from memrl.inference.loader import load_model
 from memrl.rl.actor import Actor, Reference, build_optimizer, response_logprobs, warmup_schedule
 from memrl.rl.batch import Conversation, RolloutBatch, collate
 from memrl.rl.config import RLConfig
-from memrl.rl.packing import check_packed_attention, packed_inputs
+from memrl.models.attention import VARLEN_NAME, register
+from memrl.rl.packing import check_packed_attention, packed_inputs, varlen_kwargs
 
 
 def sample(prompt, response, traj=0):
@@ -29,16 +30,24 @@ def test_packed_inputs_by_hand():
     # Logit positions of the responses: the last prompt token and the response but its last.
     assert mask.int().tolist() == [[0, 0, 1, 0, 1, 1, 0, 0, 1, 0]]
     assert set(inputs) == {"input_ids", "position_ids"}  # no attention mask
+    kw = varlen_kwargs(t)  # the samples' bounds in that row (for model.attn_implementation varlen)
+    assert kw["cu_seq_lens_q"].tolist() == [0, 4, 7, 10]
+    assert kw["cu_seq_lens_q"].dtype == torch.int32
+    assert kw["cu_seq_lens_k"] is kw["cu_seq_lens_q"]
+    assert kw["max_length_q"] == kw["max_length_k"] == 4
 
 
 UNEVEN = [sample(list(range(3, 40)), [7, 8, 9, 2]), sample([5, 6], [11, 12, 13]),
           sample(list(range(50, 61)), [21]), sample([4] * 20, list(range(30, 45)))]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "varlen"])
 @pytest.mark.parametrize("entropy_grad", [False, True], ids=["fused", "plain"])
 def test_packed_logprobs_and_gradients_equal_the_padded_ones(tiny_model_dir, attn, entropy_grad):
-    model = load_model(tiny_model_dir, attn_implementation=attn)
+    """varlen: the padded rows run as sdpa, the packed row sample by sample (the CPU's
+    stand-in for the flash kernel) from the bounds the caller gives, with no masks built."""
+    model = load_model(tiny_model_dir,
+                       attn_implementation=register() if attn == "varlen" else attn)
     model.train()
     t = collate(UNEVEN, pad_id=0)
     weights = torch.linspace(-1, 1, t["response_mask"].numel()).reshape(t["response_mask"].shape)
@@ -144,6 +153,96 @@ def test_a_model_that_ignores_packing_is_refused_in_one_line(tiny_model_dir):
     check_packed_attention(model)  # the tiny Qwen2 keeps packed samples apart
     with pytest.raises(MemrlInputError, match="rl.remove_padding: .*attend to each other"):
         check_packed_attention(IgnoresPackedPositions(model))
+
+
+def test_varlen_attention_takes_the_packed_bounds_and_builds_no_mask(tiny_model_dir, monkeypatch):
+    """A packed forward of model.attn_implementation varlen reaches every layer's attention
+    with the samples' bounds and no mask, and transformers never looks for packed samples
+    in the position_ids (on a GPU that waits for it); unpacked calls are sdpa's: the same
+    logits as an sdpa model, padding mask included."""
+    import transformers.masking_utils as masking
+    from memrl.models import attention
+
+    model = load_model(tiny_model_dir, attn_implementation=register())
+    assert model.config._attn_implementation == VARLEN_NAME
+    check_packed_attention(model)
+    calls = []
+    real = attention._per_sample
+    monkeypatch.setattr(attention, "_per_sample",
+                        lambda q, k, v, cu_q, cu_k, scale: calls.append(cu_q.tolist())
+                        or real(q, k, v, cu_q, cu_k, scale))
+    monkeypatch.setattr(masking, "find_packed_sequence_indices",
+                        lambda *a: pytest.fail("looked for packed samples"))
+    t = collate(UNEVEN, pad_id=0)
+    response_logprobs(model, t, remove_padding=True)
+    layers = model.config.num_hidden_layers
+    assert calls == [[0, 41, 46, 58, 93]] * layers
+    monkeypatch.undo()
+    sdpa = load_model(tiny_model_dir, attn_implementation="sdpa")
+    with torch.no_grad():
+        for m in (model, sdpa):
+            m.eval()
+        keys = ("input_ids", "attention_mask", "position_ids")
+        got, want = (m(**{k: t[k] for k in keys}).logits for m in (model, sdpa))
+    mask = t["attention_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-6)
+
+
+def _block_diagonal_sdpa(q, k, v, bounds, scale):
+    """Reference: sdpa over the whole row with a causal block-diagonal mask."""
+    n = q.shape[2]
+    doc = torch.zeros(n, dtype=torch.long)
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        doc[a:b] = i
+    mask = (doc[:, None] == doc[None, :]) & torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
+
+
+@pytest.mark.parametrize("api", ["cpu", "torch-2.9", "torch-2.11", "torch-2.13"])
+def test_varlen_attention_with_grouped_heads_and_each_torch_api(monkeypatch, api):
+    """4 query heads over 2 key/value heads, scale 0.3, three samples: the CPU path, and
+    the flash path's arguments for each keyword set torch's varlen_attn has had (is_causal
+    or window_size; enable_gqa or not; scale or not), run by a stand-in kernel."""
+    from memrl.models import attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 9, 8, generator=gen)
+    k, v = (torch.randn(1, 2, 9, 8, generator=gen) for _ in range(2))
+    bounds = [0, 4, 6, 9]
+    want = _block_diagonal_sdpa(q, k, v, bounds, 0.3)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    if api == "cpu":
+        got, _ = attention.varlen_attention(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu,
+                                            max_length_q=4)
+    else:
+        def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=None, window_size=None,
+                   enable_gqa=False, scale=None):
+            assert is_causal is True or window_size == (-1, 0)
+            assert enable_gqa or k.shape[1] == q.shape[1]
+            assert (max_q, max_k) == (4, 4) and cu_q.dtype == torch.int32
+            return attention._per_sample(q, k, v, cu_q, cu_k,
+                                         scale if scale is not None else 8 ** -0.5)
+
+        names = {"torch-2.9": {"is_causal"}, "torch-2.11": {"window_size", "scale"},
+                 "torch-2.13": {"window_size", "scale", "enable_gqa"}}[api]
+        monkeypatch.setattr(attention, "_API", (kernel, frozenset(names)))
+        qs, ks, vs = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+        got = attention._flash(qs, ks, vs, cu, cu, 4, 4, 0.3).unsqueeze(0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_varlen_attention_refuses_what_it_cannot_run():
+    from memrl.models.attention import varlen_attention
+
+    q = torch.zeros(1, 2, 4, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match="sliding-window"):
+        varlen_attention(None, q, q, q, None, sliding_window=2, cu_seq_lens_q=cu)
+    with pytest.raises(ValueError, match="one packed row"):
+        varlen_attention(None, q.expand(2, -1, -1, -1), q, q, None, cu_seq_lens_q=cu)
+    with pytest.raises(ValueError, match="dropout"):
+        varlen_attention(None, q, q, q, None, dropout=0.1, cu_seq_lens_q=cu)
 
 
 @settings(max_examples=60, deadline=None)

@@ -89,12 +89,14 @@ class ModelConfig(StrictModel):
 
     `compiles()` gives the resolved choice."""
     attn_implementation: Literal[
-        "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"
+        "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "varlen"
     ] | None = None
     """Attention kernel of the policy and reference models (transformers'
     attn_implementation); None: transformers' default (sdpa). With rl.remove_padding,
-    flex_attention skips the blocks between packed samples; flash_attention_* need the
-    flash-attn package."""
+    flex_attention skips the blocks between packed samples, and `varlen` (memrl's,
+    `memrl.models.attention`) runs packed rows through torch's variable-length flash
+    attention (torch >= 2.9; on a CPU sample by sample) and everything else as sdpa;
+    flash_attention_* need the flash-attn package."""
     lora: LoraConfig = LoraConfig()
     strategy: Literal["replicate", "fsdp"] = "replicate"
     """How the policy, the reference and PPO's critic are held by several training processes

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from memrl.rl.losses import entropy_from_logits, linear_logprobs, logprobs_from_logits
-from memrl.rl.packing import packed_inputs
+from memrl.models.attention import packed_masks, uses_varlen
+from memrl.rl.packing import packed_inputs, varlen_kwargs
 from memrl.rl.values import head_values
 
 __all__ = ["gather_rows", "policy_hidden_states_error", "response_logprobs", "response_pass"]
@@ -86,7 +87,12 @@ def response_pass(
     mask = tensors["response_mask"].to(device, non_blocking=True)
     if remove_padding:
         inputs, select = packed_inputs(tensors)
-        inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+        if uses_varlen(model):  # the samples' bounds for the flash kernel, and no masks
+            inputs.update(varlen_kwargs(tensors))
+        inputs = {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v
+                  for k, v in inputs.items()}
+        if uses_varlen(model):
+            inputs["attention_mask"] = packed_masks(model)
     else:
         keys = ("input_ids", "attention_mask", "position_ids")
         inputs = {k: tensors[k].to(device, non_blocking=True) for k in keys}

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from memrl.errors import MemrlInputError
 
-__all__ = ["check_packed_attention", "packed_inputs"]
+__all__ = ["check_packed_attention", "packed_inputs", "varlen_kwargs"]
 
 
 def packed_inputs(tensors: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor]:
@@ -45,6 +45,20 @@ def packed_inputs(tensors: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor
     keep = tensors["attention_mask"].bool()
     inputs = {k: tensors[k][keep].unsqueeze(0) for k in ("input_ids", "position_ids")}
     return inputs, tensors["response_mask"][keep].unsqueeze(0)
+
+
+def varlen_kwargs(tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """The samples' boundaries in the packed row of `packed_inputs(tensors)`, as
+    transformers' flash-attention keywords: cu_seq_lens_q/k (N+1,) int32 cumulative lengths
+    and max_length_q/k, computed where the attention mask is (the host for a collated batch,
+    so no wait for the GPU). Samples without tokens are left out."""
+    lengths = tensors["attention_mask"].sum(dim=1)
+    lengths = lengths[lengths > 0].to(torch.int32)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    longest = int(lengths.max()) if lengths.numel() else 0
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+            "max_length_q": longest, "max_length_k": longest}
 
 
 _PROBE_LENGTHS = (5, 3)
