@@ -108,10 +108,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=RLConfig.model_fields["old_logprobs"].default,
                    help="rl.old_logprobs (recipe mode; auto: from the update's own forward "
                         "on-policy, recompute: the separate pass measured before it existed)")
-    p.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "eager", "varlen"],
-                   help="attention kernel (model.attn_implementation)")
-    p.add_argument("--remove-padding", action="store_true",
-                   help="packed micro-batches without padding (rl.remove_padding)")
+    p.add_argument("--attn", default="auto",
+                   choices=["auto", "sdpa", "flex_attention", "eager", "varlen"],
+                   help="attention kernel (model.attn_implementation; auto, its default: "
+                        "varlen on a GPU, sdpa on a CPU)")
+    p.add_argument("--remove-padding", action="store_const", const=True, default="auto",
+                   help="packed micro-batches without padding (rl.remove_padding true; "
+                        "default auto: packed with varlen attention)")
+    p.add_argument("--padded", dest="remove_padding", action="store_const", const=False,
+                   help="right-padded micro-batches (rl.remove_padding false)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="peak TFLOP/s for MFU (default: memrl.rl.flops table, bf16 dense)")
     # update-only mode
@@ -478,6 +483,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
 
     from memrl.distributed import init_process_group
     from memrl.models.attention import register as register_varlen
+    from memrl.models.attention import varlen_available
     from memrl.recipes.models import checkpoint_layers, compile_layers
     from memrl.rl.sharding import shard
     from memrl.rl.actor import Actor, build_optimizer, warmup_schedule
@@ -490,6 +496,10 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     torch.manual_seed(args.seed)
     fsdp = args.strategy == "fsdp"
     with torch.device("cpu") if fsdp else device:  # shard() moves each unit to the device
+        if args.attn == "auto":  # model.attn_implementation auto, as the recipe resolves it
+            args.attn = "varlen" if cuda and varlen_available() else "sdpa"
+        if args.remove_padding == "auto":  # rl.remove_padding auto: packed with varlen
+            args.remove_padding = args.attn == "varlen"
         impl = register_varlen() if args.attn == "varlen" else args.attn
         model = AutoModelForCausalLM.from_config(config, attn_implementation=impl)
     if args.gradient_checkpointing:

@@ -169,8 +169,8 @@ def test_varlen_attention_takes_the_packed_bounds_and_builds_no_mask(tiny_model_
     calls = []
     real = attention._per_sample
     monkeypatch.setattr(attention, "_per_sample",
-                        lambda q, k, v, cu_q, cu_k, scale: calls.append(cu_q.tolist())
-                        or real(q, k, v, cu_q, cu_k, scale))
+                        lambda q, k, v, cu_q, cu_k, *rest: calls.append(cu_q.tolist())
+                        or real(q, k, v, cu_q, cu_k, *rest))
     monkeypatch.setattr(masking, "find_packed_sequence_indices",
                         lambda *a: pytest.fail("looked for packed samples"))
     t = collate(UNEVEN, pad_id=0)
@@ -188,48 +188,92 @@ def test_varlen_attention_takes_the_packed_bounds_and_builds_no_mask(tiny_model_
     torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=1e-6)
 
 
-def _block_diagonal_sdpa(q, k, v, bounds, scale):
-    """Reference: sdpa over the whole row with a causal block-diagonal mask."""
+def _block_diagonal_sdpa(q, k, v, bounds, scale, window=None):
+    """Reference: sdpa over the whole row with a causal block-diagonal mask (keys within
+    the last `window` positions if given)."""
     n = q.shape[2]
     doc = torch.zeros(n, dtype=torch.long)
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         doc[a:b] = i
     mask = (doc[:, None] == doc[None, :]) & torch.ones(n, n, dtype=torch.bool).tril()
+    if window is not None:
+        mask &= torch.ones(n, n, dtype=torch.bool).triu(-(window - 1))
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
 
 
+@pytest.mark.parametrize("window", [None, 2], ids=["causal", "sliding"])
 @pytest.mark.parametrize("api", ["cpu", "torch-2.9", "torch-2.11", "torch-2.13"])
-def test_varlen_attention_with_grouped_heads_and_each_torch_api(monkeypatch, api):
-    """4 query heads over 2 key/value heads, scale 0.3, three samples: the CPU path, and
-    the flash path's arguments for each keyword set torch's varlen_attn has had (is_causal
-    or window_size; enable_gqa or not; scale or not), run by a stand-in kernel."""
+def test_varlen_attention_with_grouped_heads_and_each_torch_api(monkeypatch, api, window):
+    """4 query heads over 2 key/value heads, scale 0.3, three samples, causal or a sliding
+    window of 2: the CPU path, and the flash path's arguments for each keyword set torch's
+    varlen_attn has had (is_causal or window_size; enable_gqa or not; scale or not), run by
+    a stand-in kernel. torch 2.9's has no window: a one-line error."""
     from memrl.models import attention
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 9, 8, generator=gen)
     k, v = (torch.randn(1, 2, 9, 8, generator=gen) for _ in range(2))
     bounds = [0, 4, 6, 9]
-    want = _block_diagonal_sdpa(q, k, v, bounds, 0.3)
+    want = _block_diagonal_sdpa(q, k, v, bounds, 0.3, window)
     cu = torch.tensor(bounds, dtype=torch.int32)
     if api == "cpu":
         got, _ = attention.varlen_attention(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu,
-                                            max_length_q=4)
+                                            max_length_q=4, sliding_window=window)
     else:
         def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=None, window_size=None,
                    enable_gqa=False, scale=None):
-            assert is_causal is True or window_size == (-1, 0)
+            assert is_causal is True or window_size[1] == 0
+            left = None if is_causal or window_size[0] == -1 else window_size[0] + 1
             assert enable_gqa or k.shape[1] == q.shape[1]
             assert (max_q, max_k) == (4, 4) and cu_q.dtype == torch.int32
             return attention._per_sample(q, k, v, cu_q, cu_k,
-                                         scale if scale is not None else 8 ** -0.5)
+                                         scale if scale is not None else 8 ** -0.5, left)
 
         names = {"torch-2.9": {"is_causal"}, "torch-2.11": {"window_size", "scale"},
                  "torch-2.13": {"window_size", "scale", "enable_gqa"}}[api]
         monkeypatch.setattr(attention, "_API", (kernel, frozenset(names)))
         qs, ks, vs = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
-        got = attention._flash(qs, ks, vs, cu, cu, 4, 4, 0.3).unsqueeze(0)
+        if api == "torch-2.9" and window is not None:
+            with pytest.raises(ValueError, match="sliding-window .* window_size"):
+                attention._flash(qs, ks, vs, cu, cu, 4, 4, 0.3, window)
+            return
+        got = attention._flash(qs, ks, vs, cu, cu, 4, 4, 0.3, window).unsqueeze(0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_remove_padding_auto_packs_exactly_the_varlen_models(tiny_model_dir):
+    """rl.remove_padding auto (the default): packed for a model that attends with varlen,
+    padded for sdpa and for a varlen model whose attention the kernel cannot run (logit
+    soft-capping); model.attn_implementation auto is transformers' default on a CPU."""
+    from memrl.recipes.config import ModelConfig
+    from memrl.recipes.models import attention
+
+    assert RLConfig().remove_padding == "auto"
+    varlen = make_actor(tiny_model_dir)
+    varlen.model = load_model(tiny_model_dir, attn_implementation=register())
+    assert varlen.packed
+    assert not make_actor(tiny_model_dir).packed  # sdpa
+    varlen.model.config.attn_logit_softcapping = 30.0
+    assert not varlen.packed
+    assert make_actor(tiny_model_dir, remove_padding=True).packed
+    assert ModelConfig(path="m").attn_implementation == "auto"
+    assert attention(ModelConfig(path="m", device="cpu")) == {}
+    assert attention(ModelConfig(path="m", device="cpu", attn_implementation="varlen")) == {
+        "attn_implementation": VARLEN_NAME}
+
+
+def test_a_varlen_model_generates_as_sdpa(tiny_model_dir):
+    """Generation (the hf rollout engine's path: left padding, a KV cache) of a model
+    loaded with varlen gives the sdpa model's tokens."""
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 10, 11, 12, 13]])
+    mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
+    outs = []
+    for impl in (register(), "sdpa"):
+        model = load_model(tiny_model_dir, attn_implementation=impl).eval()
+        outs.append(model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6,
+                                   do_sample=False, pad_token_id=0))
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_varlen_attention_refuses_what_it_cannot_run():
@@ -237,8 +281,6 @@ def test_varlen_attention_refuses_what_it_cannot_run():
 
     q = torch.zeros(1, 2, 4, 8)
     cu = torch.tensor([0, 4], dtype=torch.int32)
-    with pytest.raises(ValueError, match="sliding-window"):
-        varlen_attention(None, q, q, q, None, sliding_window=2, cu_seq_lens_q=cu)
     with pytest.raises(ValueError, match="one packed row"):
         varlen_attention(None, q.expand(2, -1, -1, -1), q, q, None, cu_seq_lens_q=cu)
     with pytest.raises(ValueError, match="dropout"):

@@ -28,10 +28,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["VARLEN_NAME", "packed_masks", "register", "uses_varlen", "varlen_attention"]
+__all__ = ["VARLEN_NAME", "packed_masks", "register", "uses_varlen", "varlen_attention",
+           "varlen_available"]
 
 VARLEN_NAME = "memrl_varlen"
 """The attention implementation's name in transformers' registries."""
+
+
+def varlen_available() -> bool:
+    """Whether this torch and transformers can run it (torch's varlen module and
+    transformers' attention registries)."""
+    try:
+        from transformers import AttentionInterface  # noqa: F401
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
+    except ImportError:
+        return False
+    return _import_varlen()
 
 
 def register() -> str:
@@ -55,10 +67,19 @@ def register() -> str:
     return VARLEN_NAME
 
 
+_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
 def uses_varlen(model: Any) -> bool:
-    """Whether `model` (or the decoder it wraps) attends with this implementation."""
+    """Whether `model` (or the decoder it wraps) attends with this implementation on
+    packed rows: loaded with it, with only full and sliding-window attention layers and
+    no logit soft-capping (the kernel has neither; such a model keeps sdpa's masks)."""
     config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) == VARLEN_NAME
+    if getattr(config, "_attn_implementation", None) != VARLEN_NAME:
+        return False
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    return layer_types <= _LAYER_TYPES and not softcap
 
 
 def packed_masks(model: Any) -> dict[str, None]:
@@ -94,9 +115,6 @@ def varlen_attention(
                                       sliding_window=sliding_window, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"varlen attention takes one packed row, got a batch of {query.shape[0]}")
-    if sliding_window is not None:
-        raise ValueError("model.attn_implementation varlen does not support sliding-window "
-                         "layers: use sdpa")
     if dropout:
         raise ValueError(f"model.attn_implementation varlen runs without attention dropout "
                          f"(got {dropout})")
@@ -106,22 +124,35 @@ def varlen_attention(
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, H, D)
     if q.is_cuda:
-        out = _flash(q, k, v, cu_seq_lens_q, cu_k, max_q, max_k, scale)
+        # The kernel takes 16-bit inputs only and, unlike sdpa, is not cast by autocast
+        # (under autocast the rotary embedding leaves q and k in float32).
+        dtype = (torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda")
+                 else q.dtype)
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"model.attn_implementation varlen runs in bfloat16 or float16 "
+                             f"on a GPU (model.dtype auto or bfloat16), got {dtype}")
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        out = _flash(q, k, v, cu_seq_lens_q, cu_k, max_q, max_k, scale, sliding_window)
     else:
-        out = _per_sample(q, k, v, cu_seq_lens_q, cu_k, scale)
+        out = _per_sample(q, k, v, cu_seq_lens_q, cu_k, scale, sliding_window)
     return out.unsqueeze(0), None
 
 
 def _flash(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int,
-           max_k: int, scale: float) -> Tensor:
-    """torch's varlen_attn, causal, over whichever of its keywords this torch has (they
-    changed between 2.9 and 2.13: is_causal or window_size, enable_gqa, scale)."""
+           max_k: int, scale: float, window: int | None = None) -> Tensor:
+    """torch's varlen_attn, causal (within the last `window` keys if given), over whichever
+    of its keywords this torch has (they changed between 2.9 and 2.13: is_causal or
+    window_size, enable_gqa, scale)."""
     fn, params = _API or _varlen_api()
     kw: dict[str, Any] = {}
-    if "is_causal" in params:
+    if "window_size" in params:  # (left, right): (-1, 0) is causal
+        kw["window_size"] = (-1 if window is None else window - 1, 0)
+    elif window is None:
         kw["is_causal"] = True
     else:
-        kw["window_size"] = (-1, 0)
+        raise ValueError("sliding-window attention with model.attn_implementation varlen "
+                         f"needs a torch whose varlen_attn takes window_size (this is "
+                         f"{torch.__version__}): use sdpa")
     if k.shape[1] != q.shape[1]:
         if "enable_gqa" in params:
             kw["enable_gqa"] = True
@@ -136,16 +167,23 @@ def _flash(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: i
 
 
 def _per_sample(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
-                scale: float) -> Tensor:
-    """The same attention without a flash kernel: sdpa, causal, one sample at a time."""
+                scale: float, window: int | None = None) -> Tensor:
+    """The same attention without a flash kernel: sdpa, causal (within the last `window`
+    keys if given), one sample at a time."""
     bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
     parts = []
     for i in range(len(bounds_q) - 1):
         qs = q[bounds_q[i]:bounds_q[i + 1]].transpose(0, 1)
         ks = k[bounds_k[i]:bounds_k[i + 1]].transpose(0, 1)
         vs = v[bounds_k[i]:bounds_k[i + 1]].transpose(0, 1)
+        mask = None
+        if window is not None:  # key j for query i: i - window < j <= i
+            pos = torch.arange(qs.shape[1], device=q.device)
+            gap = pos[:, None] - pos[None, :]
+            mask = (gap >= 0) & (gap < window)
         out = torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, is_causal=True, scale=scale, enable_gqa=ks.shape[0] != qs.shape[0])
+            qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
+            enable_gqa=ks.shape[0] != qs.shape[0])
         parts.append(out.transpose(0, 1))
     return torch.cat(parts) if parts else q.new_zeros(q.shape)
 

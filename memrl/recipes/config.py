@@ -89,13 +89,17 @@ class ModelConfig(StrictModel):
 
     `compiles()` gives the resolved choice."""
     attn_implementation: Literal[
-        "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3", "varlen"
-    ] | None = None
+        "auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
+        "varlen",
+    ] | None = "auto"
     """Attention kernel of the policy and reference models (transformers'
-    attn_implementation); None: transformers' default (sdpa). With rl.remove_padding,
-    flex_attention skips the blocks between packed samples, and `varlen` (memrl's,
-    `memrl.models.attention`) runs packed rows through torch's variable-length flash
-    attention (torch >= 2.9; on a CPU sample by sample) and everything else as sdpa;
+    attn_implementation). `varlen` (memrl's, `memrl.models.attention`): packed rows
+    (rl.remove_padding) through torch's variable-length flash attention (torch >= 2.9;
+    on a CPU sample by sample), everything else as sdpa. `auto` (default): varlen on a
+    CUDA device where torch and transformers have what it needs, else transformers'
+    default; with rl.remove_padding auto this packs the GPU's micro-batches (measured
+    fastest: docs/benchmarks.md). None: transformers' default (sdpa). With
+    rl.remove_padding, flex_attention skips the blocks between packed samples;
     flash_attention_* need the flash-attn package."""
     lora: LoraConfig = LoraConfig()
     strategy: Literal["replicate", "fsdp"] = "replicate"

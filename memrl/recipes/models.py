@@ -21,6 +21,7 @@ from memrl.errors import MemrlInputError, require
 from memrl.inference import factory
 from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.models.attention import register as register_varlen
+from memrl.models.attention import varlen_available
 from memrl.recipes.config import ModelConfig, TrainConfig
 from memrl.rl.actor import (
     Actor,
@@ -58,6 +59,9 @@ def autocast(mcfg: ModelConfig, device: torch.device) -> contextlib.AbstractCont
 def attention(mcfg: ModelConfig) -> dict[str, str]:
     """`from_pretrained` keywords choosing the attention kernel (none: the default)."""
     impl = mcfg.attn_implementation
+    if impl == "auto":  # varlen where it runs (a CUDA device), else transformers' default
+        cuda = resolve_device(mcfg.device).type == "cuda"
+        impl = "varlen" if cuda and varlen_available() else None
     if impl == "varlen":  # memrl's own, registered with transformers under its name
         impl = register_varlen()
     return {} if impl is None else {"attn_implementation": impl}

@@ -52,6 +52,7 @@ from memrl.rl.losses import (
 )
 from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
 from memrl.rl.packing import check_packed_attention
+from memrl.models.attention import uses_varlen
 from memrl.rl.logprobs import policy_hidden_states_error, response_logprobs, response_pass
 from memrl.rl.sharding import padding_micro_batch, padding_passes, run_as_forward
 from memrl.rl.values import CriticStats, PolicyValueHead, batch_value_statistics
@@ -109,6 +110,13 @@ class _PolicyModel:
         """Where forward passes run: the given device, else the parameters'."""
         return self.compute_device or next(self.model.parameters()).device
 
+    @property
+    def packed(self) -> bool:
+        """Whether micro-batches run packed: rl.remove_padding, its `auto` resolved by the
+        model's attention (packed with model.attn_implementation varlen)."""
+        remove = self.config.remove_padding
+        return uses_varlen(self.model) if remove == "auto" else remove
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast over fp32 master weights (CUDA), else nothing."""
         return mixed_precision(self.autocast_dtype, self.device)
@@ -119,7 +127,7 @@ class _PolicyModel:
         if cfg.use_dynamic_bsz:
             sizes = [batch.conversations[i].num_tokens for i in indices]
             return pack_token_budget(
-                sizes, cfg.max_tokens_per_micro_batch, padded=not cfg.remove_padding
+                sizes, cfg.max_tokens_per_micro_batch, padded=not self.packed
             )
         n, k = len(indices), cfg.micro_batch_size
         return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
@@ -127,7 +135,7 @@ class _PolicyModel:
     def _forward(self, tensors: dict[str, Tensor], *, with_values: bool = False, **kw: Any
                  ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Log-probs, entropies (with_entropy) and the value head's values (with_values)."""
-        packed = self.config.remove_padding
+        packed = self.packed
         if packed and not self._packing_checked:
             check_packed_attention(self.model)
             self._packing_checked = True
@@ -478,7 +486,7 @@ class Actor(_PolicyModel):
         """Records a micro-batch's padding waste and size; returns its training FLOPs (0
         when the model's shape is unknown)."""
         lens = [batch.conversations[i].num_tokens for i in indices]
-        computed = sum(lens) if self.config.remove_padding else len(lens) * max(lens)
+        computed = sum(lens) if self.packed else len(lens) * max(lens)
         avg.add("perf/padding_waste", padding_waste(sum(lens), computed), computed)
         avg.add("perf/tokens_per_micro_batch", computed)
         if shape is None:

@@ -108,11 +108,14 @@ class RLConfig(StrictModel):
     """Token budget of one forward/backward (verl ppo_max_token_len_per_gpu)."""
     micro_batch_size: int = Field(4, ge=1)
     """Samples per micro-batch when use_dynamic_bsz is False."""
-    remove_padding: bool = False
+    remove_padding: bool | Literal["auto"] = "auto"
     """Run each micro-batch as one packed row of its samples' real tokens (position_ids
     restart at 0 per sample, no attention mask: `memrl.rl.packing`) and count only real
     tokens against max_tokens_per_micro_batch (verl model.use_remove_padding). False: rows
-    right-padded to the longest, the budget counting rows × longest row."""
+    right-padded to the longest, the budget counting rows × longest row. `auto`
+    (default): packed when the model attends with model.attn_implementation varlen (its
+    default on a GPU), padded otherwise (packed sdpa would build a dense mask of the whole
+    row; packed flex_attention measured slower than padded sdpa)."""
 
     @field_validator(
         "kl_reward_coef", "clip_ratio_low", "clip_ratio_high",
