@@ -14,6 +14,7 @@ import platform
 import re
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,13 @@ def random_model_dir(out: Path, shape: dict[str, int], *, tiny: bool, seed: int,
     return build_model_dir(out, shape, tokenizer_vocab=512 if tiny else 8192,
                            pad_tokenizer=True, corpus=synthetic_corpus(seed, 200), seed=seed,
                            device=device)
+
+
+def free_port() -> int:
+    """A TCP port of this host that is free now (the system's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def command_line() -> str:

@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from ask_cpu import write_document  # noqa: E402
+from gpu_common import free_port  # noqa: E402
 
 
 def health(base: str) -> dict:
@@ -90,9 +90,7 @@ def main() -> None:
         build_tiny_model(model, seed=0)
     doc = args.work / "doc.txt"
     write_document(doc, args.doc_tokens, AutoTokenizer.from_pretrained(model))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "memrl", "serve", "--model", str(model), "--port", str(port),
            "--served-model-name", "tiny", "--chunk-size", str(args.chunk_size),
            "--max-memory-tokens", str(args.max_memory_tokens), "--max-final-tokens",

@@ -5,7 +5,8 @@ alone on MemAgent-shaped batches (`run_update_only`): very uneven conversations 
 1K–6K tokens, responses of 64–1K by default), timed per micro-batch token budget, padded or
 packed (--remove-padding), with tokens/s, MFU, padding waste and peak memory per budget:
 
-    python benchmarks/train_step_gpu.py --update-only --remove-padding --attn flex_attention
+    python benchmarks/train_step_gpu.py --update-only       # GPU: packed, varlen attention
+    python benchmarks/train_step_gpu.py --update-only --padded --attn sdpa  # the padded path
     python benchmarks/train_step_gpu.py --update-only --tiny              # CPU check, seconds
 
 The recipe mode builds a causal LM with the shape of Qwen2.5-0.5B and random weights (nothing
@@ -19,7 +20,7 @@ peak GPU memory.
     python benchmarks/train_step_gpu.py --engine vllm --json-out v.json  # colocated vLLM
     python benchmarks/train_step_gpu.py --engine vllm --recipe-shapes    # published shapes
     python benchmarks/train_step_gpu.py --tiny [--engine vllm]           # CPU smoke check
-    python benchmarks/train_step_gpu.py --remove-padding --attn flex_attention
+    python benchmarks/train_step_gpu.py --remove-padding --attn flex_attention  # other kernels
 
 `--engine vllm` rolls out on the colocated vLLM engine (`rollout.engine: vllm`: weights
 synced from the policy every step, sleep during the update, wake before the next rollout).

@@ -112,6 +112,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import os
 import subprocess
 import sys
 import threading
@@ -125,6 +126,7 @@ from gpu_common import (  # noqa: E402
     build_model_dir,
     command_line,
     environment,
+    free_port,
     print_environment,
     run_record,
     write_summary,
@@ -558,6 +560,16 @@ def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- driver
+def side_env() -> dict[str, str]:
+    """A side's environment: this one, with a MASTER_PORT of its own unless one is set.
+    TRL's colocated vLLM joins a process group on MASTER_PORT, and when none is set picks
+    the first free of a few fixed ports: two jobs starting together on one host both took
+    29500 and one failed (EADDRINUSE, 2026-11-27)."""
+    env = dict(os.environ)
+    env.setdefault("MASTER_PORT", str(free_port()))
+    return env
+
+
 def run_side(args: argparse.Namespace, spec_file: Path, side: str, timeout_s: int
              ) -> dict[str, Any]:
     """One framework in a child process; its summary, or the error it ended with."""
@@ -570,7 +582,7 @@ def run_side(args: argparse.Namespace, spec_file: Path, side: str, timeout_s: in
     t0 = time.perf_counter()
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=side_env(),
                                 timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             rc = None

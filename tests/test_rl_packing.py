@@ -263,6 +263,34 @@ def test_remove_padding_auto_packs_exactly_the_varlen_models(tiny_model_dir):
         "attn_implementation": VARLEN_NAME}
 
 
+def test_a_lora_varlen_model_packs_and_equals_its_padded_path(tiny_model_dir):
+    """LoRA (peft) over a varlen model: rl.remove_padding auto packs it, and its packed
+    log-probs and adapter gradients equal the padded ones."""
+    peft = pytest.importorskip("peft")
+    base = load_model(tiny_model_dir, attn_implementation=register())
+    torch.manual_seed(0)  # the adapters' initialisation
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8,
+                                                      target_modules="all-linear"))
+    for name, p in model.named_parameters():  # adapters away from zero: nonzero grads
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(1))
+    from memrl.models.attention import uses_varlen
+
+    assert uses_varlen(model)
+    t = collate(UNEVEN, pad_id=0)
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        lp, _ = response_logprobs(model, t, remove_padding=packed)
+        lp.sum().backward()
+        results.append((lp.detach(), [p.grad.clone() for p in model.parameters()
+                                      if p.requires_grad]))
+    (lp0, g0), (lp1, g1) = results
+    torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-5)  # fp32 rounding
+    for a, b in zip(g1, g0, strict=True):  # fp32 rounding of other summation orders
+        assert (a - b).abs().max() <= 5e-5 * b.abs().max().clamp(min=1e-12)
+
+
 def test_a_varlen_model_generates_as_sdpa(tiny_model_dir):
     """Generation (the hf rollout engine's path: left padding, a KV cache) of a model
     loaded with varlen gives the sdpa model's tokens."""
