@@ -117,6 +117,16 @@ def random_model_dir(out: Path, shape: dict[str, int], *, tiny: bool, seed: int,
                            device=device)
 
 
+def compiled_graphs() -> int | None:
+    """Graphs torch.compile has built in this process so far (torch's own counter; None
+    where this torch has none): a step that compiled takes seconds longer."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["stats"]["unique_graphs"])
+
+
 def free_port() -> int:
     """A TCP port of this host that is free now (the system's pick)."""
     with socket.socket() as s:

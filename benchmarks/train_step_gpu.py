@@ -64,6 +64,7 @@ from gpu_common import (  # noqa: E402
     SHAPES,
     TINY,
     build_model_dir,
+    compiled_graphs,
     environment,
     gpu_memory_used_gib,
     print_environment,
@@ -368,12 +369,14 @@ def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[s
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+        graphs, t0 = compiled_graphs(), time.perf_counter()
         metrics = grpo.train_step(run)
         if cuda:
             torch.cuda.synchronize()
         run.state.step += 1
         row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
+        if graphs is not None:  # a recompilation explains a slow step
+            row["graphs_compiled"] = compiled_graphs() - graphs
         row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
         row.update(shapes[-1])
         row.update(pending)
@@ -435,7 +438,8 @@ def print_table(summary: dict[str, Any]) -> None:
             ("train tok/s", "perf/train_tokens_per_s", "{:.0f}"),
             ("waste", "perf/padding_waste", "{:.3f}"),
             ("MFU", "perf/mfu", "{:.3f}"),
-            ("peak GiB", "peak_mem_allocated_gib", "{:.1f}")]
+            ("peak GiB", "peak_mem_allocated_gib", "{:.1f}"),
+            ("graphs", "graphs_compiled", "{:d}")]
     print(" | ".join(name for name, _, _ in cols))
     for row in summary["steps"]:
         cells = []
