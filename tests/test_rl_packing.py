@@ -165,6 +165,7 @@ def test_varlen_attention_takes_the_packed_bounds_and_builds_no_mask(tiny_model_
 
     model = load_model(tiny_model_dir, attn_implementation=register())
     assert model.config._attn_implementation == VARLEN_NAME
+    assert set(attention.packed_masks(model)) == {"full_attention"}  # Qwen2 takes a mapping
     check_packed_attention(model)
     calls = []
     real = attention._per_sample
@@ -263,6 +264,19 @@ def test_remove_padding_auto_packs_exactly_the_varlen_models(tiny_model_dir):
         "attn_implementation": VARLEN_NAME}
 
 
+def test_attention_auto_on_a_gpu_is_varlen_in_16_bit_only(monkeypatch):
+    """On a CUDA device auto is varlen for mixed precision (dtype auto) and 16-bit weights,
+    and transformers' default for float32 (the kernel takes 16-bit inputs only)."""
+    from memrl.recipes import models
+    from memrl.recipes.config import ModelConfig
+
+    monkeypatch.setattr(models, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(models, "varlen_available", lambda: True)
+    for dtype, want in (("auto", {"attn_implementation": VARLEN_NAME}),
+                        ("bfloat16", {"attn_implementation": VARLEN_NAME}), ("float32", {})):
+        assert models.attention(ModelConfig(path="m", dtype=dtype)) == want, dtype
+
+
 def test_a_lora_varlen_model_packs_and_equals_its_padded_path(tiny_model_dir):
     """LoRA (peft) over a varlen model: rl.remove_padding auto packs it, and its packed
     log-probs and adapter gradients equal the padded ones."""
@@ -289,6 +303,36 @@ def test_a_lora_varlen_model_packs_and_equals_its_padded_path(tiny_model_dir):
     torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-5)  # fp32 rounding
     for a, b in zip(g1, g0, strict=True):  # fp32 rounding of other summation orders
         assert (a - b).abs().max() <= 5e-5 * b.abs().max().clamp(min=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral-sliding"])
+def test_varlen_on_decoders_that_build_their_own_masks(arch, monkeypatch):
+    """Llama and Mistral take no mapping of masks (Qwen2 does): packed varlen still gets the
+    bounds in every layer, builds no mask, and equals the padded path; Mistral with a
+    sliding window of 4 tokens (shorter than the samples) runs the window per sample."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
+
+    from memrl.models import attention
+
+    shape = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    config = (LlamaConfig(**shape) if arch == "llama"
+              else MistralConfig(**shape, sliding_window=4))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=register()).eval()
+    assert attention.packed_masks(model) is None
+    t = collate(UNEVEN, pad_id=0)
+    padded, _ = response_logprobs(model, t, remove_padding=False)
+    calls = []
+    real = attention._per_sample
+    monkeypatch.setattr(attention, "_per_sample",
+                        lambda q, k, v, cu_q, cu_k, *rest: calls.append(rest)
+                        or real(q, k, v, cu_q, cu_k, *rest))
+    monkeypatch.setattr(attention, "_SDPA_MASK", lambda *a, **k: pytest.fail("built a mask"))
+    packed, _ = response_logprobs(model, t, remove_padding=True)
+    window = None if arch == "llama" else 4
+    assert len(calls) == 2 and all(rest[-1] == window for rest in calls)
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
 
 
 def test_a_varlen_model_generates_as_sdpa(tiny_model_dir):

@@ -21,15 +21,19 @@ before a model is loaded with it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import inspect
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["VARLEN_NAME", "packed_masks", "register", "uses_varlen", "varlen_attention",
-           "varlen_available"]
+__all__ = ["VARLEN_NAME", "packed_forward", "packed_masks", "register", "uses_varlen",
+           "varlen_attention", "varlen_available"]
 
 VARLEN_NAME = "memrl_varlen"
 """The attention implementation's name in transformers' registries."""
@@ -60,11 +64,36 @@ def register() -> str:
         raise RuntimeError(
             "model.attn_implementation varlen needs torch.nn.attention.varlen (torch >= 2.9); "
             f"this torch is {torch.__version__}")
+    global _SDPA_MASK
     _varlen_api()
     _sdpa()
+    _SDPA_MASK = sdpa_mask
     AttentionInterface.register(VARLEN_NAME, varlen_attention)
-    AttentionMaskInterface.register(VARLEN_NAME, sdpa_mask)
+    AttentionMaskInterface.register(VARLEN_NAME, _mask)
     return VARLEN_NAME
+
+
+_PACKED: contextvars.ContextVar[bool] = contextvars.ContextVar("memrl_varlen_packed",
+                                                               default=False)
+_SDPA_MASK: Any = None
+
+
+def _mask(*args: Any, **kwargs: Any) -> Any:
+    """The mask builder registered with the attention: none inside `packed_forward` (the
+    attention takes the samples' bounds), sdpa's everywhere else."""
+    return None if _PACKED.get() else _SDPA_MASK(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def packed_forward() -> Iterator[None]:
+    """Around a packed forward that passes the samples' bounds: transformers builds no
+    mask for a model of this attention (for a model whose forward takes no mapping of
+    masks, `packed_masks` gives None and the masks come from `_mask`)."""
+    token = _PACKED.set(True)
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
 
 
 _LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -72,23 +101,50 @@ _LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 def uses_varlen(model: Any) -> bool:
     """Whether `model` (or the decoder it wraps) attends with this implementation on
-    packed rows: loaded with it, with only full and sliding-window attention layers and
-    no logit soft-capping (the kernel has neither; such a model keeps sdpa's masks)."""
+    packed rows: loaded with it, with only full and sliding-window attention layers, no
+    logit soft-capping and no attention dropout (the kernel runs none of these; such a
+    model keeps sdpa's masks)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != VARLEN_NAME:
         return False
     layer_types = set(getattr(config, "layer_types", None) or ())
     softcap = getattr(config, "attn_logit_softcapping", None)
-    return layer_types <= _LAYER_TYPES and not softcap
+    dropout = getattr(config, "attention_dropout", 0.0) or 0.0
+    return layer_types <= _LAYER_TYPES and not softcap and not dropout
 
 
-def packed_masks(model: Any) -> dict[str, None]:
-    """The attention-mask argument of a packed varlen forward: no mask for any layer type.
-    transformers takes a mapping as masks already built, so it builds none (nor looks for
-    packed samples in the position_ids, which waits for the GPU)."""
+def packed_masks(model: Any) -> dict[str, None] | None:
+    """The attention-mask argument of a packed varlen forward: where the model's forward
+    takes a mapping of masks already built (Qwen2, Qwen3, ... in transformers 5), one of no
+    mask per layer type, so transformers builds none and does not look for packed samples
+    in the position_ids (which waits for the GPU); else None (Llama, Mistral, ...: their
+    masks come from `_mask`, none inside `packed_forward`, after that one wait)."""
+    if not _takes_mask_mapping(type(_decoder(model))):
+        return None
     config = getattr(model, "config", None)
     kinds = set(getattr(config, "layer_types", None) or ()) | {"full_attention"}
     return dict.fromkeys(sorted(kinds))
+
+
+_MAPPING_CHECK = "isinstance(causal_mask_mapping := attention_mask, dict)"
+"""The line of transformers' decoders that takes a mapping as masks already built."""
+
+
+def _decoder(model: Any) -> Any:
+    """The module whose forward builds the masks (a causal LM's decoder; peft forwards)."""
+    get = getattr(model, "get_decoder", None)
+    try:
+        return get() if callable(get) else model
+    except (AttributeError, NotImplementedError):
+        return model
+
+
+@functools.cache
+def _takes_mask_mapping(cls: type) -> bool:
+    try:
+        return _MAPPING_CHECK in inspect.getsource(cls.forward)
+    except (OSError, TypeError, AttributeError):
+        return False
 
 
 def varlen_attention(

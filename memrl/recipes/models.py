@@ -59,9 +59,10 @@ def autocast(mcfg: ModelConfig, device: torch.device) -> contextlib.AbstractCont
 def attention(mcfg: ModelConfig) -> dict[str, str]:
     """`from_pretrained` keywords choosing the attention kernel (none: the default)."""
     impl = mcfg.attn_implementation
-    if impl == "auto":  # varlen where it runs (a CUDA device), else transformers' default
+    if impl == "auto":  # varlen where it runs (16-bit on a CUDA device), else the default
         cuda = resolve_device(mcfg.device).type == "cuda"
-        impl = "varlen" if cuda and varlen_available() else None
+        half = mcfg.dtype in ("auto", "bfloat16", "float16")  # auto: bf16 autocast on CUDA
+        impl = "varlen" if cuda and half and varlen_available() else None
     if impl == "varlen":  # memrl's own, registered with transformers under its name
         impl = register_varlen()
     return {} if impl is None else {"attn_implementation": impl}

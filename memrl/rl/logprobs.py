@@ -14,13 +14,14 @@ With remove_padding the conversations run packed into one row (`memrl.rl.packing
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from memrl.rl.losses import entropy_from_logits, linear_logprobs, logprobs_from_logits
-from memrl.models.attention import packed_masks, uses_varlen
+from memrl.models.attention import packed_forward, packed_masks, uses_varlen
 from memrl.rl.packing import packed_inputs, varlen_kwargs
 from memrl.rl.values import head_values
 
@@ -85,14 +86,15 @@ def response_pass(
     plain projection of its last hidden state (`policy_hidden_states_error`)."""
     device = device or next(model.parameters()).device
     mask = tensors["response_mask"].to(device, non_blocking=True)
+    varlen = remove_padding and uses_varlen(model)
     if remove_padding:
         inputs, select = packed_inputs(tensors)
-        if uses_varlen(model):  # the samples' bounds for the flash kernel, and no masks
+        if varlen:  # the samples' bounds for the flash kernel, and no masks
             inputs.update(varlen_kwargs(tensors))
         inputs = {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v
                   for k, v in inputs.items()}
-        if uses_varlen(model):
-            inputs["attention_mask"] = packed_masks(model)
+        if varlen and (masks := packed_masks(model)) is not None:
+            inputs["attention_mask"] = masks
     else:
         keys = ("input_ids", "attention_mask", "position_ids")
         inputs = {k: tensors[k].to(device, non_blocking=True) for k in keys}
@@ -107,7 +109,9 @@ def response_pass(
     ent = values = None
     if parts is not None:  # the final hidden states at response positions
         decoder, head = parts
-        hidden = gather_rows(decoder(**inputs, use_cache=False).last_hidden_state, select)
+        with packed_forward() if varlen else contextlib.nullcontext():
+            out = decoder(**inputs, use_cache=False)
+        hidden = gather_rows(out.last_hidden_state, select)
         if value_head is not None:
             values = head_values(value_head, hidden)
     if parts is not None and _plain_linear(head) and not entropy_grad:
@@ -118,7 +122,9 @@ def response_pass(
         if parts is not None:
             logits = head(hidden)
         else:  # logits are not a plain projection: full logits, then select
-            logits = gather_rows(model(**inputs, use_cache=False).logits, select)
+            with packed_forward() if varlen else contextlib.nullcontext():
+                out = model(**inputs, use_cache=False)
+            logits = gather_rows(out.logits, select)
         flat = logprobs_from_logits(logits, labels, temperature=temperature)
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
