@@ -720,6 +720,10 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
             "use_kl_loss": config.rl.use_kl_loss, "kl_loss_type": config.rl.kl_loss_type,
             "use_dynamic_bsz": True, "remove_padding": args.remove_padding,
             "attn_implementation": args.attn,
+            # what `auto` resolved to: the policy's attention kernel, packed or padded
+            "attn_implementation_used": getattr(run.actor.model.config,
+                                                "_attn_implementation", None),
+            "packed": run.actor.packed,
             "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
             "generation_batch_size": args.generation_batch_size,
             "temperature": args.temperature, "top_p": args.top_p,
