@@ -1,4 +1,5 @@
-"""FSDP2 (`model.strategy: fsdp`) on CPU with gloo against one replicated process: the same
+"""FSDP2 (`model.strategy: fsdp`) on CPU with gloo against one replicated process (both
+packed, varlen attention: the GPU's defaults): the same
 weights after each optimizer step, the same logged metrics with uneven micro-batch counts
 per rank, sharded checkpoints resumed on 1 and 2 ranks, and exported as a plain HF model.
 
@@ -31,7 +32,10 @@ from memrl.rl.checkpoint import (
     save_checkpoint,
 )
 
-FSDP = ["model.strategy=fsdp", "trainer.keep_last=3"]
+PACKED = ["model.attn_implementation=varlen", "rl.remove_padding=true"]
+"""The runs take the GPU's default path: packed rows, varlen attention (sample by sample on
+the CPU), with rank 1's padding micro-batches packed too."""
+FSDP = ["model.strategy=fsdp", "trainer.keep_last=3", *PACKED]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("fsdp_runs")
     single, fsdp = base / "single", base / "fsdp"
     args = lambda out, *extra: overrides(tiny_model_dir, data_dir, out, *extra)  # noqa: E731
-    run_helper(1, args(single, "trainer.total_steps=3", "trainer.keep_last=3"))
+    run_helper(1, args(single, "trainer.total_steps=3", "trainer.keep_last=3", *PACKED))
     run_helper(2, args(fsdp, "trainer.total_steps=1", *FSDP))
     first = read_metrics(fsdp / "metrics.jsonl")
     run_helper(1, args(fsdp, "trainer.total_steps=2", "trainer.resume=auto", *FSDP))
