@@ -335,6 +335,27 @@ def test_varlen_on_decoders_that_build_their_own_masks(arch, monkeypatch):
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
 
 
+def test_varlen_under_gradient_checkpointing_takes_the_same_gradients(tiny_model_dir):
+    """Checkpointed layers recompute the packed varlen attention in the backward with the
+    same bounds: log-probs and gradients equal those without checkpointing."""
+    from memrl.recipes.models import checkpoint_layers
+
+    t = collate(UNEVEN, pad_id=0)
+    results = []
+    for checkpointed in (False, True):
+        model = load_model(tiny_model_dir, attn_implementation=register())
+        model.train()
+        if checkpointed:
+            checkpoint_layers(model, every_n_layers=1, fsdp=False)
+        lp, _ = response_logprobs(model, t, remove_padding=True)
+        lp.sum().backward()
+        results.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp0, g0), (lp1, g1) = results
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-6)
+    for a, b in zip(g1, g0, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max().clamp(min=1e-12)
+
+
 def test_a_varlen_model_generates_as_sdpa(tiny_model_dir):
     """Generation (the hf rollout engine's path: left padding, a KV cache) of a model
     loaded with varlen gives the sdpa model's tokens."""
