@@ -487,9 +487,9 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from memrl.distributed import init_process_group
-    from memrl.models.attention import register as register_varlen
-    from memrl.models.attention import varlen_available
-    from memrl.recipes.models import checkpoint_layers, compile_layers
+    from memrl.models.attention import uses_varlen
+    from memrl.recipes.config import ModelConfig
+    from memrl.recipes.models import attention, checkpoint_layers, compile_layers
     from memrl.rl.sharding import shard
     from memrl.rl.actor import Actor, build_optimizer, warmup_schedule
     from memrl.rl.config import RLConfig
@@ -500,13 +500,14 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     config = Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=1_000_000.0)
     torch.manual_seed(args.seed)
     fsdp = args.strategy == "fsdp"
+    # model.attn_implementation and rl.remove_padding resolved as the recipe resolves them
+    impl = attention(ModelConfig(path="random", device=str(device),
+                                 attn_implementation=args.attn))
     with torch.device("cpu") if fsdp else device:  # shard() moves each unit to the device
-        if args.attn == "auto":  # model.attn_implementation auto, as the recipe resolves it
-            args.attn = "varlen" if cuda and varlen_available() else "sdpa"
-        if args.remove_padding == "auto":  # rl.remove_padding auto: packed with varlen
-            args.remove_padding = args.attn == "varlen"
-        impl = register_varlen() if args.attn == "varlen" else args.attn
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=impl)
+        model = AutoModelForCausalLM.from_config(config, **impl)
+    args.attn = "varlen" if uses_varlen(model) else model.config._attn_implementation
+    if args.remove_padding == "auto":
+        args.remove_padding = uses_varlen(model)
     if args.gradient_checkpointing:
         checkpoint_layers(model, every_n_layers=args.checkpoint_every, fsdp=fsdp)
     if args.compile:

@@ -112,7 +112,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-
     env = environment()
     print_environment(env)
     cuda = torch.cuda.is_available()

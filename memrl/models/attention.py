@@ -60,7 +60,7 @@ def register() -> str:
         raise RuntimeError(
             "model.attn_implementation varlen needs transformers' attention registry "
             f"(transformers >= 4.54): {exc}") from None
-    if not hasattr(torch.nn.attention, "varlen") and not _import_varlen():
+    if not _import_varlen():
         raise RuntimeError(
             "model.attn_implementation varlen needs torch.nn.attention.varlen (torch >= 2.9); "
             f"this torch is {torch.__version__}")
