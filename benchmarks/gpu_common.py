@@ -127,6 +127,42 @@ def compiled_graphs() -> int | None:
     return int(counters["stats"]["unique_graphs"])
 
 
+class GCPauses:
+    """Time the process spends in Python's cyclic garbage collector (`gc.callbacks`):
+    `take()` returns the seconds and the collections of the oldest generation since the last
+    call. A step whose host code allocates much pauses for collections that walk every
+    object alive (a compiled model's graphs included). A context manager: the callback is
+    removed on exit."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.seconds, self.full, self._t0, self._clock = 0.0, 0, 0.0, time.perf_counter
+
+    def __enter__(self) -> GCPauses:
+        import gc
+
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import gc
+
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = self._clock()
+            return
+        self.seconds += self._clock() - self._t0
+        self.full += info.get("generation") == 2
+
+    def take(self) -> dict[str, float]:
+        out = {"gc_s": self.seconds, "gc_full_collections": self.full}
+        self.seconds, self.full = 0.0, 0
+        return out
+
+
 def free_port() -> int:
     """A TCP port of this host that is free now (the system's pick)."""
     with socket.socket() as s:

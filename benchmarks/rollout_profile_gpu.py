@@ -1,25 +1,36 @@
 """Where the vLLM rollout's time goes: memrl's engine against vLLM called directly.
 
 One workload (a Qwen2.5-0.5B-shaped model with random weights, BATCH prompts of PROMPT
-random tokens, NEW new tokens each, `ignore_eos`), one vLLM engine, timed four ways:
+random tokens, NEW new tokens each, `ignore_eos`), one vLLM engine, timed these ways, each
+REPEATS times in turn (the table reports the median):
 
-1. `vllm.LLM.generate` directly, no log-probs, no seeds  (vLLM's own speed)
-2. the same with a log-prob for every token              (what log-probs cost)
-3. the same with a seed for every request                (what per-request seeds cost)
-4. memrl's `VLLMEngine.generate` (log-probs + seeds)  (what memrl adds on top)
+    vllm_direct                      `vllm.LLM.generate`: no log-probs, no seeds (vLLM's speed)
+    vllm_direct_logprobs             + a log-prob per token, a dict of objects per token
+    vllm_direct_flat_logprobs        + a log-prob per token, in flat lists
+    vllm_direct_seeded               + a seed per request, no log-probs
+    vllm_direct_flat_logprobs_seeded flat log-probs and seeds (what memrl asks vLLM for)
+    vllm_driver_cumulative           memrl's async driver before 2026-11-27 (engine.step()
+                                     with every running request's output at every step,
+                                     dict log-probs, seeds)
+    memrl_vllm_generator             memrl's `VLLMEngine.generate` (lockstep rollouts)
+    memrl_vllm_agenerate             memrl's `VLLMEngine.agenerate`, every request a coroutine
+                                     (async rollouts: the recipe's default)
 
-then a `torch.profiler` trace of run 4, summarised as the top operators by CPU and by CUDA
-time. The gap between runs 1 and 4 is memrl's and the options' share; the gap between run 1
-and the decode bound of `benchmarks/rollout_gpu.py` is vLLM's own.
+then a `torch.profiler` trace of `memrl_vllm_agenerate`, summarised as the top operators by
+CPU and by CUDA time. The gap between vllm_direct and memrl's rows is memrl's and the
+options' share; the gap between vllm_direct and the decode bound of
+`benchmarks/rollout_gpu.py` is vLLM's own.
 
-    python benchmarks/rollout_profile_gpu.py --out prof.json              # GPU, ~3 minutes
+    python benchmarks/rollout_profile_gpu.py --out prof.json              # GPU, ~4 minutes
     python benchmarks/rollout_profile_gpu.py --tiny --out /tmp/prof.json  # CPU check
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -47,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prompt", type=int, default=None)
     p.add_argument("--new", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each variant")
     args = p.parse_args(argv)
     with run_record(args.out, "rollout_profile_gpu", args, engine="vllm"):
         return run(args)
@@ -81,38 +93,75 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raw = [TokensPrompt(prompt_token_ids=list(x)) for x in prompts]
 
     def direct(**kw: Any) -> float:
-        params = [VSP(max_tokens=new, min_tokens=new, ignore_eos=True, temperature=1.0,
-                      seed=(kw["seed"] + i) if kw.get("seed") is not None else None,
-                      logprobs=kw.get("logprobs")) for i in range(batch)]
         t0 = time.perf_counter()
-        outs = engine.llm.generate(raw, params, use_tqdm=False)
+        outs = engine.llm.generate(raw, vllm_params(**kw), use_tqdm=False)
         dt = time.perf_counter() - t0
         assert sum(len(o.outputs[0].token_ids) for o in outs) == batch * new
         return dt
 
+    def vllm_params(**kw: Any) -> list[Any]:
+        return [VSP(max_tokens=new, min_tokens=new, ignore_eos=True, temperature=1.0,
+                    seed=(kw["seed"] + i) if kw.get("seed") is not None else None,
+                    logprobs=kw.get("logprobs"), flat_logprobs=kw.get("flat", False))
+                for i in range(batch)]
+
+    def driver_cumulative() -> float:
+        """engine.step() until every request ends, outputs of every running request at
+        every step (vLLM's default output kind, which `add_request` keeps)."""
+        core, done = engine.llm.llm_engine, 0
+        t0 = time.perf_counter()
+        for i, (prompt, sp) in enumerate(zip(raw, vllm_params(logprobs=0, seed=1),
+                                             strict=True)):
+            core.add_request(f"cumulative-{i}", prompt, sp)
+        while done < batch:
+            done += sum(o.finished for o in core.step())
+        return time.perf_counter() - t0
+
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=args.seed,
+                            ignore_eos=True)
+
     def memrl_generate() -> float:
         t0 = time.perf_counter()
-        gens = engine.generate(prompts, SamplingParams(max_new_tokens=new, temperature=1.0,
-                                                       seed=args.seed, ignore_eos=True))
+        gens = engine.generate(prompts, params)
         dt = time.perf_counter() - t0
         assert sum(len(g.token_ids) for g in gens) == batch * new
         return dt
 
-    direct()  # warm-up (CUDA graphs, compilation of sampling paths)
-    memrl_generate()
-    runs = {
-        "vllm_direct": direct(),
-        "vllm_direct_logprobs": direct(logprobs=0),
-        "vllm_direct_logprobs_seeded": direct(logprobs=0, seed=1),
-        "memrl_vllm_generator": memrl_generate(),
+    def memrl_agenerate() -> float:
+        async def rollout() -> list[Any]:
+            return await asyncio.gather(*(engine.agenerate(x, params) for x in prompts))
+
+        t0 = time.perf_counter()
+        gens = asyncio.run(rollout())
+        dt = time.perf_counter() - t0
+        assert sum(len(g.token_ids) for g in gens) == batch * new
+        return dt
+
+    variants = {
+        "vllm_direct": direct,
+        "vllm_direct_logprobs": lambda: direct(logprobs=0),
+        "vllm_direct_flat_logprobs": lambda: direct(logprobs=0, flat=True),
+        "vllm_direct_seeded": lambda: direct(seed=1),
+        "vllm_direct_flat_logprobs_seeded": lambda: direct(logprobs=0, flat=True, seed=1),
+        "vllm_driver_cumulative": driver_cumulative,
+        "memrl_vllm_generator": memrl_generate,
+        "memrl_vllm_agenerate": memrl_agenerate,
     }
+    for fn in variants.values():  # warm-up (CUDA graphs, each sampling path compiled)
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(args.repeats):  # in turn, so a slow spell of the host hits every row
+        for name, fn in variants.items():
+            times[name].append(fn())
+    runs = {k: statistics.median(v) for k, v in times.items()}
     tokens = batch * new
     rates = {k: tokens / v for k, v in runs.items()}
-    profiled = profile_call(memrl_generate, cuda=cuda)
+    profiled = profile_call(memrl_agenerate, cuda=cuda)
     table_cpu, table_cuda = profiled["top_self_cpu"], profiled.get("top_self_cuda", "")
     out = {"benchmark": "memrl rollout profile: VLLMEngine vs vllm.LLM.generate",
            "environment": env, "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new,
-           "seconds": runs, "new_tokens_per_s": rates,
+           "repeats": args.repeats, "seconds": runs, "seconds_each": times,
+           "new_tokens_per_s": rates,
            "profile_top_self_cpu": table_cpu, "profile_top_self_cuda": table_cuda}
     print(table_cpu)
     print(table_cuda)

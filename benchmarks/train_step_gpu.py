@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -63,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import (  # noqa: E402
     SHAPES,
     TINY,
+    GCPauses,
     build_model_dir,
     compiled_graphs,
     environment,
@@ -106,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(model.gradient_checkpointing_every_n_layers)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every decoder layer (model.compile)")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="after the first step, move every object alive to Python's permanent "
+                        "generation (gc.freeze), so the collector no longer walks them")
     p.add_argument("--old-logprobs", choices=["auto", "recompute"],
                    default=RLConfig.model_fields["old_logprobs"].default,
                    help="rl.old_logprobs (recipe mode; auto: from the update's own forward "
@@ -356,7 +361,8 @@ def sync_cuda() -> None:
         torch.cuda.synchronize()
 
 
-def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[str, Any]]:
+def run_steps(run, shapes, pending: dict[str, float], steps: int,
+              gc_freeze: bool = False) -> list[dict[str, Any]]:
     """`steps` recipe steps; per step its perf/* metrics, batch shapes, the engine hooks'
     times (`pending`, from `time_engine_hooks`) and peak memory."""
     import torch
@@ -365,27 +371,33 @@ def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[s
 
     cuda = torch.cuda.is_available() and run.actor.device.type == "cuda"
     rows = []
-    for _ in range(steps):
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        graphs, t0 = compiled_graphs(), time.perf_counter()
-        metrics = grpo.train_step(run)
-        if cuda:
-            torch.cuda.synchronize()
-        run.state.step += 1
-        row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
-        if graphs is not None:  # a recompilation explains a slow step
-            row["graphs_compiled"] = compiled_graphs() - graphs
-        row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
-        row.update(shapes[-1])
-        row.update(pending)
-        pending.clear()
-        if cuda:
-            row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-            row["gpu_used_end_of_step_gib"] = gpu_memory_used_gib()
-        rows.append(row)
+    with GCPauses() as pauses:
+        for i in range(steps):
+            if i == 1 and gc_freeze:  # after the step that compiled: see --gc-freeze
+                gc.collect()
+                gc.freeze()
+            pauses.take()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            graphs, t0 = compiled_graphs(), time.perf_counter()
+            metrics = grpo.train_step(run)
+            if cuda:
+                torch.cuda.synchronize()
+            run.state.step += 1
+            row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
+            if graphs is not None:  # a recompilation explains a slow step
+                row["graphs_compiled"] = compiled_graphs() - graphs
+            row.update(pauses.take())
+            row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
+            row.update(shapes[-1])
+            row.update(pending)
+            pending.clear()
+            if cuda:
+                row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+                row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+                row["gpu_used_end_of_step_gib"] = gpu_memory_used_gib()
+            rows.append(row)
     return rows
 
 
@@ -439,7 +451,7 @@ def print_table(summary: dict[str, Any]) -> None:
             ("waste", "perf/padding_waste", "{:.3f}"),
             ("MFU", "perf/mfu", "{:.3f}"),
             ("peak GiB", "peak_mem_allocated_gib", "{:.1f}"),
-            ("graphs", "graphs_compiled", "{:d}")]
+            ("graphs", "graphs_compiled", "{:d}"), ("gc s", "gc_s", "{:.2f}")]
     print(" | ".join(name for name, _, _ in cols))
     for row in summary["steps"]:
         cells = []
@@ -694,7 +706,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     t_setup = time.perf_counter() - t0
     print(f"recipe setup (policy + reference load) {t_setup:.1f} s", flush=True)
     t0 = time.perf_counter()
-    rows = run_steps(run, shapes, pending, args.steps)
+    rows = run_steps(run, shapes, pending, args.steps, gc_freeze=args.gc_freeze)
     if args.keep_checkpoint:
         from memrl.recipes import grpo
 

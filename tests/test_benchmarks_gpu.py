@@ -152,9 +152,11 @@ def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
 def test_rollout_profile_script_times_memrl_against_vllm_directly(tmp_path):
     out = run_script("rollout_profile_gpu", tmp_path, "--out",
                      str(tmp_path / "rollout_profile_gpu.json"))
-    runs = ("vllm_direct", "vllm_direct_logprobs", "vllm_direct_logprobs_seeded",
-            "memrl_vllm_generator")
+    runs = ("vllm_direct", "vllm_direct_logprobs", "vllm_direct_flat_logprobs",
+            "vllm_direct_seeded", "vllm_direct_flat_logprobs_seeded", "vllm_driver_cumulative",
+            "memrl_vllm_generator", "memrl_vllm_agenerate")
     assert set(out["seconds"]) == set(runs) and all(out["seconds"][r] > 0 for r in runs)
+    assert all(len(out["seconds_each"][r]) == out["repeats"] == 3 for r in runs)
     for r in runs:  # every run made batch x new tokens (the script asserts it too)
         assert out["new_tokens_per_s"][r] * out["seconds"][r] == pytest.approx(
             out["batch"] * out["new_tokens"])

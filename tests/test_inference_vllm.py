@@ -219,6 +219,53 @@ def test_agenerate_batches_concurrent_requests_like_generate(engine, prompts):
 
 
 @needs_vllm
+def test_the_async_driver_gets_finished_outputs_only_with_flat_logprobs(engine, prompts):
+    """Per decode step, vLLM builds an output only for requests that end (not the whole
+    response so far of every running request), with the log-probs in flat lists; the
+    Generations read from them equal generate()'s."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=9)
+    inner, seen = engine.llm.llm_engine.step, []
+
+    def step():
+        outs = inner()
+        seen.extend(outs)
+        return outs
+
+    engine.llm.llm_engine.step = step
+    try:
+        async def rollout():
+            return await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+
+        together = asyncio.run(rollout())
+    finally:
+        del engine.llm.llm_engine.step  # the bound method again
+    assert len(seen) == len(prompts) and all(o.finished for o in seen)
+    assert all(isinstance(o.outputs[0].logprobs.logprobs, list) for o in seen)
+    alone = [engine.generate([p], [params])[0] for p in prompts]
+    assert [(g.token_ids, g.logprobs) for g in together] == [
+        (g.token_ids, g.logprobs) for g in alone]
+
+
+def test_sampled_logprobs_reads_flat_lists_and_per_position_dicts():
+    from types import SimpleNamespace
+
+    from memrl.inference.vllm import sampled_logprobs
+
+    ids = [5, 7, 5]
+    flat = SimpleNamespace(logprobs=[-0.5, -1.25, -2.0], token_ids=[5, 7, 5])
+    dicts = [{5: SimpleNamespace(logprob=-0.5)}, {7: SimpleNamespace(logprob=-1.25), 5: None},
+             {5: SimpleNamespace(logprob=-2.0)}]
+    assert sampled_logprobs(flat, ids) == sampled_logprobs(dicts, ids) == [-0.5, -1.25, -2.0]
+    # a flat container holding more than the sampled tokens (top-k) is read per position
+
+    class TopTwo(list):
+        logprobs = [-0.5, -0.1, -1.25, -0.2, -2.0, -0.3]
+        token_ids = [5, 1, 7, 1, 5, 1]
+
+    assert sampled_logprobs(TopTwo(dicts), ids) == [-0.5, -1.25, -2.0]
+
+
+@needs_vllm
 def test_async_memagent_episodes_equal_lockstep_on_the_engine(engine, tiny_tokenizer):
     """Per-request seeds: the same trajectories whether each episode runs as a coroutine
     over `agenerate` or all run in lockstep `generate` calls (other batches, other order)."""

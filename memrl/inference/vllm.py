@@ -104,6 +104,9 @@ class VLLMEngine:
             feature="the vLLM rollout engine",
         )
         self._vllm = vllm
+        from vllm.sampling_params import RequestOutputKind
+
+        self._final_only = RequestOutputKind.FINAL_ONLY
         self.on_gpu = torch.cuda.is_available()
         threads = torch.get_num_threads()  # the in-process engine sets it to 1 on CPU
         kwargs = self.engine_kwargs()
@@ -190,6 +193,12 @@ class VLLMEngine:
             logprobs=0,
             detokenize=bool(stops),
             ignore_eos=params.ignore_eos,
+            # Host cost per decode step, same results: an output only when a request ends
+            # (`LLM.generate` sets this itself; the async driver's `add_request` does not,
+            # and vLLM would build every running request's whole output at every step),
+            # and log-probs in flat lists instead of a dict of objects per token.
+            output_kind=self._final_only,
+            flat_logprobs=True,
         )
 
     def generate(
@@ -267,7 +276,7 @@ class VLLMEngine:
         ids = [int(t) for t in completion.token_ids]
         if completion.logprobs is None or len(completion.logprobs) != len(ids):
             raise RuntimeError(f"vLLM request {output.request_id} returned no log-probs")
-        logprobs = [float(completion.logprobs[j][tok].logprob) for j, tok in enumerate(ids)]
+        logprobs = sampled_logprobs(completion.logprobs, ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         cut = first_stop_end(text, [s for s in params.stop if s])
         if cut is not None:
@@ -323,6 +332,16 @@ class VLLMEngine:
     def _check_awake(self) -> None:
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: call wake() first")
+
+
+def sampled_logprobs(positions: Any, ids: list[int]) -> list[float]:
+    """The log-prob of each sampled token from a completion's `logprobs`: vLLM's flat lists
+    (`FlatLogprobs`: with `logprobs=0` one entry per position, the sampled token's) read
+    directly, else (another layout) a dict {token: Logprob} per position."""
+    flat, tokens = getattr(positions, "logprobs", None), getattr(positions, "token_ids", None)
+    if isinstance(flat, list) and len(flat) == len(ids) and list(tokens) == ids:
+        return [float(x) for x in flat]
+    return [float(positions[j][tok].logprob) for j, tok in enumerate(ids)]
 
 
 def check_cpu_prefill(cfg: VLLMConfig) -> None:
