@@ -108,9 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(model.gradient_checkpointing_every_n_layers)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every decoder layer (model.compile)")
-    p.add_argument("--gc-freeze", action="store_true",
-                   help="after the first step, move every object alive to Python's permanent "
-                        "generation (gc.freeze), so the collector no longer walks them")
+    p.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                   help="trainer.gc_freeze=false: the heap is not frozen after the first step "
+                        "(the recipe's loop freezes it by default; this script runs the steps "
+                        "itself and does the same)")
     p.add_argument("--old-logprobs", choices=["auto", "recompute"],
                    default=RLConfig.model_fields["old_logprobs"].default,
                    help="rl.old_logprobs (recipe mode; auto: from the update's own forward "
@@ -270,7 +271,7 @@ def make_config(args: argparse.Namespace, model_dir: Path, train_file: Path, run
                "old_logprobs": args.old_logprobs},
         "optim": {"lr": 1e-6},
         "trainer": {"out_dir": str(run_dir), "total_steps": args.steps,
-                    "peak_tflops": args.peak_tflops,
+                    "peak_tflops": args.peak_tflops, "gc_freeze": args.gc_freeze,
                     "val_before_train": False, "log_sinks": ["jsonl"]},
     })
 
@@ -361,21 +362,23 @@ def sync_cuda() -> None:
         torch.cuda.synchronize()
 
 
-def run_steps(run, shapes, pending: dict[str, float], steps: int,
-              gc_freeze: bool = False) -> list[dict[str, Any]]:
+def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[str, Any]]:
     """`steps` recipe steps; per step its perf/* metrics, batch shapes, the engine hooks'
-    times (`pending`, from `time_engine_hooks`) and peak memory."""
+    times (`pending`, from `time_engine_hooks`), the collector's pauses and peak memory.
+    With `trainer.gc_freeze` the heap is frozen after the first step, as the recipe's loop
+    (`memrl.recipes.scaffold.run_loop`) does."""
     import torch
 
     from memrl.recipes import grpo
+    from memrl.recipes.scaffold import freeze_gc_heap
 
     cuda = torch.cuda.is_available() and run.actor.device.type == "cuda"
+    gc_freeze = run.config.trainer.gc_freeze
     rows = []
     with GCPauses() as pauses:
         for i in range(steps):
-            if i == 1 and gc_freeze:  # after the step that compiled: see --gc-freeze
-                gc.collect()
-                gc.freeze()
+            if i == 1 and gc_freeze:  # as the recipe's loop does (trainer.gc_freeze)
+                freeze_gc_heap()
             pauses.take()
             if cuda:
                 torch.cuda.synchronize()
@@ -398,6 +401,8 @@ def run_steps(run, shapes, pending: dict[str, float], steps: int,
                 row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
                 row["gpu_used_end_of_step_gib"] = gpu_memory_used_gib()
             rows.append(row)
+    if gc_freeze:
+        gc.unfreeze()
     return rows
 
 
@@ -706,7 +711,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     t_setup = time.perf_counter() - t0
     print(f"recipe setup (policy + reference load) {t_setup:.1f} s", flush=True)
     t0 = time.perf_counter()
-    rows = run_steps(run, shapes, pending, args.steps, gc_freeze=args.gc_freeze)
+    rows = run_steps(run, shapes, pending, args.steps)
     if args.keep_checkpoint:
         from memrl.recipes import grpo
 

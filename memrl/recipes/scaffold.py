@@ -13,6 +13,7 @@ are the same for every recipe, so every recipe's `--resume` continues a killed r
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -136,17 +137,40 @@ def run_loop(
         if state.step == 0 and tcfg.val_before_train and validate is not None:
             note("validation")
             logger.log(0, validate())
-        while state.step < total:
-            metrics = step()
-            state.step += 1
-            if validate is not None and (
-                (tcfg.test_freq and state.step % tcfg.test_freq == 0) or state.step == total
-            ):
-                note("validation", state.step)
-                metrics.update(validate())
-            logger.log(state.step, metrics)
-            if (tcfg.save_freq and state.step % tcfg.save_freq == 0) or state.step == total:
-                note("checkpoint", state.step)
-                save()
+        frozen = False
+        try:
+            while state.step < total:
+                metrics = step()
+                state.step += 1
+                if tcfg.gc_freeze and not frozen:  # after the step that compiled (if any)
+                    freeze_gc_heap()
+                    frozen = True
+                _after_step(config, state, metrics, logger, total, validate, save)
+        finally:
+            if frozen:
+                gc.unfreeze()
     if dist.is_main:
         plot_training_curves(out / "metrics.jsonl", out / "training.png")
+
+
+def _after_step(config: Any, state: TrainState, metrics: dict[str, float], logger: Any,
+                total: int, validate: Callable[[], dict[str, float]] | None,
+                save: Callable[[], object]) -> None:
+    """A step's validation (on the cadence and at the last step), log row and checkpoint."""
+    tcfg = config.trainer
+    if validate is not None and (
+        (tcfg.test_freq and state.step % tcfg.test_freq == 0) or state.step == total
+    ):
+        note("validation", state.step)
+        metrics.update(validate())
+    logger.log(state.step, metrics)
+    if (tcfg.save_freq and state.step % tcfg.save_freq == 0) or state.step == total:
+        note("checkpoint", state.step)
+        save()
+
+
+def freeze_gc_heap() -> None:
+    """Collect, then move every object alive to Python's permanent generation (`gc.freeze`):
+    later collections skip them (`trainer.gc_freeze`; undone by `gc.unfreeze()`)."""
+    gc.collect()
+    gc.freeze()
