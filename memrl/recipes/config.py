@@ -308,8 +308,8 @@ class TrainerConfig(StrictModel):
     alive (the model, its compiled graphs, the engine) to Python's permanent generation
     (`gc.freeze`), so that the collector's full collections no longer walk them: vLLM's sleep
     runs one every step and the rollout's allocations start others. On one H100 (recipe
-    shapes, 0.5B) it took the step's time in the collector from 0.19 to 0.06 s and the whole
-    step from 19.3-19.7 to 18.3 s (docs/benchmarks.md). Objects of that moment that later
+    shapes, 0.5B) it took the step's time in the collector from 0.17-0.20 s to 0.05-0.07 s
+    (docs/benchmarks.md, holds K to M). Objects of that moment that later
     become unreachable only through a reference cycle are freed when training ends (the heap
     is unfrozen then). false: Python's default."""
     heartbeat_timeout_s: float = Field(60.0, ge=0)
