@@ -263,6 +263,7 @@ def test_a_frozen_heap_trains_the_same(tiny_model_dir, data_dir, tmp_path):
     gradient norms and rewards, step by step; the heap is unfrozen afterwards."""
     rows = {}
     for freeze in (True, False):
+        gc.unfreeze()  # a vLLM engine of an earlier test in this process froze its heap
         out = tmp_path / f"freeze_{freeze}"
         grpo.train(make_config(tiny_model_dir, data_dir, out, "trainer.total_steps=3",
                                "data.train_batch_size=1", "rl.ppo_mini_batch_size=1",

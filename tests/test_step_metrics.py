@@ -167,6 +167,7 @@ def test_run_loop_freezes_the_heap_after_the_first_step_and_unfreezes_at_the_end
         trainer=TrainerConfig(out_dir=str(tmp_path), log_sinks=["jsonl"], gc_freeze=freeze,
                               val_before_train=False))
     state, frozen = TrainState(), []
+    gc.unfreeze()  # a vLLM engine of an earlier test in this process froze its start-up heap
 
     def step():
         frozen.append(gc.get_freeze_count())

@@ -310,8 +310,9 @@ class TrainerConfig(StrictModel):
     runs one every step and the rollout's allocations start others. On one H100 (recipe
     shapes, 0.5B) it took the step's time in the collector from 0.17-0.20 s to 0.05-0.07 s
     (docs/benchmarks.md, holds K to M). Objects of that moment that later
-    become unreachable only through a reference cycle are freed when training ends (the heap
-    is unfrozen then). false: Python's default."""
+    become unreachable only through a reference cycle are freed when training ends (the whole
+    heap is unfrozen then, also what an in-process vLLM engine froze when it started).
+    false: Python's default."""
     heartbeat_timeout_s: float = Field(60.0, ge=0)
     """Under torchrun: a rank whose heartbeat (a side thread beating every tenth of this) stops
     for this long is lost, found within 1.2 × this (a dead rank on the same machine at once),
