@@ -157,8 +157,10 @@ class GCPauses:
         self.seconds += self._clock() - self._t0
         self.full += info.get("generation") == 2
 
-    def take(self) -> dict[str, float]:
-        out = {"gc_s": self.seconds, "gc_full_collections": self.full}
+    def take(self) -> dict[str, float | int]:
+        """{"gc_s": seconds in the collector, "gc_full_collections": count} since the last
+        call (or the start)."""
+        out: dict[str, float | int] = {"gc_s": self.seconds, "gc_full_collections": self.full}
         self.seconds, self.full = 0.0, 0
         return out
 

@@ -9,9 +9,14 @@ REPEATS times in turn (the table reports the median):
     vllm_direct_flat_logprobs        + a log-prob per token, in flat lists
     vllm_direct_seeded               + a seed per request, no log-probs
     vllm_direct_flat_logprobs_seeded flat log-probs and seeds (what memrl asks vLLM for)
-    vllm_driver_cumulative           memrl's async driver before 2026-11-27 (engine.step()
-                                     with every running request's output at every step,
-                                     dict log-probs, seeds)
+    vllm_driver_cumulative           memrl's async driver before 93a36ab: memrl's requests
+                                     with vLLM's default output kind (an output of every
+                                     running request at every engine.step()) and dict
+                                     log-probs
+
+(The direct calls do not detokenize, as memrl's requests without stop strings do not. The
+results of 2026-11-27 in docs/benchmarks.md came from the script of 93a36ab, whose direct
+calls and cumulative driver detokenized every token.)
     memrl_vllm_generator             memrl's `VLLMEngine.generate` (lockstep rollouts)
     memrl_vllm_agenerate             memrl's `VLLMEngine.agenerate`, every request a coroutine
                                      (async rollouts: the recipe's default)
@@ -84,6 +89,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=0.6, max_model_len=prompt_len + new, max_num_seqs=batch,
         seed=args.seed, kv_cache_memory_bytes=None if cuda else 1 << 28))
     from vllm import SamplingParams as VSP
+    from vllm.sampling_params import RequestOutputKind
+
+    from memrl.inference.base import checked_requests
     from vllm.inputs import TokensPrompt
 
     low, high = info["tokenizer_bpe_tokens"], info["tokenizer_tokens"]
@@ -91,6 +99,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         low = 0
     prompts = random_prompts(batch, prompt_len, low, high, args.seed)
     raw = [TokensPrompt(prompt_token_ids=list(x)) for x in prompts]
+
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=args.seed,
+                            ignore_eos=True)
 
     def direct(**kw: Any) -> float:
         t0 = time.perf_counter()
@@ -100,25 +111,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return dt
 
     def vllm_params(**kw: Any) -> list[Any]:
+        # detokenize=False, as memrl asks whenever a request has no stop string
         return [VSP(max_tokens=new, min_tokens=new, ignore_eos=True, temperature=1.0,
                     seed=(kw["seed"] + i) if kw.get("seed") is not None else None,
-                    logprobs=kw.get("logprobs"), flat_logprobs=kw.get("flat", False))
+                    logprobs=kw.get("logprobs"), flat_logprobs=kw.get("flat", False),
+                    detokenize=False)
                 for i in range(batch)]
 
     def driver_cumulative() -> float:
-        """engine.step() until every request ends, outputs of every running request at
-        every step (vLLM's default output kind, which `add_request` keeps)."""
-        core, done = engine.llm.llm_engine, 0
+        """memrl's async driver before 93a36ab: its requests (memrl's SamplingParams, with
+        vLLM's default output kind, which `add_request` keeps, and dict log-probs) through
+        engine.step() until every request ends."""
+        core, tokens = engine.llm.llm_engine, {}
+        old = [engine.sampling_params(p) for p in checked_requests(prompts, params)]
+        for sp in old:
+            sp.output_kind, sp.flat_logprobs = RequestOutputKind.CUMULATIVE, False
         t0 = time.perf_counter()
-        for i, (prompt, sp) in enumerate(zip(raw, vllm_params(logprobs=0, seed=1),
-                                             strict=True)):
+        for i, (prompt, sp) in enumerate(zip(raw, old, strict=True)):
             core.add_request(f"cumulative-{i}", prompt, sp)
-        while done < batch:
-            done += sum(o.finished for o in core.step())
-        return time.perf_counter() - t0
+        while len(tokens) < batch:
+            tokens.update((o.request_id, len(o.outputs[0].token_ids))
+                          for o in core.step() if o.finished)
+        dt = time.perf_counter() - t0
+        assert sum(tokens.values()) == batch * new
+        return dt
 
-    params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=args.seed,
-                            ignore_eos=True)
 
     def memrl_generate() -> float:
         t0 = time.perf_counter()

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import random
@@ -366,44 +365,48 @@ def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[s
     """`steps` recipe steps; per step its perf/* metrics, batch shapes, the engine hooks'
     times (`pending`, from `time_engine_hooks`), the collector's pauses and peak memory.
     With `trainer.gc_freeze` the heap is frozen after the first step, as the recipe's loop
-    (`memrl.recipes.scaffold.run_loop`) does."""
+    (`memrl.recipes.scaffold.run_loop`) does, and `gc_freeze_s` is that collection's time."""
+    from memrl.recipes.scaffold import HeapFreezer
+
+    rows: list[dict[str, Any]] = []
+    with GCPauses() as pauses, HeapFreezer(run.config.trainer.gc_freeze) as heap:
+        for i in range(steps):
+            froze = {}
+            pauses.take()
+            if i == 1:  # as the recipe's loop does after the first step
+                heap.after_step()
+                froze = {"gc_freeze_s": pauses.take()["gc_s"]}
+            rows.append({**timed_step(run, pending), **pauses.take(), **froze, **shapes[-1]})
+    return rows
+
+
+def timed_step(run, pending: dict[str, float]) -> dict[str, Any]:
+    """One recipe step: its wall time, graphs compiled, perf/* metrics, the engine hooks'
+    times (`pending`, then cleared) and peak memory."""
     import torch
 
     from memrl.recipes import grpo
-    from memrl.recipes.scaffold import freeze_gc_heap
 
     cuda = torch.cuda.is_available() and run.actor.device.type == "cuda"
-    gc_freeze = run.config.trainer.gc_freeze
-    rows = []
-    with GCPauses() as pauses:
-        for i in range(steps):
-            if i == 1 and gc_freeze:  # as the recipe's loop does (trainer.gc_freeze)
-                freeze_gc_heap()
-            pauses.take()
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            graphs, t0 = compiled_graphs(), time.perf_counter()
-            metrics = grpo.train_step(run)
-            if cuda:
-                torch.cuda.synchronize()
-            run.state.step += 1
-            row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
-            if graphs is not None:  # a recompilation explains a slow step
-                row["graphs_compiled"] = compiled_graphs() - graphs
-            row.update(pauses.take())
-            row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
-            row.update(shapes[-1])
-            row.update(pending)
-            pending.clear()
-            if cuda:
-                row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-                row["gpu_used_end_of_step_gib"] = gpu_memory_used_gib()
-            rows.append(row)
-    if gc_freeze:
-        gc.unfreeze()
-    return rows
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    graphs, t0 = compiled_graphs(), time.perf_counter()
+    metrics = grpo.train_step(run)
+    if cuda:
+        torch.cuda.synchronize()
+    run.state.step += 1
+    row: dict[str, Any] = {"step": run.state.step, "step_wall_s": time.perf_counter() - t0}
+    if graphs is not None:  # a recompilation explains a slow step
+        row["graphs_compiled"] = compiled_graphs() - graphs
+    row.update({k: metrics[k] for k in PERF_KEYS if k in metrics})
+    row.update(pending)
+    pending.clear()
+    if cuda:
+        row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        row["gpu_used_end_of_step_gib"] = gpu_memory_used_gib()
+    return row
 
 
 # ---------------------------------------------------------------------------------- summary

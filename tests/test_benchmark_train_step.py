@@ -3,6 +3,7 @@ uneven batches, padded or packed, one row per micro-batch token budget."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -39,3 +40,14 @@ def test_update_only_tiny_run(tmp_path, packed):
     assert (tmp_path / "s.json").exists()
     record = read_record(tmp_path / "s.run.json")  # the run record beside the results
     assert (record["kind"], record["status"]) == ("benchmark train_step_gpu", "ok")
+
+
+def test_gc_pauses_time_full_collections_and_leave_no_callback():
+    bench = load_benchmark()
+    before = list(gc.callbacks)
+    with bench.GCPauses() as pauses:
+        gc.collect()
+        out = pauses.take()
+        assert out["gc_full_collections"] == 1 and out["gc_s"] > 0
+        assert pauses.take() == {"gc_s": 0.0, "gc_full_collections": 0}
+    assert gc.callbacks == before

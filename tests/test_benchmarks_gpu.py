@@ -145,6 +145,10 @@ def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
                  + row["update_s"] + row["other_s"])
         assert parts == pytest.approx(row["perf/step_time_s"])
         assert row["sync_weights_s"] > 0 and row["rollout/logprob_diff_max"] < 1e-3
+        assert row["gc_s"] >= 0 and row["gc_full_collections"] >= 0
+    # trainer.gc_freeze (the default): the heap frozen after step 1, as the recipe's loop does
+    froze = ["gc_freeze_s" in row for row in out["steps"]]
+    assert froze == [False, True] + [False] * (len(froze) - 2)
 
 
 @pytest.mark.slow

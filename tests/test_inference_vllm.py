@@ -219,11 +219,11 @@ def test_agenerate_batches_concurrent_requests_like_generate(engine, prompts):
 
 
 @needs_vllm
-def test_the_async_driver_gets_finished_outputs_only_with_flat_logprobs(engine, prompts):
-    """Per decode step, vLLM builds an output only for requests that end (not the whole
-    response so far of every running request), with the log-probs in flat lists; the
-    Generations read from them equal generate()'s."""
-    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=9)
+def test_the_async_driver_gets_finished_outputs_only_with_flat_logprobs(engine, prompts,
+                                                                       monkeypatch):
+    """Per decode step, vLLM builds an output only for requests that end (not one for every
+    running request), with the log-probs in flat lists; the Generations read from them equal
+    generate()'s, also for requests that a stop string ends."""
     inner, seen = engine.llm.llm_engine.step, []
 
     def step():
@@ -231,19 +231,24 @@ def test_the_async_driver_gets_finished_outputs_only_with_flat_logprobs(engine, 
         seen.extend(outs)
         return outs
 
-    engine.llm.llm_engine.step = step
-    try:
-        async def rollout():
-            return await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
+    async def rollout(params):
+        return await asyncio.gather(*(engine.agenerate(p, params) for p in prompts))
 
-        together = asyncio.run(rollout())
-    finally:
-        del engine.llm.llm_engine.step  # the bound method again
-    assert len(seen) == len(prompts) and all(o.finished for o in seen)
+    monkeypatch.setattr(engine.llm.llm_engine, "step", step)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, seed=9)
+    together = asyncio.run(rollout(params))
+    # a stop string inside the first response: that request ends on it, the others may too
+    stop = together[0].text.strip()[:2]
+    assert stop
+    stopped = SamplingParams(max_new_tokens=12, temperature=1.0, seed=9, stop=(stop,))
+    ended = asyncio.run(rollout(stopped))
+    assert ended[0].finish_reason == "stop" and ended[0].text.endswith(stop)
+    assert len(seen) == 2 * len(prompts) and all(o.finished for o in seen)
     assert all(isinstance(o.outputs[0].logprobs.logprobs, list) for o in seen)
-    alone = [engine.generate([p], [params])[0] for p in prompts]
-    assert [(g.token_ids, g.logprobs) for g in together] == [
-        (g.token_ids, g.logprobs) for g in alone]
+    for params, gens in ((params, together), (stopped, ended)):
+        alone = [engine.generate([p], [params])[0] for p in prompts]
+        assert [(g.token_ids, g.logprobs, g.text) for g in gens] == [
+            (g.token_ids, g.logprobs, g.text) for g in alone]
 
 
 def test_sampled_logprobs_reads_flat_lists_and_per_position_dicts():

