@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import json
 import platform
 import re
@@ -16,6 +17,7 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,19 +137,13 @@ class GCPauses:
     removed on exit."""
 
     def __init__(self) -> None:
-        import time
-
         self.seconds, self.full, self._t0, self._clock = 0.0, 0, 0.0, time.perf_counter
 
     def __enter__(self) -> GCPauses:
-        import gc
-
         gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import gc
-
         gc.callbacks.remove(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:

@@ -85,10 +85,14 @@ def _mask(*args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def packed_forward() -> Iterator[None]:
+def packed_forward(active: bool = True) -> Iterator[None]:
     """Around a packed forward that passes the samples' bounds: transformers builds no
     mask for a model of this attention (for a model whose forward takes no mapping of
-    masks, `packed_masks` gives None and the masks come from `_mask`)."""
+    masks, `packed_masks` gives None and the masks come from `_mask`). `active` False:
+    nothing changes (a forward of any other kind)."""
+    if not active:
+        yield
+        return
     token = _PACKED.set(True)
     try:
         yield

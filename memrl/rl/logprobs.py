@@ -14,7 +14,6 @@ With remove_padding the conversations run packed into one row (`memrl.rl.packing
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -109,7 +108,7 @@ def response_pass(
     ent = values = None
     if parts is not None:  # the final hidden states at response positions
         decoder, head = parts
-        with packed_forward() if varlen else contextlib.nullcontext():
+        with packed_forward(varlen):
             out = decoder(**inputs, use_cache=False)
         hidden = gather_rows(out.last_hidden_state, select)
         if value_head is not None:
@@ -122,7 +121,7 @@ def response_pass(
         if parts is not None:
             logits = head(hidden)
         else:  # logits are not a plain projection: full logits, then select
-            with packed_forward() if varlen else contextlib.nullcontext():
+            with packed_forward(varlen):
                 out = model(**inputs, use_cache=False)
             logits = gather_rows(out.logits, select)
         flat = logprobs_from_logits(logits, labels, temperature=temperature)
