@@ -476,23 +476,24 @@ def print_table(summary: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------- update only
-def synthetic_batch(args: argparse.Namespace, vocab: int):
+def synthetic_batch(args: argparse.Namespace, vocab: int, rank: int = 0):
     """`--samples` conversations of uniformly drawn prompt and response lengths (random ids),
     one per trajectory, four trajectories per question, random 0/1 rewards and ±1
-    advantages: the shapes of MemAgent's memory-update and final turns, without a rollout."""
+    advantages: the shapes of MemAgent's memory-update and final turns, without a rollout.
+    Each rank of a data-parallel run draws its own (seeded with the seed and its rank)."""
     import torch
 
     from memrl.trajectory import Trajectory, Turn
     from memrl.rl.batch import RolloutBatch
 
-    rng = random.Random(args.seed)
+    rng = random.Random(args.seed if rank == 0 else f"{args.seed}/rank{rank}")
     trajs = []
     for i in range(args.samples):
         p, r = rng.randint(*args.prompt_len), rng.randint(*args.response_len)
         response = [rng.randrange(vocab) for _ in range(r)]
         turn = Turn(kind="memory_update", prompt_ids=[rng.randrange(vocab) for _ in range(p)],
                     response_ids=response, response_logprobs=[-1.0] * r, response_text="")
-        trajs.append(Trajectory(record_id=f"q{i // 4}", sample_index=i % 4, turns=[turn],
+        trajs.append(Trajectory(record_id=f"r{rank}q{i // 4}", sample_index=i % 4, turns=[turn],
                                 reward=float(rng.random() < 0.5)))
     batch = RolloutBatch.from_trajectories(trajs, overlong="keep")
     advantages = torch.tensor([1.0 if t.reward else -1.0 for t in trajs])
@@ -515,11 +516,17 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     from memrl.rl.config import RLConfig
     from memrl.rl.flops import ModelShape, device_peak_flops, mfu, train_flops
 
+    fsdp = args.strategy == "fsdp"
+    # Under torchrun: one rank per GPU (cuda:LOCAL_RANK), each with its own `--samples`
+    # conversations (weak scaling: the same work per GPU), gradients summed over the ranks
+    # (replicate) or reduce-scattered (FSDP2). One process: a group only for FSDP2.
+    dist = init_process_group(1800, device=args.device, always=fsdp)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
+    if cuda:
+        device = torch.device("cuda", torch.cuda.current_device())
     config = Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=1_000_000.0)
     torch.manual_seed(args.seed)
-    fsdp = args.strategy == "fsdp"
     # model.attn_implementation and rl.remove_padding resolved as the recipe resolves them
     impl = attention(ModelConfig(path="random", device=str(device),
                                  attn_implementation=args.attn))
@@ -533,8 +540,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     if args.compile:
         compile_layers(model)
     sharding: dict[str, Any] = {}
-    if fsdp:  # one process: FSDP2 for its mixed-precision policy (one bf16 cast per layer)
-        dist = init_process_group(1800, device=str(device), always=True)
+    if fsdp:  # alone too: FSDP2 for its mixed-precision policy (one bf16 cast per layer)
         model = shard(model, device, param_dtype=torch.bfloat16 if cuda else None)
         sharding = dict(sharded_over=dist, device=device)
     model.train()
@@ -544,7 +550,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     peak = (args.peak_tflops * 1e12 if args.peak_tflops
             else device_peak_flops(device, autocast))
     optimizer = build_optimizer(model, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)
-    batch, advantages = synthetic_batch(args, shape["vocab_size"])
+    batch, advantages = synthetic_batch(args, shape["vocab_size"], rank=dist.rank)
     lens = [s.num_tokens for s in batch.conversations]
     responses = [len(s.response_ids) for s in batch.conversations]
     tokens = sum(lens)
@@ -552,11 +558,14 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     # yardstick (N = every parameter, the vocabulary projection at every token, no attention).
     flops = train_flops(lens, model_shape, logit_tokens=sum(responses))
     flops_6n = 6 * params * tokens
+    all_tokens, all_flops, all_flops_6n = (float(dist.all_reduce_sum(float(x)))
+                                           for x in (tokens, flops, flops_6n))
     prompts = [n - r for n, r in zip(lens, responses, strict=True)]
-    print(f"model {params / 1e6:.1f}M params ({args.attn}), {len(lens)} conversations, "
-          f"{tokens} tokens (prompts {min(prompts)}–{max(prompts)}, responses "
-          f"{min(responses)}–{max(responses)}), remove_padding={args.remove_padding}",
-          flush=True)
+    if dist.is_main:
+        print(f"model {params / 1e6:.1f}M params ({args.attn}), {len(lens)} conversations, "
+              f"{tokens} tokens (prompts {min(prompts)}–{max(prompts)}, responses "
+              f"{min(responses)}–{max(responses)}), remove_padding={args.remove_padding}",
+              flush=True)
 
     def sync() -> None:
         if cuda:
@@ -582,7 +591,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
                 old = actor.logprobs(batch)
                 sync()
                 t1 = time.perf_counter()
-                stats = actor.update(batch.with_logprobs(old).with_advantages(advantages))
+                stats = actor.update(batch.with_logprobs(old).with_advantages(advantages), dist)
                 sync()
                 times.append((t1 - t0, time.perf_counter() - t1))
         except torch.OutOfMemoryError:  # a budget too large for the GPU: say so, go on
@@ -591,23 +600,29 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
                          "error": "out of memory"})
             print(json.dumps(rows[-1]), flush=True)
             continue
-        logprob_s = statistics.fmean(t for t, _ in times[args.warmup:])
-        update_s = statistics.fmean(u for _, u in times[args.warmup:])
+        # the slowest rank's time (every rank waits for it in the collectives)
+        logprob_s = max(dist.all_gather(statistics.fmean(t for t, _ in times[args.warmup:])))
+        update_s = max(dist.all_gather(statistics.fmean(u for _, u in times[args.warmup:])))
         row: dict[str, Any] = {
             "budget": budget, "micro_batches": len(micro),
             "tokens_per_micro_batch": stats.tokens_per_micro_batch,
             "padding_waste": stats.padding_waste,
             "logprob_s": logprob_s, "update_s": update_s,
-            "logprob_tokens_per_s": tokens / logprob_s, "update_tokens_per_s": tokens / update_s,
-            "update_model_tflops_per_s": flops / update_s / 1e12,
+            # all ranks together, and per GPU
+            "logprob_tokens_per_s": all_tokens / logprob_s,
+            "update_tokens_per_s": all_tokens / update_s,
+            "update_tokens_per_s_per_gpu": all_tokens / update_s / dist.world_size,
+            "update_model_tflops_per_s": all_flops / update_s / 1e12,
         }
-        if peak:
-            row["mfu"] = mfu(flops, update_s, peak)
-            row["mfu_6n"] = mfu(flops_6n, update_s, peak)
-            row["logprob_mfu"] = mfu(flops / 3, logprob_s, peak)
-        if cuda:
-            row["peak_mem_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            row["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        if peak:  # per GPU: this rank's work over the step's time, the mean of the ranks'
+            row["mfu"] = mfu(all_flops / dist.world_size, update_s, peak)
+            row["mfu_6n"] = mfu(all_flops_6n / dist.world_size, update_s, peak)
+            row["logprob_mfu"] = mfu(all_flops / 3 / dist.world_size, logprob_s, peak)
+        if cuda:  # the largest of the ranks'
+            row["peak_mem_allocated_gib"] = max(dist.all_gather(
+                torch.cuda.max_memory_allocated() / 2**30))
+            row["peak_mem_reserved_gib"] = max(dist.all_gather(
+                torch.cuda.max_memory_reserved() / 2**30))
         if args.profile:
             row["profile"] = profile_call(
                 lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)),
@@ -618,9 +633,11 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             row["host_syncs"] = count_host_syncs(
                 lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)))
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+        if dist.is_main:
+            print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
     summary = {
         "benchmark": "memrl PPO update on MemAgent-shaped batches",
+        "world_size": dist.world_size,
         "environment": environment(),
         "argv": sys.argv[1:] if argv is None else argv,
         "model": {**shape, "params": params, "body_params": model_shape.body_params},
@@ -628,8 +645,10 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             "attn_implementation": args.attn, "remove_padding": args.remove_padding,
             "gradient_checkpointing": args.gradient_checkpointing,
             "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
-            "strategy": args.strategy, "samples": len(lens), "prompt_len": list(args.prompt_len),
-            "response_len": list(args.response_len), "tokens": tokens,
+            "strategy": args.strategy, "samples": len(lens),  # per rank
+            "prompt_len": list(args.prompt_len),
+            "response_len": list(args.response_len), "tokens": tokens,  # rank 0's
+            "tokens_all_ranks": all_tokens,
             "response_tokens": sum(responses), "sum_sq_seq_len": sum(n * n for n in lens),
             "update_model_flops": flops, "update_6n_flops": flops_6n,
             "peak_flops": peak, "steps_per_budget": args.steps, "warmup_steps": args.warmup,
@@ -639,11 +658,11 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
         },
         "budgets": rows,
     }
-    text = json.dumps(summary, indent=2)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(text + "\n")
-    print_budget_table(rows)
+    if dist.is_main:
+        if args.json_out:
+            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
+        print_budget_table(rows)
     return summary
 
 

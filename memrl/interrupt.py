@@ -144,7 +144,7 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
             self.code = self._ask(signum)
             if self.code is None:
                 self._said = interrupt_message(signum, *self._texts())
-                _print_line(self._said, self.stream)
+                print_line(self._said, self.stream)
         raise Interrupted(signum, self._said, self.code)
 
     def _ask(self, signum: int) -> int | None:
@@ -157,8 +157,26 @@ class exit_on_signals:  # noqa: N801 - used like a function: `with exit_on_signa
             return None
 
 
-def _print_line(message: str, stream: IO[str] | None) -> None:
-    """Print from inside a signal handler: the stream may be mid-write, fall back to fd 2."""
+REPORTED_ENV = "MEMRL_REPORTED_DIR"
+"""Set by memrl's torchrun (`memrl.distributed.torchrun`) for its ranks: a rank that printed
+why it ends leaves a file in that directory, so that the launcher adds nothing after it."""
+
+
+def mark_reported() -> None:
+    """Tell memrl's torchrun, if it launched this rank, that the rank printed why it ends."""
+    where = os.environ.get(REPORTED_ENV)
+    if where:
+        try:
+            with open(os.path.join(where, f"rank{os.environ.get('RANK', '0')}"), "a"):
+                pass
+        except OSError:
+            pass
+
+
+def print_line(message: str, stream: IO[str] | None = None) -> None:
+    """Print why this process ends, as one line; safe inside a signal handler (the stream may
+    be mid-write: then straight to fd 2)."""
+    mark_reported()
     out = stream if stream is not None else sys.stderr
     try:
         out.write(message + "\n")

@@ -294,8 +294,9 @@ def test_a_killed_rank_ends_the_run_with_its_rank_named(tiny_model_dir, data_dir
             proc.wait()
     assert proc.returncode != 0
     assert elapsed < 60
-    assert re.search(r"rank\s*:\s*1\b", stderr) and "SIGKILL" in stderr, stderr[-3000:]
-    # memrl's one line (the survivor's): the dead rank, and the resume on 2 ranks again.
+    # memrl's one line (the survivor's): the dead rank, and the resume on 2 ranks again; no
+    # launcher traceback or failure table after it
+    assert "Traceback" not in stderr and "ChildFailedError" not in stderr, stderr[-3000:]
     ours = [x for x in stderr.splitlines() if x.startswith(("error: ", "interrupted"))]
     assert len(ours) == 1 and re.match(r"error: rank 1 \(host .+, pid \d+\) died in step \d+ "
                                        r"\(\w[\w -]*(; waiting for the other ranks)?\): ",
@@ -344,9 +345,30 @@ def test_collect_groups_records_the_order_of_the_kept_groups():
     assert groups.rounds == 2
 
 
+def test_the_launcher_speaks_only_when_no_rank_could():
+    from types import SimpleNamespace
+
+    from memrl.distributed.torchrun import exit_code
+
+    def failure(code, local_rank=0, pid=7):
+        return SimpleNamespace(exitcode=code, local_rank=local_rank, pid=pid,
+                               signal_name=lambda: {-9: "SIGKILL", -15: "SIGTERM"}[code])
+
+    # a rank exited with an error (Python printed why): torchrun's code, no line
+    assert exit_code({1: failure(-9, 1), 0: failure(1)}, reported=False) == (1, None)
+    assert exit_code({0: failure(-15), 1: failure(2, 1)}, reported=False) == (2, None)
+    # killed by signals after one of them printed its line (torchrun SIGTERMs the others)
+    assert exit_code({1: failure(-9, 1), 0: failure(-15)}, reported=True) == (143, None)
+    # nobody could speak: one line naming the lowest failed rank, 128 + its signal
+    code, line = exit_code({1: failure(-9, 1, 42), 2: failure(-15, 0)}, reported=False)
+    assert code == 137
+    assert line.startswith("error: rank 1 (local rank 1, pid 42) was killed by SIGKILL ")
+    assert "\n" not in line
+
+
 def test_torchrun_command_starts_memrl_on_this_node():
     cmd = torchrun_command(4, ["train", "c.yaml", "--resume"])
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[:3] == [sys.executable, "-m", "memrl.distributed.torchrun"]
     assert "--standalone" in cmd and "--nproc-per-node=4" in cmd
     assert cmd[-5:] == ["-m", "memrl", "train", "c.yaml", "--resume"]
 

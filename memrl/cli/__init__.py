@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         # A SIGINT the command did not handle itself (see memrl.interrupt for one that does).
         import signal
 
-        from memrl.interrupt import exit_code_for, interrupt_message
+        from memrl.interrupt import exit_code_for, interrupt_message, print_line
 
-        print(_scrub(interrupt_message(signal.SIGINT, *_interrupt_hint(args))), file=sys.stderr)
+        print_line(_scrub(interrupt_message(signal.SIGINT, *_interrupt_hint(args))))
         return exit_code_for(signal.SIGINT)
 
 
@@ -232,8 +232,9 @@ def _scrub(text: str) -> str:
 
 def print_error(message: str, *, code: int = 2) -> int:
     """Print `error: <message>` as one scrubbed line on stderr; return `code`."""
-    line = _scrub(one_line(message)) or "unknown error"
-    print(f"error: {line}", file=sys.stderr)
+    from memrl.interrupt import print_line
+
+    print_line(f"error: {_scrub(one_line(message)) or 'unknown error'}")
     return code
 
 

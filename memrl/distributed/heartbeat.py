@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from memrl.interrupt import print_line
+
 __all__ = [
     "EXIT_PEER_LOST", "Beat", "Heartbeat", "Lost", "Verdict", "activity", "collective",
     "current", "doing", "note", "process_state", "set_epilogue", "start", "stop",
@@ -389,7 +391,7 @@ class Heartbeat:
                     text += f"; {_epilogue()}"
                 except Exception:  # noqa: BLE001 - the line must come out anyway
                     pass
-            _print_line(text, stream)
+            print_line(text, stream)
         for host, pid in verdict.stopped:
             if host == self.host and process_state(pid) == "stopped":
                 _kill(pid)
@@ -438,19 +440,6 @@ class Heartbeat:
                 return
             self._wake.wait(self.interval_s)
             self._wake.clear()
-
-
-def _print_line(text: str, stream: Any) -> None:
-    out = stream if stream is not None else sys.stderr
-    try:
-        out.write(text + "\n")
-        out.flush()
-    except (OSError, RuntimeError, ValueError, AttributeError):  # reentrant (from a signal
-        # handler while the main thread was writing) or closed stream: straight to fd 2
-        try:
-            os.write(2, (text + "\n").encode("utf-8", "replace"))
-        except OSError:
-            pass
 
 
 def _kill(pid: int) -> None:

@@ -153,12 +153,13 @@ def destroy_process_group() -> None:
 
 
 def torchrun_command(nproc_per_node: int, module_args: Sequence[str]) -> list[str]:
-    """`python -m torch.distributed.run` starting `python -m memrl <module_args>` on
-    `nproc_per_node` processes of this node (a free rendezvous port, `--standalone`)."""
+    """torchrun (`memrl.distributed.torchrun`: the ranks' own one-line errors, no launcher
+    traceback after them) starting `python -m memrl <module_args>` on `nproc_per_node`
+    processes of this node (a free rendezvous port, `--standalone`)."""
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "memrl.distributed.torchrun",
         "--standalone",
         f"--nproc-per-node={int(nproc_per_node)}",
         "-m",

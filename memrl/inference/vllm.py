@@ -53,6 +53,7 @@ is not used.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -118,7 +119,8 @@ class VLLMEngine:
         rng = _rng_states()  # ... and seeds the global RNGs with its seed: keep the caller's
         v2 = os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with _launcher_environment(kwargs):
+                self.llm = vllm.LLM(**kwargs)
         except (OSError, ValueError) as exc:
             hint = "; rollout.vllm.model_runner=v1 runs vLLM's older model runner" if v2 else ""
             raise MemrlInputError(
@@ -136,6 +138,10 @@ class VLLMEngine:
         # earlier engine of this process)
         kinds = self.llm.collective_rpc(_runner_kind)
         self.model_runner = kinds[0] if kinds else "v1"
+        self.placement = self.llm.collective_rpc(_placement)[0]
+        """Where this engine's worker, weights and KV cache live ({"worker", "weights",
+        "kv_cache"}: device names; "kv_cache" None before vLLM allocates one)."""
+        check_placement(self.placement)
         ids = set(eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             ids.add(int(tokenizer.eos_token_id))
@@ -178,7 +184,10 @@ class VLLMEngine:
             kw["kv_cache_memory_bytes"] = kv
         if self.on_gpu and cfg.free_cache_engine:
             kw["enable_sleep_mode"] = True
-        if cfg.tensor_model_parallel_size > 1:
+        if cfg.tensor_model_parallel_size > 1 or _launched_world_size() > 1:
+            # One engine per rank of the trainer's process group, on that rank's device
+            # (vLLM's torchrun mode): vLLM's own single-process executor would put every
+            # rank's engine on GPU 0 and take part in the group as rank 0.
             kw["distributed_executor_backend"] = "external_launcher"
         return kw
 
@@ -378,6 +387,91 @@ def _first_line(exc: BaseException) -> str:
     text = str(errors[0].get("msg", "")).removeprefix("Value error, ") if errors else str(exc)
     lines = text.strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _launched_world_size() -> int:
+    """The size of the trainer's joined process group (1 when there is none)."""
+    import torch.distributed as tdist
+
+    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+
+
+@contextlib.contextmanager
+def _launcher_environment(kwargs: dict[str, Any]) -> Iterator[None]:
+    """While vLLM builds an engine in torchrun mode (`external_launcher`): RANK as the
+    trainer's process group has it and LOCAL_RANK as the index of this process's current
+    CUDA device (the trainer's: torchrun sets it from LOCAL_RANK, a Ray actor may see other
+    indices), which vLLM's worker takes as its device. The environment is restored after."""
+    if kwargs.get("distributed_executor_backend") != "external_launcher":
+        yield
+        return
+    import torch
+    import torch.distributed as tdist
+
+    saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
+    if tdist.is_available() and tdist.is_initialized():
+        os.environ["RANK"] = str(tdist.get_rank())
+    os.environ.setdefault("RANK", "0")
+    if torch.cuda.is_available():
+        os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
+    os.environ.setdefault("LOCAL_RANK", "0")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def check_placement(placement: dict[str, str | None]) -> None:
+    """Refuse an engine whose worker, weights or KV cache is not on this process's device
+    (the current CUDA device on a GPU): a colocated engine on another rank's GPU fails later
+    with illegal memory accesses, far from the cause."""
+    import torch
+
+    want = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    wrong = {k: v for k, v in placement.items() if v is not None and v != want}
+    if wrong:
+        where = ", ".join(f"{k} on {v}" for k, v in wrong.items())
+        raise RuntimeError(f"the vLLM engine of this process is not on its device {want}: "
+                           f"{where}")
+
+
+def _placement(worker: Any) -> dict[str, str | None]:
+    """Run in the engine's worker (`collective_rpc`): the devices of the worker, of its
+    model's weights and of its KV cache (None where vLLM has allocated none yet)."""
+    runner = worker.model_runner
+    weights = next(runner.get_model().parameters()).device
+    caches = getattr(runner, "kv_caches", None)
+    if isinstance(caches, dict):
+        caches = list(caches.values())
+    first = _first_tensor(caches)
+    return {"worker": _device_name(worker.device), "weights": _device_name(weights),
+            "kv_cache": None if first is None else _device_name(first.device)}
+
+
+def _first_tensor(value: Any) -> Any:
+    """The first tensor in nested lists/tuples (a KV cache's layout varies by runner)."""
+    if hasattr(value, "device") and hasattr(value, "shape"):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _device_name(device: Any) -> str:
+    """"cuda:N" (an index always) or "cpu"."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return device.type if device.type == "cpu" else f"{device.type}:{device.index}"
 
 
 def _runner_kind(worker: Any) -> str:
