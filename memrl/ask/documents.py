@@ -7,7 +7,7 @@ any size is never held whole:
 
     text, Markdown   read 1 MiB at a time (UTF-8, a BOM dropped); Markdown is read as it
                      is written: a language model reads its markup as well as we do
-    HTML             fed to the standard library's `html.parser` 256 KiB at a time; the
+    HTML             fed to memrl's scanner (`HTMLText`) 256 KiB at a time; the
                      text of the page in order, blocks on lines of their own, without
                      <script>, <style>, <head> and comments, entities decoded
     PDF              page by page with pypdf (`memrl[ask]`), pages apart by a blank line
@@ -17,7 +17,9 @@ generated multi-page PDFs pypdf extracted the same words in the same order as pd
 several times faster, and needs no other package (pdfminer.six: charset-normalizer and
 cryptography); for HTML, BeautifulSoup builds a tree of the whole page and html2text
 (GPL-3.0) keeps its whole text, while the standard library's parser streams it in a few MiB
-whatever the page's size, with the same words in the same order.
+whatever the page's size, with the same words in the same order. memrl's own scanner
+(issue 47) has since replaced `html.parser`, which kept an unclosed tag whole and scanned it
+again at every piece; it reads the same text in time linear and memory constant.
 
 A `str` given to the Python API is the text itself; a path (`os.PathLike`) is a file read by
 its suffix. `-` on the command line is standard input, spooled to a temporary file first so
