@@ -236,3 +236,32 @@ def stop_process(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def start_tiny_server(model_dir: Path, log: Path, key: str, *options: str
+                      ) -> tuple[subprocess.Popen, str]:
+    """`memrl serve` on the tiny model (small chunks, memory and answers; `key` required),
+    on a free loopback port, with `options`; (process, base URL) once /health answers.
+    Its stdout and stderr go to `log`."""
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "MEMRL_API_KEY": key, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "memrl", "serve", "--model", str(model_dir),
+           "--port", str(port), "--served-model-name", "tiny", "--chunk-size", "64",
+           "--max-memory-tokens", "4", "--max-final-tokens", "4", "--seed", "0", *options]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=30):
+                return proc, base
+        except OSError:
+            assert time.time() < deadline, "the server did not start: " + log.read_text()
+            time.sleep(0.2)

@@ -137,3 +137,62 @@ def test_bad_options_name_themselves(tiny_model_dir, docs, capsys):
     assert "--top-p" in capsys.readouterr().err
     assert _ask(tiny_model_dir, "--document", "-", "-", "--question", "Q?") == 2
     assert "standard input can be read once" in capsys.readouterr().err
+
+
+def _ask_process(model, args, **kw):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "memrl", "ask", "--model", str(model), *args,
+                           *SMALL], capture_output=True, env=env, timeout=300, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,message", [
+    ("closed stdin", "--document -: standard input is closed"),
+    ("empty stdin", "standard input: empty document"),
+    ("latin-1 stdin", "standard input: not UTF-8 text"),
+    ("undecodable question", "--question: not valid UTF-8 text (byte 0xe9 at character 3)"),
+])
+def test_bad_input_in_a_real_process_is_one_line_and_exit_2(tiny_model_dir, case, message):
+    question = b"caf\xe9?" if case == "undecodable question" else b"Where?"
+    document = "/dev/null" if case == "undecodable question" else "-"
+    kw = ({"stdin": subprocess.DEVNULL} if case == "empty stdin" else
+          {"input": b"caf\xe9 text"} if case == "latin-1 stdin" else
+          {"stdin": subprocess.DEVNULL, "preexec_fn": lambda: os.close(0)}
+          if case == "closed stdin" else {"stdin": subprocess.DEVNULL})
+    proc = _ask_process(tiny_model_dir, ["--document", document, "--question",
+                                         os.fsdecode(question)], **kw)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.slow
+def test_a_named_pipe_is_read_as_a_file(tiny_model_dir, tmp_path):
+    """What `--document <(command)` gives: a pipe, readable once."""
+    fifo = tmp_path / "notes"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf '%s' '{TEXT}' > {fifo}"])
+    proc = _ask_process(tiny_model_dir, ["--document", str(fifo), "--question", "Where?"])
+    writer.wait(timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "read " in err and " tokens of 1 document(s)" in err
+
+
+def test_greedy_by_default_and_the_summary_says_what_was_read(tiny_model_dir, docs, tmp_path,
+                                                               capsys):
+    answers, rows = [], []
+    for k in range(2):
+        trace = tmp_path / f"g{k}.jsonl"
+        assert _ask(tiny_model_dir, "--document", str(docs["text"]), "--question", "Where?",
+                    "--chunk-size", "64", "--max-memory-tokens", "4", "--max-final-tokens",
+                    "12", "--max-chunks", "2", "--trace", str(trace)) == 0
+        out, err = capsys.readouterr()
+        answers.append(out)
+        rows.append(json.loads(trace.read_text()))
+    assert answers[0] == answers[1] and rows[0]["config"]["temperature"] == 0
+    row = rows[0]
+    total_chunks = -(-row["context_tokens"] // 64)
+    assert row["capped"] and row["document_tokens_read"] == 128 < row["context_tokens"]
+    assert (f"read 128 of {row['context_tokens']:,} tokens of 1 document(s) in 2 of "
+            f"{total_chunks} chunks") in err

@@ -6,24 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from helpers import stop_process
+from helpers import start_tiny_server, stop_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memrl.serve.protocol import ApiError, Message, parse_request, split_messages
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "test-key-Zq81"
 DOC = "\n".join(f"Note {i}: Alice Brightwater was born in Lyon in {1900 + i}." for i in range(8))
 LONG_DOC = "\n".join(f"Entry {i}: the river city of Marchetti was founded in {1500 + i}."
@@ -102,12 +97,6 @@ def test_request_settings_override_the_agent_s():
 
 # ---- a real server process ----------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, key: str | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key
                                      else {})
@@ -134,27 +123,10 @@ def _post(url: str, body: bytes, key: str | None = KEY) -> tuple[int, bytes]:
 def server(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
-    port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = {**os.environ, "PYTHONPATH": ROOT, "MEMRL_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "memrl", "serve", "--model", str(tiny_model_dir),
-           "--port", str(port), "--served-model-name", "tiny", "--chunk-size", "64",
-           "--max-memory-tokens", "4", "--max-final-tokens", "4", "--seed", "0",
-           "--max-document-tokens", "3000", "--max-request-bytes", "60000",
-           "--max-concurrent-requests", "16"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if _get(base + "/health")[0] == 200:
-                break
-        except OSError:
-            pass
-        assert time.time() < deadline, "the server did not start: " + log.read_text()
-        time.sleep(0.2)
+    proc, base = start_tiny_server(
+        tiny_model_dir, log, KEY, "--max-document-tokens", "3000", "--max-request-bytes",
+        "60000", "--max-concurrent-requests", "16")
     yield {"base": base, "proc": proc, "log": log}
     stop_process(proc)
 

@@ -25,7 +25,7 @@ from typing import Any
 from memrl.agents.memagent import MemAgent, MemAgentConfig, ProgressEvent
 from memrl.trajectory import Trajectory
 from memrl.ask.chunking import DocumentChunks
-from memrl.ask.documents import Document, open_document
+from memrl.ask.documents import Document, check_text, open_document
 from memrl.ask.settings import agent_config, stored_settings
 from memrl.errors import MemrlInputError
 from memrl.rewards.memagent import extract_answer_is
@@ -86,7 +86,11 @@ class AskResult:
     documents: list[str]
     num_chunks: int
     context_tokens: int
+    """Tokens of the documents, whole."""
     capped: bool
+    """Whether max_chunks cut the documents (then fewer tokens were read)."""
+    document_tokens_read: int
+    """Tokens of the documents read: context_tokens, or fewer when capped."""
     usage: Usage
     elapsed_s: float
     config: MemAgentConfig
@@ -120,6 +124,7 @@ class AskResult:
             "num_chunks": self.num_chunks,
             "context_tokens": self.context_tokens,
             "capped": self.capped,
+            "document_tokens_read": self.document_tokens_read,
             "usage": {"prompt_tokens": self.usage.prompt_tokens,
                       "completion_tokens": self.usage.completion_tokens,
                       "total_tokens": self.usage.total_tokens},
@@ -199,10 +204,12 @@ def open_documents(documents: DocumentSource | Sequence[DocumentSource]) -> list
     return docs
 
 
-def check_question(question: str) -> str:
+def check_question(question: str, location: str = "question") -> str:
+    """The question, stripped: not empty, valid Unicode (else a one-line MemrlInputError
+    at `location`)."""
     if not isinstance(question, str) or not question.strip():
-        raise MemrlInputError("empty question", location="question")
-    return question.strip()
+        raise MemrlInputError("empty question", location=location)
+    return check_text(question.strip(), location)
 
 
 def resolve_config(
@@ -279,6 +286,7 @@ async def read(
         num_chunks=trajectory.details.num_chunks,
         context_tokens=chunks.context_tokens,
         capped=chunks.capped,
+        document_tokens_read=kept,
         usage=Usage(sum(t.prompt_tokens for t in turns),
                     sum(t.response_tokens for t in turns)),
         elapsed_s=time.perf_counter() - start,

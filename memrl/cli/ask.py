@@ -15,6 +15,8 @@ from memrl.cli import common
 AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens",
                  "temperature", "top_p", "seed", "prompts"]
 """The agent settings `ask` and `serve` take as options (over those stored with the model)."""
+ASK_DEFAULTS = {"temperature": 0.0}
+"""`memrl ask` answers greedily unless sampling is asked for: the same answer every run."""
 
 
 @app.command("ask")
@@ -43,27 +45,26 @@ def ask(
     """Read the documents chunk by chunk into a fixed-size memory and answer the question.
 
     Agent settings (chunk size, memory and answer lengths, prompts) are those stored with
-    a model memrl trained, unless given here. The answer goes to standard output; the
-    progress bar and a summary to standard error."""
-    from memrl.ask.api import check_question, document_chunks, open_documents
-    from memrl.ask.documents import STDIN, spool_stdin
+    a model memrl trained, unless given here. Decoding is greedy (temperature 0: the same
+    answer every run) unless --temperature (with --top-p, --seed) asks to sample. The
+    answer goes to standard output; the progress bar and a summary of what was read to
+    standard error (docs/ask.md)."""
+    from memrl.ask.api import check_question, document_chunks
+    from memrl.ask.documents import STDIN, open_document, spool_stdin
     from memrl.errors import MemrlInputError
     from memrl.inference.loader import load_tokenizer
 
     common.check_model_dir(model)
-    try:
-        question = check_question(question)
-    except MemrlInputError:
-        raise MemrlInputError("empty question", location="--question") from None
+    question = check_question(question, "--question")
     if document.count(STDIN) > 1:
         raise MemrlInputError("standard input can be read once", location="--document -")
-    sources = [spool_stdin() if d == STDIN else Path(d) for d in document]
-    docs = open_documents(sources)
+    docs = [open_document(spool_stdin(), name="standard input") if d == STDIN
+            else open_document(Path(d)) for d in document]
     if trace is not None:
         from memrl.fileio import check_output_file
 
         check_output_file(trace, location=f"--trace {trace}")
-    cfg = model_agent_config(model, config, "ask")
+    cfg = model_agent_config(model, {**ASK_DEFAULTS, **config}, "ask")
     chunks = document_chunks(load_tokenizer(model), docs, cfg)
     generator = serving.load(model, seed=cfg.seed)
     result = run_with_progress(generator, chunks, question, cfg, show_memory=show_memory,
@@ -76,15 +77,25 @@ def ask(
         write_text_atomic(trace, json.dumps(result.trace_row(), ensure_ascii=False) + "\n")
     typer.echo(result.text)
     if not quiet:
-        tokens = result.context_tokens
-        rate = tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0
-        longest = max((t.response_tokens for t in result.trajectory.turns[:-1]),
-                      default=0)
-        print(f"read {tokens:,} tokens of {len(result.documents)} document(s) in "
-              f"{result.num_chunks:,} chunks in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s); "
-              f"memory at most {longest:,} tokens; {result.usage.total_tokens:,} tokens "
-              "processed" + (f"; trace in {trace}" if trace is not None else ""),
+        print(summary(result) + (f"; trace in {trace}" if trace is not None else ""),
               file=sys.stderr)
+
+
+def summary(result: Any) -> str:
+    """The line `memrl ask` ends with: what was read (of how much, when --max-chunks cut
+    the documents), how fast, the memory's largest size, the tokens processed."""
+    read, total = result.document_tokens_read, result.context_tokens
+    rate = read / result.elapsed_s if result.elapsed_s > 0 else 0.0
+    longest = max((t.response_tokens for t in result.trajectory.turns[:-1]), default=0)
+    docs = f"{len(result.documents)} document(s)"
+    if result.capped:
+        all_chunks = -(-total // result.config.chunk_size)
+        what = (f"read {read:,} of {total:,} tokens of {docs} in {result.num_chunks:,} of "
+                f"{all_chunks:,} chunks")
+    else:
+        what = f"read {total:,} tokens of {docs} in {result.num_chunks:,} chunks"
+    return (f"{what} in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s); memory at most "
+            f"{longest:,} tokens; {result.usage.total_tokens:,} tokens processed")
 
 
 def model_agent_config(model: Path, overrides: dict[str, Any], command: str

@@ -14,7 +14,9 @@ from memrl.cli import common
 from memrl.serve.config import ServeConfig
 
 SERVE_OPTIONS = ["host", "port", "served_model_name", "max_request_bytes",
-                 "max_document_tokens", "max_concurrent_requests", "api_key_env"]
+                 "max_document_tokens", "max_concurrent_requests", "header_timeout_s",
+                 "body_timeout_s", "max_connections_per_client", "shutdown_timeout_s",
+                 "api_key_env"]
 
 
 @app.command("serve")

@@ -59,6 +59,7 @@ def load_tokenizer(path: str | Path) -> Any:
 
     if Path(path).is_dir():
         modelfiles.check_tokenizer_dir(Path(path))
+        check_model_type(Path(path))
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
@@ -80,6 +81,7 @@ def load_model(path: str | Path, *, device: Any = None, dtype: Any = None, **kw:
     dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
     if Path(path).is_dir():
         modelfiles.check_model_dir(Path(path))
+        check_model_type(Path(path))
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: dtype}, **kw)
     except (OSError, ValueError, TypeError, RuntimeError, _safetensors_error()) as exc:
@@ -89,6 +91,27 @@ def load_model(path: str | Path, *, device: Any = None, dtype: Any = None, **kw:
     model.to(device)
     model.eval()
     return model
+
+
+def check_model_type(directory: Path) -> None:
+    """The `model_type` of `directory/config.json` is one this transformers knows (or the
+    model brings its own code, `auto_map`): else one MemrlInputError, before transformers
+    warns and fails in two lines of its own."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    config = directory / "config.json"
+    if not config.is_file():
+        return
+    data = modelfiles.read_json_file(config, "model config")
+    if not isinstance(data, dict) or "auto_map" in data:
+        return
+    model_type = data.get("model_type")
+    if isinstance(model_type, str) and model_type not in CONFIG_MAPPING_NAMES:
+        raise MemrlInputError(
+            f"unknown architecture: model_type {model_type!r} is not one transformers "
+            f"{transformers.__version__} knows (a newer transformers may)",
+            location=str(config))
 
 
 def load_pretrained(

@@ -10,11 +10,20 @@ batched by the engine (vLLM's continuous batching, the server pool's, or `Batchi
 in front of the HF engine). Documents are counted in a worker thread before the reading
 starts, so a request over the limits is refused at once (413), before any model call.
 
-Limits (`ServeConfig`): body size (413), document tokens (413), requests at once (429).
-An API key, when its environment variable is set, is compared in constant time
-(`hmac.compare_digest`) and never logged. SIGTERM (or Ctrl-C) stops uvicorn gracefully: it
-stops accepting connections, lets the requests in flight finish (streams included), then
-the engine is closed; a second signal forces the exit.
+Limits (`ServeConfig`): body size (413), document tokens (413), requests at once (429),
+a head or body that does not arrive in time (408), connections per client (429; the last
+two in `memrl.serve.connections` for the head). A request takes one of the
+`max_concurrent_requests` slots only once its body is read whole, so clients that stall
+their bodies hold no slot; a client that closes its connection has its episode cancelled
+and its slot given back at once (streamed or not). An API key, when its environment
+variable is set, is compared in constant time (`hmac.compare_digest`) and never logged.
+
+Every request is one log line (`RequestLog`): status, client, method, path, time and, for a
+failure, the reason; never a body or a key, never a traceback for a client's fault (a 500,
+a fault of the server, keeps its traceback). SIGTERM (or Ctrl-C) stops uvicorn gracefully:
+it stops accepting connections, lets the requests in flight finish (streams included) for
+at most `shutdown_timeout_s`, cancels what is left (503, one line each), then the engine
+is closed; a second signal forces the exit.
 """
 
 from __future__ import annotations
@@ -120,13 +129,14 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
 
     async def chat(request: Request) -> Response:
         state.authorize(request.headers)
+        body = await read_body(request, state.config.max_request_bytes,
+                               state.config.body_timeout_s)
         if state.in_flight >= state.config.max_concurrent_requests:
             raise ApiError(429, f"too many requests at once (limit "
                            f"{state.config.max_concurrent_requests}); retry later")
         state.in_flight += 1
         streaming = False
         try:
-            body = await read_body(request, state.config.max_request_bytes)
             req = parse_request(body)
             if req.model != state.model_name:
                 raise ApiError(404, f"model {req.model!r} is not served here (this server "
@@ -142,26 +152,13 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
                     stream(state, chunks, question, cfg, completion, include_usage),
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            result = await read(state.engine, chunks, question, cfg)
+            result = await unless_gone(request.receive,
+                                       read(state.engine, chunks, question, cfg))
             state.served += 1
             return JSONResponse(completion.body(result))
         finally:
             if not streaming:
                 state.in_flight -= 1
-
-    async def api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)),
-                            status_code=exc.status_code)
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("request failed")
-        return JSONResponse(error_body(500, f"the server failed: {type(exc).__name__}: "
-                                       f"{_first_line(exc)}"), status_code=500)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -172,35 +169,175 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
             if callable(close):
                 await asyncio.to_thread(close)
 
-    return Starlette(
+    return RequestLog(Starlette(
         routes=[Route("/health", health, methods=["GET"]),
                 Route("/v1/models", models, methods=["GET"]),
                 Route("/v1/chat/completions", chat, methods=["POST"])],
         exception_handlers={ApiError: api_error, HTTPException: http_error,
                             Exception: server_error},
         lifespan=lifespan,
-    )
+    ))
 
 
-async def read_body(request: Any, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+async def api_error(request: Any, exc: Exception) -> Any:
+    from starlette.responses import JSONResponse
+
+    assert isinstance(exc, ApiError)
+    unread = exc.status in (408, 413)  # a body not read whole: the connection ends
+    return JSONResponse(exc.body(), status_code=exc.status,
+                        headers={"connection": "close"} if unread else None)
+
+
+async def http_error(request: Any, exc: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(error_body(exc.status_code, str(exc.detail)),
+                        status_code=exc.status_code)
+
+
+async def server_error(request: Any, exc: Exception) -> Any:
+    from starlette.responses import JSONResponse
+
+    # the JSON body of a 500; RequestLog logs it (with its traceback: the server's fault)
+    return JSONResponse(error_body(500, f"the server failed: {type(exc).__name__}: "
+                                   f"{_first_line(exc)}"), status_code=500)
+
+
+async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
+    """The request body: 413 as soon as it is known to exceed `limit` bytes, 408 unless it
+    arrives whole within `timeout_s`, 499 when the client leaves before it has."""
+    from starlette.requests import ClientDisconnect
+
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {int(declared):,} bytes is over the limit of "
                        f"{limit:,} bytes")
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise ApiError(413, f"request body over the limit of {limit:,} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for piece in request.stream():
+                body += piece
+                if len(body) > limit:
+                    raise ApiError(413, f"request body over the limit of {limit:,} bytes")
+    except TimeoutError:
+        raise ApiError(408, f"the request's body did not arrive within {timeout_s:g} s "
+                       f"({len(body):,} bytes came)") from None
+    except ClientDisconnect:
+        raise ApiError(499, "the client closed the connection before its body "
+                       "arrived") from None
     return bytes(body)
+
+
+async def unless_gone(receive: Any, work: Any) -> Any:
+    """The result of the coroutine `work`, or ApiError(499) as soon as the client closes
+    its connection (`work` is then cancelled: its episode stops, its slot is free)."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            pending.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        raise ApiError(499, "the client closed the connection; its episode was cancelled")
+    return task.result()
+
+
+class RequestLog:
+    """ASGI middleware: one log line per request (status, client, method, path, seconds;
+    for a failure its reason, from the error body), and no traceback but a 500's. A request
+    cancelled by the server's shutdown (its graceful time is up) is a 503, one line; a
+    client gone mid-response is a 499, one line."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        seen: dict[str, Any] = {"status": None, "complete": False, "gone": False,
+                                "error": b""}
+
+        async def watched_receive() -> Any:
+            message = await receive()
+            seen["gone"] = seen["gone"] or message["type"] == "http.disconnect"
+            return message
+
+        async def watched_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                if seen["status"] >= 400 and len(seen["error"]) < 4096:
+                    seen["error"] += message.get("body", b"")
+                seen["complete"] = not message.get("more_body", False)
+            await send(message)
+
+        failure: BaseException | None = None
+        try:
+            await self.app(scope, watched_receive, watched_send)
+        except asyncio.CancelledError:
+            await self._end(seen, watched_send, 503, "cancelled: the server is shutting down "
+                            "and its graceful time is up")
+        except Exception as exc:  # noqa: BLE001 - a fault of the server: logged below
+            failure = exc
+            await self._end(seen, watched_send, 500, f"the server failed: "
+                            f"{type(exc).__name__}: {_first_line(exc)}")
+        self._log(scope, seen, time.perf_counter() - start, failure)
+
+    @staticmethod
+    async def _end(seen: dict[str, Any], send: Any, status: int, reason: str) -> None:
+        """Answer `status` if nothing was sent yet, else end the response begun."""
+        import json
+
+        body = json.dumps(error_body(status, reason)).encode()
+        with contextlib.suppress(Exception):
+            if seen["status"] is None:
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", b"application/json"), (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+            elif not seen["complete"]:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        seen["reason"], seen["logged"] = reason, status
+
+    @staticmethod
+    def _log(scope: Any, seen: dict[str, Any], elapsed: float,
+             failure: BaseException | None) -> None:
+        status, reason = seen.get("logged") or seen["status"] or 500, seen.get("reason")
+        if seen["gone"] and not seen["complete"]:
+            status, reason = 499, "the client closed the connection mid-response"
+        if reason is None and status >= 400:
+            reason = _error_message(seen["error"])
+        client = "%s:%d" % tuple(scope["client"]) if scope.get("client") else "unknown"
+        line = (f"{status} client {client} {scope['method']} {scope['path']} "
+                f"{elapsed:.2f} s" + (f": {reason}" if reason else ""))
+        level = (logging.ERROR if status >= 500 else logging.WARNING if status >= 400
+                 else logging.INFO)
+        log.log(level, "%s", line, exc_info=failure)
+
+
+def _error_message(body: bytes) -> str:
+    """The `error.message` of a JSON error body (what the client was told), else ''."""
+    import json
+
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 async def count(state: ServerState, documents: list[str], cfg: MemAgentConfig
                 ) -> DocumentChunks:
     """The documents as chunks (counted in a worker thread); 413 over the token limit."""
-    docs = [open_document(text, name=f"message {i}") for i, text in enumerate(documents, 1)]
     try:
+        docs = [open_document(text, name=f"message {i}")
+                for i, text in enumerate(documents, 1)]
         return await asyncio.to_thread(document_chunks, state.engine.tokenizer, docs, cfg,
                                        state.config.max_document_tokens)
     except TooManyTokens as exc:
@@ -231,7 +368,7 @@ async def stream(state: ServerState, chunks: DocumentChunks, question: str,
         try:
             result = task.result()
         except Exception as exc:  # noqa: BLE001 - reported to the client, logged here
-            log.exception("streamed request failed")
+            log.exception("the server failed in a streamed request")
             yield sse(error_body(500, f"the server failed: {type(exc).__name__}: "
                                  f"{_first_line(exc)}"))
             return
@@ -251,12 +388,32 @@ def serve(engine: Any, *, model_name: str, agent: MemAgentConfig, config: ServeC
           api_key: str | None, log_level: str = "info") -> None:
     """Run the server until SIGTERM / Ctrl-C (graceful: requests in flight finish)."""
     uvicorn = require("uvicorn", extra="serve", feature="memrl serve")
+    from memrl.serve.connections import guarded_protocol
+
     app = build_app(engine, model_name=model_name, agent=agent, config=config,
                     api_key=api_key)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level,
-        timeout_graceful_shutdown=None, lifespan="on"))
+        log_config=log_config(), access_log=False, http=guarded_protocol(config),
+        timeout_graceful_shutdown=config.shutdown_timeout_s, lifespan="on"))
     server.run()
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging, with memrl.serve's lines (one per request) on the same stream and
+    uvicorn's own line for a request that is not HTTP dropped (memrl.serve.connections
+    logs one naming the client)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"invalid_http": {
+        "()": "memrl.serve.connections.DropInvalidHttpLine"}}
+    config["handlers"]["default"]["filters"] = ["invalid_http"]
+    config["loggers"]["memrl.serve"] = {"handlers": ["default"], "level": "INFO",
+                                        "propagate": False}
+    return config
 
 
 def _first_line(exc: BaseException) -> str:

@@ -20,7 +20,9 @@ object), then the answer as one content delta, then the finish reason (and `usag
 
 Errors are one line of JSON, `{"error": {"message", "type", "param", "code"}}`, with the
 HTTP status the OpenAI API uses: 400 (malformed), 401 (API key), 404 (unknown model),
-413 (too large), 429 (too many requests at once).
+408 (a head or body that did not arrive in time), 413 (too large), 429 (too many requests
+or connections at once), 503 (cancelled by the server's shutdown). 499 (the client closed
+its connection) is logged, never sent: nobody is there to read it.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memrl.ask.api import AskProgress, AskResult
+from memrl.ask.documents import check_text
+from memrl.errors import MemrlInputError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               500: "server_error"}
+               404: "not_found_error", 408: "timeout_error", 413: "invalid_request_error",
+               429: "rate_limit_error", 499: "client_closed_request", 500: "server_error",
+               503: "service_unavailable"}
 
 
 class ApiError(Exception):
@@ -154,6 +159,10 @@ def split_messages(messages: list[Message]) -> tuple[list[str], str]:
     question = messages[last].text()
     if not question.strip():
         raise ApiError(400, "the question (the last user message) is empty", "messages")
+    try:
+        check_text(question, f"message {last + 1} (the question)")
+    except MemrlInputError as exc:
+        raise ApiError(400, str(exc), "messages") from None
     documents = [m.text() for m in messages[:last]]
     if not documents:
         raise ApiError(400, "no document: send the documents as the messages before the "
