@@ -71,6 +71,7 @@ def test_load_prompts_reads_or_names_the_line(tmp_path_factory, lines):
         assert all(isinstance(r.prompt, str) for r in records)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason="trl is not installed (pip install -e '.[bench]')")
