@@ -32,7 +32,7 @@ MODEL_SHAPE: dict[str, Any] = {
 (0.02): the test models' 0.2 (`build_tiny_model`'s default, which makes an untrained model's
 output depend on its prompt) learns this task far slower from scratch (measured: 16.7 vs
 31.2 sub-EM after the same 1,500 constant-lr warm-start steps on 32-token chunks,
-docs/results.md)."""
+docs/lab/results.md)."""
 BUILT_MANIFEST = ".quickstart_built.json"
 """In the run's directory: what `prepare_quickstart` built (model, questions, evaluation
 sets), which `run_quickstart(fresh=True)` deletes so that it is built again."""

@@ -77,7 +77,7 @@ class ModelConfig(StrictModel):
     place (parameter names unchanged): the update's and the log-prob passes' elementwise
     work (norms, activations, rotary embeddings, casts) is fused. auto: on for full
     fine-tuning on a CUDA device (measured faster at every shape tried on an H100:
-    docs/benchmarks.md; `memrl sft` compiles the same layers), off on the CPU (compiling
+    docs/lab/benchmarks.md; `memrl sft` compiles the same layers), off on the CPU (compiling
     costs more there than it saves on small models) and with LoRA (not measured compiled);
     where torch cannot compile (torch < 2.6, TORCH_COMPILE_DISABLE=1) auto is off without
     a word, while true is refused or warns. Shapes are dynamic from the
@@ -98,7 +98,7 @@ class ModelConfig(StrictModel):
     on a CPU sample by sample), everything else as sdpa. `auto` (default): varlen on a
     CUDA device where torch and transformers have what it needs, else transformers'
     default; with rl.remove_padding auto this packs the GPU's micro-batches (measured
-    fastest: docs/benchmarks.md). None: transformers' default (sdpa). With
+    fastest: docs/lab/benchmarks.md). None: transformers' default (sdpa). With
     rl.remove_padding, flex_attention skips the blocks between packed samples;
     flash_attention_* need the flash-attn package."""
     lora: LoraConfig = LoraConfig()
@@ -207,7 +207,7 @@ class RolloutConfig(SamplingConfig):
     rank): the engine then does not sample the policy being trained (stale weights; a server
     computing log-probs at another temperature). Any engine: measured ~1e-5 in float32 (HF,
     vLLM on CPU, the server pool) and 0.06-0.11 for vLLM in bfloat16 on a GPU (0.5B model,
-    docs/benchmarks.md), but single tokens of long bfloat16 runs reach 1-1.5 (SmolLM2-135M,
+    docs/lab/benchmarks.md), but single tokens of long bfloat16 runs reach 1-1.5 (SmolLM2-135M,
     60 steps; configs/smollm2_memagent.yaml uses 2); mixture-of-experts models in bfloat16
     can exceed 1 — raise it there.
     null: no check. Not checked with rl.use_rollout_logprobs (the trainer recomputes nothing
@@ -309,7 +309,7 @@ class TrainerConfig(StrictModel):
     (`gc.freeze`), so that the collector's full collections no longer walk them: vLLM's sleep
     runs one every step and the rollout's allocations start others. On one H100 (recipe
     shapes, 0.5B) it took the step's time in the collector from 0.17-0.20 s to 0.05-0.07 s
-    (docs/benchmarks.md, holds K to M). Objects of that moment that later
+    (docs/lab/benchmarks.md, holds K to M). Objects of that moment that later
     become unreachable only through a reference cycle are freed when training ends (the whole
     heap is unfrozen then, also what an in-process vLLM engine froze when it started).
     false: Python's default."""
