@@ -414,6 +414,7 @@ def test_fused_logprob_tiny_runs_end_to_end(tmp_path):
     assert bad.returncode == 2 and "--impls: unknown ['foo']" in bad.stderr.splitlines()[-1]
 
 
+@pytest.mark.pipeline
 @needs_vllm
 def test_vllm_sync_tiny_finds_the_synced_weights_in_the_engine(tmp_path):
     """On the CPU build (v1 runner): the stale engine is far from the stepped policy, the
