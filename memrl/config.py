@@ -21,9 +21,12 @@ T = TypeVar("T", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors, values are validated on set."""
+    """Base for every config section: unknown keys are errors, values are validated on set;
+    each field's docstring is its description (`model_fields[name].description`), which
+    docs/configuration.md is generated from."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              use_attribute_docstrings=True)
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
