@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from memrl.config import StrictModel, located_error, move_renamed_keys
+from memrl.config import StrictModel, located_error
 from memrl.errors import MemrlInputError
 from memrl.inference.base import RolloutMode
 from memrl.inference.config import (
@@ -402,24 +402,12 @@ class AgentSection(StrictModel):
             raise
 
 
-RENAMED_KEYS = {
-    "rl.rollout_n": "rollout.n",
-    "rl.val_n": "rollout.val.n",
-    "rl.val_temperature": "rollout.val.temperature",
-    "rl.val_top_p": "rollout.val.top_p",
-    "rl.generation_batch_size": "rollout.generation_batch_size",
-}
-"""Training config keys renamed (old → new), still read for one release with a warning.
-The agent's section's `temperature` and `top_p` (`memagent.temperature`, ...) also move, to
-`rollout.temperature` / `rollout.top_p`: training sampling is the rollout's."""
-
-
 class TrainConfig(AgentSection):
     """Every section of a training run (the agent's own: see `AgentSection`)."""
 
     not_dumped: ClassVar[tuple[str, ...]] = ("temperature", "top_p")
-    """Training samples as `rollout` says: the agent section's own sampling is not the run's
-    (and, read back, would be the deprecated name of rollout's: `renamed_keys`)."""
+    """Training samples as `rollout` says: the agent section's own sampling is not the run's,
+    and a training config that sets it is refused (`_sampling_is_the_rollouts`)."""
 
     seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seeds everything: weights init of LoRA, data order, every sampling call."""
@@ -432,29 +420,26 @@ class TrainConfig(AgentSection):
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 
-    @classmethod
-    def renamed_keys(cls, data: dict[str, Any]) -> dict[str, str]:
-        """Old dotted keys → new of a config mapping: `RENAMED_KEYS` and its agent's section's
-        temperature and top_p (`load_config` also renames them in overrides)."""
-        renamed = dict(RENAMED_KEYS)
-        agent = data.get("agent", "memagent")
-        from memrl.tasks import task_class
-
-        try:
-            section = task_class(agent).name if isinstance(agent, str) else None
-        except MemrlInputError:
-            section = None  # AgentSection reports the unknown agent
-        if section is not None:
-            renamed |= {f"{section}.{key}": f"rollout.{key}" for key in ("temperature", "top_p")}
-        return renamed
-
     @model_validator(mode="before")
     @classmethod
-    def _renamed_keys(cls, data: Any) -> Any:
-        """Old keys (`renamed_keys`) moved to their new place, each with a warning line."""
+    def _sampling_is_the_rollouts(cls, data: Any) -> Any:
+        """The agent's section's `temperature` / `top_p` (what `memrl eval` and `memrl ask`
+        sample with) would be ignored in training: an error naming `rollout`'s key."""
         if not isinstance(data, dict):
             return data
-        return move_renamed_keys(cls.__name__, data, cls.renamed_keys(data))
+        from memrl.tasks import task_class
+
+        agent = data.get("agent", "memagent")
+        try:
+            name = task_class(agent).name if isinstance(agent, str) else None
+        except MemrlInputError:
+            return data  # AgentSection reports the unknown agent
+        section = data.get(name)
+        for key in cls.not_dumped:
+            if isinstance(section, dict) and key in section:
+                raise _located(f"{name}.{key}", f"training samples with rollout.{key}: set "
+                               f"that instead", section[key])
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
