@@ -221,6 +221,8 @@ def _interrupt_hint(args: list[str]) -> tuple[str, str]:
     name = _command_path(args)
     if name in (f"{PROG_NAME} train", f"{PROG_NAME} sft"):
         how = "run it again with --resume to continue from the last checkpoint"
+    elif name == f"{PROG_NAME} quickstart":
+        how = "run the same command again to continue where it stopped (--fresh starts over)"
     else:
         how = "run the command again to redo it"
     return f"in '{name}'", how

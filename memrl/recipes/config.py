@@ -286,6 +286,9 @@ class TrainerConfig(StrictModel):
     never: start fresh, and refuse an out_dir that already holds checkpoints (nothing lost)."""
     log_sinks: list[Literal["jsonl", "console", "tensorboard", "wandb"]] = ["jsonl", "console"]
     """Where metrics go: metrics.jsonl in out_dir, the console, TensorBoard (memrl[tensorboard]), Weights & Biases (memrl[wandb])."""
+    console_every: int = Field(1, ge=1)
+    """The console sink prints every N-th step's line (and every validation's); the other
+    sinks get every step."""
     wandb_project: str = "memrl"
     """The Weights & Biases project of the wandb sink."""
     num_logged_trajectories: int = Field(4, ge=0)
