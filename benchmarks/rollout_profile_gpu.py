@@ -15,7 +15,7 @@ REPEATS times in turn (the table reports the median):
                                      log-probs
 
 (The direct calls do not detokenize, as memrl's requests without stop strings do not. The
-results of 2026-11-27 in docs/benchmarks.md came from the script of 93a36ab, whose direct
+results of 2026-11-27 in docs/lab/benchmarks.md came from the script of 93a36ab, whose direct
 calls and cumulative driver detokenized every token.)
     memrl_vllm_generator             memrl's `VLLMEngine.generate` (lockstep rollouts)
     memrl_vllm_agenerate             memrl's `VLLMEngine.agenerate`, every request a coroutine

@@ -14,16 +14,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
-from memrl.deprecation import warn_renamed
 from memrl.errors import MemrlInputError
 
 T = TypeVar("T", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors, values are validated on set."""
+    """Base for every config section: unknown keys are errors, values are validated on set;
+    each field's docstring is its description (`model_fields[name].description`), which
+    docs/configuration.md is generated from."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              use_attribute_docstrings=True)
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -181,58 +183,6 @@ def located_error(model: str, key: str, message: str, value: Any) -> ValidationE
          "input": value}])
 
 
-def move_renamed_keys(model: str, data: Any, renamed: dict[str, str]) -> Any:
-    """`data` (a config mapping, as read) with every old dotted key of `renamed` that it holds
-    moved to its new key, each with one warning line (`old is deprecated: use new`): the
-    old keys stay accepted for one release. Both given: an error located at the old key."""
-    if not isinstance(data, dict):
-        return data
-    out = dict(data)
-    for old, new in renamed.items():
-        *old_path, old_key = old.split(".")
-        parent = _section(out, old_path, copy=True)
-        if parent is None or old_key not in parent:
-            continue
-        value = parent.pop(old_key)
-        *new_path, new_key = new.split(".")
-        target = _section(out, new_path, copy=True, create=True)
-        if target is None:  # the new section is a value: its own validation says so
-            parent[old_key] = value
-            continue
-        if new_key in target:
-            raise located_error(model, old, f"the deprecated name of {new}, which is given "
-                                f"too: keep only {new}", value)
-        target[new_key] = value
-        warn_renamed(old, new, stacklevel=4)
-    return out
-
-
-def _renamed_override(text: str, renamed: dict[str, str]) -> str:
-    """`old.key=value` as `new.key=value` (with its warning) when old.key was renamed."""
-    key, sep, value = text.partition("=")
-    new = renamed.get(key.strip()) if sep else None
-    if new is None:
-        return text
-    warn_renamed(key.strip(), new, stacklevel=3)
-    return f"{new}={value}"
-
-
-def _section(data: dict[str, Any], path: list[str], *, copy: bool,
-             create: bool = False) -> dict[str, Any] | None:
-    """The mapping at `path` in `data` (copied on the way down so that the caller's input is
-    never changed); None where a step is missing (unless `create`) or not a mapping."""
-    node = data
-    for part in path:
-        child = node.get(part)
-        if child is None and create:
-            child = {}
-        if not isinstance(child, dict):
-            return None
-        node[part] = child = dict(child) if copy else child
-        node = child
-    return node
-
-
 def validate_config(model: type[T], data: dict[str, Any], *, source: str = "config") -> T:
     """Build `model` from a dict; every validation problem is reported with its dotted key."""
     try:
@@ -255,23 +205,12 @@ def load_config(model: type[T], path: str | Path | None, overrides: list[str] = 
                 base: dict[str, Any] | None = None, source: str | None = None) -> T:
     """YAML file (optional) + dotted overrides → validated config of type `model`.
 
-    A model with renamed keys (`model.renamed_keys(data)`: old dotted key → new) reads the
-    old ones, each with a warning line: the file's are moved first, then an override of an
-    old key sets the new key, so an override wins over the file whichever names it uses.
     `base` (without `path`): a mapping built in code in place of the file; `source` names
     where the values came from in errors (default: the file, or "overrides")."""
     if base is not None and path is not None:
         raise ValueError("load_config takes a file or a base mapping, not both")
     data = load_yaml(path) if path is not None else copy.deepcopy(base or {})
     source = source or (str(path) if path is not None else "overrides")
-    renamed_keys = getattr(model, "renamed_keys", None)
-    if renamed_keys is not None:
-        try:
-            data = move_renamed_keys(model.__name__, data, renamed_keys(data))
-        except ValidationError as exc:
-            raise _input_error(exc, source) from None
-        renamed = renamed_keys(apply_overrides(data, list(overrides)))
-        overrides = [_renamed_override(text, renamed) for text in overrides]
     data = apply_overrides(data, list(overrides))
     if overrides and path is not None:
         source += " + overrides"

@@ -151,7 +151,10 @@ class MetricsLogger:
         run_config: dict[str, Any] | None = None,
         wandb_project: str = "memrl",
         console: Any | None = None,
+        console_every: int = 1,
     ) -> None:
+        """`console_every`: the console sink prints the rows of every N-th step and every
+        row with a validation metric (`val/...`); the other sinks get every row."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         names = list(dict.fromkeys(sinks))
@@ -165,7 +168,7 @@ class MetricsLogger:
                 if name == "jsonl":
                     self._sinks.append(_JsonlSink(self.out_dir / METRICS_FILE))
                 elif name == "console":
-                    self._sinks.append(_ConsoleSink(console))
+                    self._sinks.append(_ConsoleSink(console, console_every))
                 elif name == "tensorboard":
                     self._sinks.append(_TensorBoardSink(self.out_dir / "tensorboard", config))
                 else:
@@ -239,15 +242,16 @@ _CONSOLE_MAX_ITEMS = 6
 
 
 class _ConsoleSink(_Sink):
-    def __init__(self, console: Any | None) -> None:
+    def __init__(self, console: Any | None, every: int = 1) -> None:
         if console is None:
             from rich.console import Console
 
             console = Console()
-        self._console = console
+        self._console, self._every = console, max(1, every)
 
     def log(self, step: int, row: dict[str, Any]) -> None:
-        self._console.print(format_console_line(step, row), highlight=False)
+        if step % self._every == 0 or any(k.startswith("val/") for k in row):
+            self._console.print(format_console_line(step, row), highlight=False)
 
 
 def format_console_line(step: int, row: Mapping[str, Any]) -> str:

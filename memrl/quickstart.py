@@ -32,7 +32,7 @@ MODEL_SHAPE: dict[str, Any] = {
 (0.02): the test models' 0.2 (`build_tiny_model`'s default, which makes an untrained model's
 output depend on its prompt) learns this task far slower from scratch (measured: 16.7 vs
 31.2 sub-EM after the same 1,500 constant-lr warm-start steps on 32-token chunks,
-docs/results.md)."""
+docs/lab/results.md)."""
 BUILT_MANIFEST = ".quickstart_built.json"
 """In the run's directory: what `prepare_quickstart` built (model, questions, evaluation
 sets), which `run_quickstart(fresh=True)` deletes so that it is built again."""
@@ -62,6 +62,11 @@ class QuickstartPlan:
     evaluate_before: bool = True
     """Evaluate the untrained model too (it scores 0; at long documents it is the slowest
     evaluation, since it never stops before max_memory_tokens)."""
+    threads: int | None = 1
+    """torch's CPU threads in this process (`torch.set_num_threads`); None: torch's default
+    (one per core). One suits the tiny model, whose matrices are too small to share among
+    threads, on a CPU shared with other work (docs/lab/benchmarks.md, the quickstart's
+    threads)."""
 
 
 def prepare_quickstart(cfg: TrainConfig, *, seed: int = 0,
@@ -143,8 +148,23 @@ def evaluate(model_dir: Path, eval_dir: Path, out_dir: Path, cfg: TrainConfig,
     agent_cfg = cfg.memagent.model_copy(  # greedy; the training config's top_p, as before
         update={"seed": cfg.seed, "temperature": 0.0, "top_p": cfg.rollout.top_p})
     return evaluate_ruler_hqa(generator, eval_dir, list(plan.eval_docs), config=agent_cfg,
-                              out_dir=out_dir, model_name=str(model_dir), console=console,
-                              show_progress=False)
+                              out_dir=out_dir, model_name=str(model_dir), console=console)
+
+
+def train_and_export(train: Any, run_dir: Path, model_dir: Path, console: Any) -> None:
+    """One training stage: nothing when `model_dir` exists (the stage finished: its export
+    is renamed into place only when complete); else `train()` (which resumes from the
+    stage's latest checkpoint, `trainer.resume=auto`) and the export of its last checkpoint."""
+    from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
+
+    if model_dir.is_dir():
+        console.print(f"done before: {model_dir}")
+        return
+    train()
+    partial = model_dir.with_name(model_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    export_checkpoint(latest_checkpoint(run_dir / "checkpoints"), partial)
+    partial.rename(model_dir)
 
 
 def accuracy_table(results: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
@@ -173,11 +193,14 @@ def run_quickstart(
     from memrl.eval.report import plot_scores, write_json
     from memrl.recipes import grpo, sft
     from memrl.recipes.sft_config import SFTConfig
-    from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
     from memrl.runrecord import recorded
 
     console = console or Console()
-    cfg = load_config(TrainConfig, config_path, list(overrides))
+    if plan.threads is not None:
+        import torch
+
+        torch.set_num_threads(plan.threads)
+    cfg = load_config(TrainConfig, config_path, [*overrides, "trainer.resume=auto"])
     if cfg.rl.reward not in ("sub_em", "em"):
         raise MemrlInputError("the quickstart trains on the answer itself: use sub_em or em",
                               location="rl.reward")
@@ -190,12 +213,13 @@ def run_quickstart(
         remove_built(root)
         for d in runs:
             shutil.rmtree(d, ignore_errors=True)
-    elif any(latest_checkpoint(d / "checkpoints") is not None for d in (out, warm_run)):
-        raise MemrlInputError(f"{root} already holds a quickstart run: pass --fresh to start "
-                              "over", location=str(root))
+    elif any(d.exists() for d in runs):
+        console.print(f"continuing the quickstart in {root} where it stopped "
+                      "(--fresh starts over)")
     sft_cfg = load_config(SFTConfig, sft_config_path, [
         f"model.path={base_model}", f"data.train_file={cfg.data.train_file}",
-        f"trainer.out_dir={warm_run}", f"seed={cfg.seed}", *sft_overrides,
+        f"trainer.out_dir={warm_run}", f"seed={cfg.seed}", "trainer.resume=auto",
+        *sft_overrides,
     ]).model_copy(update={"agent_config": cfg.agent_config})
 
     settings = {"train": cfg.model_dump(mode="json"), "sft": sft_cfg.model_dump(mode="json")}
@@ -216,15 +240,15 @@ def run_quickstart(
             console.print("skipped (QuickstartPlan.evaluate_before is false)")
 
         console.rule("3/5 warm start: supervised fine-tuning on the oracle's trajectories")
-        sft.train(sft_cfg, console=console)
-        export_checkpoint(latest_checkpoint(warm_run / "checkpoints"), warm_model)
+        train_and_export(lambda: sft.train(sft_cfg, console=console), warm_run, warm_model,
+                         console)
         results["warm_start"] = evaluate(warm_model, eval_dir, root / "eval_warm_start", cfg,
                                          console, plan)
 
         console.rule(f"4/5 GRPO from the warm start, reward {cfg.rl.reward}")
-        grpo.train(cfg.model_copy(update={"model": cfg.model.model_copy(
-            update={"path": str(warm_model)})}), console=console)
-        export_checkpoint(latest_checkpoint(out / "checkpoints"), rl_model)
+        rl_cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"path": str(warm_model)})})
+        train_and_export(lambda: grpo.train(rl_cfg, console=console), out, rl_model, console)
         results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console, plan)
 
         console.rule("5/5 accuracy (sub-EM %) against the number of documents")

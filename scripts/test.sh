@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# Install memrl with its test extras into .venv and run the whole test suite (CPU, ~minutes).
+# Install memrl with its test extras into .venv and run the tests on the CPU.
+#   bash scripts/test.sh         the default tier: unit tests and one small end-to-end test per
+#                                seam, the real vLLM CPU engine included
+#   bash scripts/test.sh --all   also the pipeline tier (tests marked `pipeline`: the quickstart's
+#                                learning check, the MemoryUpdate pipeline, TRL side by side,
+#                                compiled layers, FSDP and fault-injection set-ups); CI runs this
+# Other arguments go to pytest (e.g. -k NAME, -x).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The vLLM tests run on vLLM's real CPU build (about 2.5 minutes more to install);

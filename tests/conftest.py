@@ -23,8 +23,32 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--all", action="store_true", dest="memrl_all",
+        help="also run the pipeline tier (tests marked `pipeline`: whole training pipelines, "
+             "multi-process and compile set-ups); without it, and without -m, they are deselected")
+
+
+def deselect_pipeline_tier(config, items) -> None:
+    """Two tiers: the default run leaves out the tests marked `pipeline` (shown as
+    deselected); `--all` (`scripts/test.sh --all`, CI) runs them too, and so does any `-m`
+    expression, which then decides alone."""
+    if config.getoption("memrl_all") or config.getoption("markexpr"):
+        return
+    kept = [item for item in items if item.get_closest_marker("pipeline") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
+    deselect_pipeline_tier(config, items)
+    name_xdist_groups(config, items)
+
+
+def name_xdist_groups(config, items) -> None:
     """`--dist loadgroup` (scripts/test.sh): the tests of one `xdist_group` on one worker.
     pytest-xdist names a test's group in its node id (`ID@group`) by setting `item._nodeid`,
     which pytest 9 no longer reads (its node ids live in `item._id`): the groups were ignored,

@@ -214,7 +214,7 @@ def start_vllm_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
          "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
          "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1",
-         "--no-enable-chunked-prefill"],  # seeded requests on CPU (docs/configuration.md)
+         "--no-enable-chunked-prefill"],  # seeded requests on CPU (docs/training.md)
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the engine processes with it
     )

@@ -57,6 +57,7 @@ def test_the_budget_plan_changes_grpo_reward_only():
     assert args[args.index("--efficiency-budget") + 1] == "150"
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data, monkeypatch,
                                                           capsys):

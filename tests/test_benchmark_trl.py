@@ -71,6 +71,7 @@ def test_load_prompts_reads_or_names_the_line(tmp_path_factory, lines):
         assert all(isinstance(r.prompt, str) for r in records)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason="trl is not installed (pip install -e '.[bench]')")
@@ -150,13 +151,12 @@ def test_bad_memrl_set_is_one_line(capsys):
     assert args.frameworks == ["trl", "memrl", "memrl_tuned"]
 
 
-def test_memrl_set_reads_renamed_keys_as_memrl_train(tmp_path):
+def test_memrl_set_reads_keys_as_memrl_train(tmp_path):
     bench = load("trl_side_by_side")
-    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rl.rollout_n=4",
+    args = bench.parse_args(["--plan", "tiny", "--memrl-set", "rollout.n=4",
                              "--device", "cpu"])
     spec = bench.side_spec(args, "tiny", tmp_path / "model", tmp_path / "p.jsonl", "cpu")
-    with pytest.warns(Warning, match="rl.rollout_n"):
-        config = bench.memrl_config(spec, tmp_path / "run", tuned=True)
+    config = bench.memrl_config(spec, tmp_path / "run", tuned=True)
     assert config.rollout.n == 4 and bench.memrl_config(spec, tmp_path / "run").rollout.n == 8
 
 

@@ -98,6 +98,7 @@ def test_linear_cost_maths_by_hand():
 
 
 # ------------------------------------------------------------------------- end to end, --tiny
+@pytest.mark.pipeline
 @pytest.mark.slow
 @needs_vllm
 def test_rollout_script_runs_both_engines_on_cpu(tmp_path):
@@ -114,6 +115,7 @@ def test_rollout_script_runs_both_engines_on_cpu(tmp_path):
     assert out["environment"]["vllm"] and out["environment"]["torch"]
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @needs_vllm
 def test_linear_cost_script_runs_memagent_on_vllm_and_the_baseline(tmp_path):
@@ -131,6 +133,7 @@ def test_linear_cost_script_runs_memagent_on_vllm_and_the_baseline(tmp_path):
     assert (tmp_path / "linear_cost.png").stat().st_size > 0
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @needs_vllm
 def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
@@ -151,6 +154,7 @@ def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
     assert froze == [False, True] + [False] * (len(froze) - 2)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @needs_vllm
 def test_rollout_profile_script_times_memrl_against_vllm_directly(tmp_path):
@@ -410,6 +414,7 @@ def test_fused_logprob_tiny_runs_end_to_end(tmp_path):
     assert bad.returncode == 2 and "--impls: unknown ['foo']" in bad.stderr.splitlines()[-1]
 
 
+@pytest.mark.pipeline
 @needs_vllm
 def test_vllm_sync_tiny_finds_the_synced_weights_in_the_engine(tmp_path):
     """On the CPU build (v1 runner): the stale engine is far from the stepped policy, the

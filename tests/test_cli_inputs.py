@@ -198,6 +198,19 @@ def test_keyboard_interrupt_is_exit_130_one_line(capsys, monkeypatch):
     ]
 
 
+def test_an_interrupted_quickstart_says_the_same_command_continues(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("memrl.quickstart.run_quickstart", interrupted)
+    code, _, err = run(capsys, ["quickstart"])
+    assert code == 130
+    assert err.splitlines() == [
+        "interrupted (SIGINT) in 'memrl quickstart'; run the same command again to continue "
+        "where it stopped (--fresh starts over)"
+    ]
+
+
 # ----------------------------------------------------------------------------- LoCoMo
 
 

@@ -88,3 +88,22 @@ def test_parse_override_never_crashes(text):
         assert all(parts)
     except MemrlInputError:
         pass
+
+
+@pytest.mark.parametrize("key", ["memagent.temperature=0.3", "memagent.top_p=0.5"])
+def test_training_refuses_the_agents_own_sampling_naming_the_rollouts_key(key):
+    """The agent's section's sampling is what `memrl eval` and `memrl ask` use; in training
+    it would be ignored, so it is an error naming `rollout`'s key."""
+    from memrl.recipes.config import TrainConfig
+
+    name = key.split("=")[0].split(".")[1]
+    with pytest.raises(MemrlInputError, match=rf"memagent\.{name}: training samples with "
+                       rf"rollout\.{name}: set that instead"):
+        load_config(TrainConfig, None, ["model.path=m", "data.train_file=d", key])
+
+
+def test_old_key_names_are_unknown_keys():
+    from memrl.recipes.config import TrainConfig
+
+    with pytest.raises(MemrlInputError, match=r"rl\.rollout_n: unknown key"):
+        load_config(TrainConfig, None, ["model.path=m", "data.train_file=d", "rl.rollout_n=4"])

@@ -19,7 +19,6 @@ from memrl.data.locomo import (
     split_by_conversation,
     split_conversations,
 )
-from memrl.deprecation import MemrlDeprecationWarning
 from memrl.errors import MemrlInputError
 
 LOCOMO_IDS = ["conv-26", "conv-30", "conv-41", "conv-42", "conv-43", "conv-44", "conv-47",
@@ -39,13 +38,11 @@ def test_split_by_sample_id_in_any_order():
     assert len(split_conversations(LOCOMO_IDS, "train")) == 7
 
 
-def test_unknown_split_is_an_error_and_test_is_the_old_name_of_heldout():
-    with pytest.raises(MemrlInputError, match="unknown split 'dev'; choose one of all, train, "
-                       "heldout"):
-        check_split("dev")
-    with pytest.warns(MemrlDeprecationWarning, match="split 'test' is deprecated: use "
-                      "'heldout'"):
-        assert split_conversations(LOCOMO_IDS, "test") == list(HELDOUT_CONVERSATIONS)
+def test_unknown_split_is_an_error():
+    for name in ("dev", "test"):
+        with pytest.raises(MemrlInputError, match=f"unknown split '{name}'; choose one of all, "
+                           "train, heldout"):
+            check_split(name)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_split("train") == "train"

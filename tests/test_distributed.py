@@ -187,6 +187,7 @@ def test_resume_two_ranks_on_one_process(runs):
 # ---- the same training on Ray Train's workers (memrl[ray]; one local cluster of 2 CPUs)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_two_ray_workers_take_the_single_process_steps(ray_cluster, single, tiny_model_dir,
@@ -211,6 +212,7 @@ def test_two_ray_workers_take_the_single_process_steps(ray_cluster, single, tiny
         assert_same_metrics(mine, theirs)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_a_failing_ray_worker_ends_the_run_with_its_rank_named(ray_cluster, tiny_model_dir,
@@ -260,6 +262,7 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
 @pytest.mark.parametrize("strategy", ["replicate", "fsdp"])

@@ -235,6 +235,7 @@ def _assert_same_step(one: Path, two: Path, step: int) -> None:
         assert x["advantage"] == pytest.approx(y["advantage"], abs=1e-5)  # measured 6e-8
 
 
+@pytest.mark.pipeline
 @ppo_runs_group
 @pytest.mark.slow
 def test_ppo_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_model_dir):
@@ -244,6 +245,7 @@ def test_ppo_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_model_dir
     _assert_same_step(ppo_runs["one"], ppo_runs["two"], 1)
 
 
+@pytest.mark.pipeline
 @ppo_runs_group
 @pytest.mark.slow
 def test_ppo_resumed_on_two_ranks_takes_the_single_process_step(ppo_runs, tiny_model_dir,
@@ -275,6 +277,7 @@ def _sharded_critic_weights(run: Path, step: int, config: list[str], tokenizer) 
     return {k: v.detach().cpu().clone() for k, v in critic.model.state_dict().items()}
 
 
+@pytest.mark.pipeline
 @ppo_runs_group
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP read in one process
@@ -307,6 +310,7 @@ def test_ppo_sharded_with_fsdp_on_two_ranks_and_resumed(ppo_runs, tiny_model_dir
         assert_same_metrics(a, b)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_ppo_with_a_value_head_on_the_policy_on_two_ranks(tiny_model_dir, data_dir, tmp_path):
     """critic.value_model policy_head, replicated: one step on 2 ranks is the one-process
@@ -322,6 +326,7 @@ def test_ppo_with_a_value_head_on_the_policy_on_two_ranks(tiny_model_dir, data_d
     _assert_same_step(runs[1], runs[2], 1)
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_reinforce_pp_baseline_on_two_ranks_whitens_over_the_whole_step(tiny_model_dir,
                                                                         data_dir, tmp_path):

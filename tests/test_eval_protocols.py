@@ -356,6 +356,7 @@ def reference_run(tmp_path_factory, tiny_model_dir, one_thread):
     return data, root / "ref"
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM],
                          ids=["SIGKILL", "SIGINT", "SIGTERM"])

@@ -75,6 +75,7 @@ def exported_weights(run: Path, step: int, out: Path) -> dict[str, torch.Tensor]
     return load_file(out / "model.safetensors")
 
 
+@pytest.mark.pipeline
 @runs_group
 @pytest.mark.slow
 def test_fsdp_on_two_ranks_takes_the_single_process_step(runs, tiny_model_dir, tmp_path):
@@ -90,6 +91,7 @@ def test_fsdp_on_two_ranks_takes_the_single_process_step(runs, tiny_model_dir, t
     assert fsdp_metrics["train/groups"] == 3.0 and "val/score" in fsdp_metrics
 
 
+@pytest.mark.pipeline
 @runs_group
 @pytest.mark.slow
 def test_sharded_checkpoints_resume_on_one_and_on_two_ranks(runs, tmp_path):
@@ -106,6 +108,7 @@ def test_sharded_checkpoints_resume_on_one_and_on_two_ranks(runs, tmp_path):
         assert_same_metrics(a, b)
 
 
+@pytest.mark.pipeline
 @runs_group
 @pytest.mark.slow
 def test_export_of_a_sharded_checkpoint_loads_and_evaluates(runs, tmp_path):

@@ -162,6 +162,7 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
     assert len(lines) == 12 and all("reward" in json.loads(x) for x in lines)
 
 
+@pytest.mark.pipeline
 @needs_vllm
 @server_group
 @pytest.mark.slow

@@ -210,6 +210,7 @@ def test_the_agent_isolation_test_passes_on_the_actor(empty, tiny_tokenizer):
     iso(tiny_tokenizer, empty)  # the MemoryUpdate agent's isolation test, store in the actor
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_two_ray_ranks_train_memoryupdate_on_one_store_actor(ray_cluster, tiny_model_dir,
                                                               tmp_path):

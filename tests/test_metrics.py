@@ -138,6 +138,19 @@ def test_console_sink_prints_one_line(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_console_every_prints_every_nth_step_and_every_validation(tmp_path):
+    from rich.console import Console
+
+    buf = io.StringIO()
+    with MetricsLogger(tmp_path, sinks=["console", "jsonl"], console_every=3,
+                       console=Console(file=buf, width=300)) as log:
+        for step in range(1, 8):
+            log.log(step, {"nll": 1.0, **({"val/nll": 2.0} if step == 4 else {})})
+    assert [line.split(" │ ")[0] for line in buf.getvalue().splitlines()] == [
+        "step 3", "step 4", "step 6"]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 7
+
+
 def test_tensorboard_sink_scalars_and_scrubbed_config(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -26,7 +26,8 @@ from helpers import free_port, needs_vllm, start_vllm_server, stop_process
 from memrl.cli import main as cli_main
 from memrl.inference.openai import ServerError, wait_until_ready
 
-pytestmark = [needs_vllm, pytest.mark.xdist_group("vllm_pool_faults"), pytest.mark.slow]
+pytestmark = [needs_vllm, pytest.mark.xdist_group("vllm_pool_faults"), pytest.mark.slow,
+              pytest.mark.pipeline]
 
 QUESTIONS = 32
 """4 runs of RECORDS_PER_RUN: a server frozen during the 2nd is lost and back (a health check

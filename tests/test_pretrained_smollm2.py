@@ -89,6 +89,7 @@ def hf_model(converted):
     return load_model(converted[0], device="cpu", dtype="float32")
 
 
+@pytest.mark.pipeline
 @needs_package
 @pytest.mark.slow
 def test_init_model_writes_a_plain_model_directory(converted, hf_model, tokenizer):
@@ -118,6 +119,7 @@ def test_init_model_writes_a_plain_model_directory(converted, hf_model, tokenize
     assert tokenizer.eos_token == "<|im_end|>"
 
 
+@pytest.mark.pipeline
 @needs_package
 @pytest.mark.slow
 def test_the_converted_model_reads_a_document(hf_model, tokenizer):
@@ -131,6 +133,7 @@ def test_the_converted_model_reads_a_document(hf_model, tokenizer):
     assert "France" in gen.text and "Peru" not in gen.text, gen.text
 
 
+@pytest.mark.pipeline
 @needs_package
 @needs_vllm
 @pytest.mark.slow
@@ -171,6 +174,7 @@ def test_hf_and_vllm_engines_agree_on_a_memagent_episode(converted, hf_model, to
     assert ours.details == theirs.details and ours.answer == theirs.answer
 
 
+@pytest.mark.pipeline
 @needs_package
 @pytest.mark.slow
 def test_a_memoryupdate_episode_on_real_locomo_with_the_converted_model(hf_model, tokenizer,

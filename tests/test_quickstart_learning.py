@@ -24,6 +24,7 @@ def quickstart_config(tmp_path):
     ])
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_the_quickstart_warm_start_learns_the_task_on_unseen_people(tmp_path):
     from memrl.quickstart import QuickstartPlan, evaluate, prepare_quickstart

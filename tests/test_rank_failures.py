@@ -36,6 +36,7 @@ SLACK_S = 4.0  # a loaded 2-core CI machine: the survivor's thread may wait that
 HOST = socket.gethostname()
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.pipeline,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="POSIX signals and /proc"),
     # One xdist worker for the module: its tests share one run (`frozen`, then `killed`
     # resuming it); split over two workers, each ran the frozen run.

@@ -149,6 +149,7 @@ def test_resume_restores_the_critic(tiny_model_dir, data_dir, tmp_path):
             assert math.isclose(got[key], want[key], rel_tol=1e-6, abs_tol=1e-9), key
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_ppo_learns_the_quickstart_task(tmp_path):
     """`memrl train configs/quickstart.yaml rl.adv_estimator=gae ...` on the quickstart's own

@@ -309,6 +309,7 @@ def one_process_steps(tiny_model_dir, data_dir, tmp_path_factory) -> dict[int, P
     return runs
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 @pytest.mark.xdist_group("old_logprobs_ranks")  # one worker: `one_process_steps` runs once
 @pytest.mark.parametrize(("strategy", "mini"), [("replicate", 3), ("fsdp", 3), ("fsdp", 1)])

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from memrl.config import load_config
-from memrl.deprecation import MemrlDeprecationWarning
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
 
@@ -16,9 +15,9 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_config_validates(path):
     """`*_sft.yaml` configs are `memrl sft` configs; the others `memrl train` configs. None
-    uses a deprecated key."""
+    raises a warning."""
     with warnings.catch_warnings():
-        warnings.simplefilter("error", MemrlDeprecationWarning)
+        warnings.simplefilter("error")
         load_config(SFTConfig if path.stem.endswith("_sft") else TrainConfig, path)
 
 

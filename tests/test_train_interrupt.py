@@ -110,6 +110,7 @@ MESSAGE = re.compile(
 )
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_sigint_and_sigterm_then_resume_match_an_uninterrupted_run(
     tiny_model_dir, data_dir, tmp_path

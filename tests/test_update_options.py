@@ -158,6 +158,7 @@ def test_compile_names_the_torch_it_needs(tiny_model_dir, monkeypatch):
         load_policy(ModelConfig(path=str(tiny_model_dir), compile=True))
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_compiled_layers_take_the_plain_step(tiny_model_dir, data_dir, tmp_path):
     """Several micro-batch shapes, a checkpointed layer (layer 0 of 2) beside a plain one,
@@ -223,6 +224,7 @@ def test_flex_attention_is_a_graph_break_with_the_plain_shapes(monkeypatch):
     assert seen == [True]
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_compiled_layers_keep_packed_flex_attention_samples_apart(tiny_model_dir):
     """Packed samples (rl.remove_padding) through flex_attention with model.compile: the

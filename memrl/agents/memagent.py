@@ -101,7 +101,7 @@ class MemAgentConfig(BaseModel):
     chunk that completes it — and corrects it at the next turn. The wrong turn is left out of
     the trajectory; the correcting one (a memory holding the wrong sentence, answered with
     the right memory) is trained. The oracle alone never shows a wrong memory, so a model
-    imitating it never learns to drop one (docs/results.md, SmolLM2)."""
+    imitating it never learns to drop one (docs/lab/results.md, SmolLM2)."""
 
     @field_validator("prompts")
     @classmethod

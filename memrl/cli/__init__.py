@@ -8,13 +8,11 @@ is one line and exit code 130; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
 import shlex
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from memrl.cli.app import app
@@ -38,30 +36,6 @@ def _quiet_library_progress_bars() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a core dependency
         pass
-
-
-@contextlib.contextmanager
-def _renamed_names_as_warning_lines() -> Iterator[None]:
-    """A renamed config key or option (`memrl.deprecation.MemrlDeprecationWarning`) is one
-    line on stderr, `warning: <old> is deprecated: use <new> ...`, once per key and run;
-    other Python warnings are shown as Python shows them."""
-    import warnings
-
-    from memrl.cli.common import print_warning
-    from memrl.deprecation import MemrlDeprecationWarning
-
-    python_shows = warnings.showwarning
-
-    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        if issubclass(category, MemrlDeprecationWarning):
-            print_warning(str(message))
-        else:
-            python_shows(message, category, *args, **kwargs)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("default", MemrlDeprecationWarning)
-        warnings.showwarning = show
-        yield
 
 
 def _register_commands() -> None:
@@ -100,30 +74,6 @@ def expand_multi_value_options(argv: list[str]) -> list[str]:
             out.extend([current, token])
         else:
             out.append(token)
-    return out
-
-
-RENAMED_OPTIONS = {"--samples": "--n", "--batch-size": "--generation-batch-size"}
-"""Options renamed (old → new; `memrl eval ...`, `memrl ask`, `memrl serve`): the old name
-is still read for one release, with one `warning:` line, and not shown in the help."""
-
-
-def renamed_options(argv: list[str]) -> list[str]:
-    """`argv` with each old option name of `RENAMED_OPTIONS` (also as `--old=value`) written
-    as its new one, warning once per name (`memrl.deprecation.warn_renamed`). Tokens after a
-    bare `--` are arguments, never options."""
-    from memrl.deprecation import warn_renamed
-
-    out: list[str] = []
-    for i, token in enumerate(argv):
-        if token == "--":
-            return out + argv[i:]
-        name, sep, value = token.partition("=")
-        new = RENAMED_OPTIONS.get(name)
-        if new is not None:
-            warn_renamed(name, new)
-            token = f"{new}{sep}{value}"
-        out.append(token)
     return out
 
 
@@ -168,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _register_commands()
         _quiet_library_progress_bars()
-        with _renamed_names_as_warning_lines():
-            args = renamed_options(args)
-            _invocation[:] = args  # a line that says how to go on names the new options
-            return _run(args)
+        return _run(args)
     except KeyboardInterrupt:
         # A SIGINT the command did not handle itself (see memrl.interrupt for one that does).
         import signal
@@ -275,6 +222,8 @@ def _interrupt_hint(args: list[str]) -> tuple[str, str]:
     name = _command_path(args)
     if name in (f"{PROG_NAME} train", f"{PROG_NAME} sft"):
         how = "run it again with --resume to continue from the last checkpoint"
+    elif name == f"{PROG_NAME} quickstart":
+        how = "run the same command again to continue where it stopped (--fresh starts over)"
     else:
         how = "run the command again to redo it"
     return f"in '{name}'", how

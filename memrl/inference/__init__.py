@@ -1,6 +1,5 @@
 """Generators and engines: everything that turns prompt token ids into response token ids."""
 
-from memrl.deprecation import moved_names
 from memrl.inference.base import (
     Engine,
     Generation,
@@ -61,7 +60,3 @@ __all__ = [
     "runs_async",
 ]
 
-__getattr__ = moved_names(__name__, {
-    "HFGenerator": "HFEngine", "VLLMGenerator": "VLLMEngine", "OpenAIGenerator": "OpenAIEngine",
-})
-"""The engines' old names (kept for one release), with a DeprecationWarning."""

@@ -5,7 +5,7 @@ defaults, is `ValidationSamplingConfig`); `VLLMConfig` configures the colocated 
 (`memrl.inference.vllm.VLLMEngine`), with verl's names (`actor_rollout_ref.rollout.*`);
 `OpenAIConfig` the pool of OpenAI-compatible servers (`memrl.inference.openai.OpenAIEngine`).
 Training configs hold them under `rollout` (`rollout.val`, `rollout.vllm`, `rollout.openai`);
-docs/configuration.md maps every field.
+docs/configuration.md lists every field, docs/training.md maps them to verl.
 """
 
 from __future__ import annotations
@@ -95,9 +95,8 @@ class VLLMConfig(StrictModel):
     """KV cache size in bytes; None: from gpu_memory_utilization on GPU, 1 GiB on CPU."""
     model_runner: Literal["auto", "v1", "v2"] = "auto"
     """vLLM's GPU model runner (its VLLM_USE_V2_MODEL_RUNNER). v2 draws every seeded
-    request's sampling noise in one kernel, where v1 draws it one request at a time: the
-    rollout of memrl's recipe shapes took 18% less time with it (0.5B, 32 trajectories of
-    3 turns of 1,024 tokens, one H100, vLLM 0.21; docs/benchmarks.md). `auto`: v2 on a CUDA
+    request's sampling noise in one kernel, where v1 draws it one request at a time
+    (measured: docs/lab/benchmarks.md). `auto`: v2 on a CUDA
     GPU, v1 elsewhere (vLLM's CPU build has only its own runner); a VLLM_USE_V2_MODEL_RUNNER
     of your own is kept. Weights sync through the runner vLLM uses (`VLLMEngine.model_runner`):
     its reload_weights, or on vLLM 0.21's v2, which has none, its model's load_weights (not

@@ -24,11 +24,9 @@ Conventions (see `Generation`):
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from memrl.deprecation import moved_names, renamed_message
 from memrl.inference.base import Generation, SamplingParams, batch_params, check_prompts
 
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
@@ -49,13 +47,7 @@ class HFEngine:
     continuous_batching = False
     """Each request is answered alone (no request queue): agents run in lockstep on it."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, generation_batch_size: int = 32,
-                 max_batch_size: int | None = None) -> None:
-        if max_batch_size is not None:  # the old name, kept for one release
-            warnings.warn(renamed_message("HFEngine(max_batch_size=)",
-                                          "HFEngine(generation_batch_size=)"),
-                          DeprecationWarning, stacklevel=2)
-            generation_batch_size = max_batch_size
+    def __init__(self, model: Any, tokenizer: Any, *, generation_batch_size: int = 32) -> None:
         if generation_batch_size < 1:
             raise ValueError(
                 f"generation_batch_size must be >= 1, got {generation_batch_size}")
@@ -307,5 +299,4 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-__getattr__ = moved_names(__name__, {"HFGenerator": "HFEngine"})
-"""`HFGenerator`: the old name of `HFEngine`, kept for one release (DeprecationWarning)."""
+

@@ -38,7 +38,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memrl.deprecation import moved_names
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import OpenAIConfig
@@ -272,5 +271,4 @@ def save_policy_weights(policy: Any, path: Path) -> None:
     tmp.rename(path)
 
 
-__getattr__ = moved_names(__name__, {"OpenAIGenerator": "OpenAIEngine"})
-"""`OpenAIGenerator`: the old name of `OpenAIEngine`, kept for one release (DeprecationWarning)."""
+

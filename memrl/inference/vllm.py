@@ -62,7 +62,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from memrl.deprecation import moved_names
 from memrl.errors import MemrlInputError, require
 from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import VLLMConfig
@@ -557,5 +556,4 @@ def _set_rng_states(states: tuple[Any, Any, Any]) -> None:
     torch.random.set_rng_state(states[2])
 
 
-__getattr__ = moved_names(__name__, {"VLLMGenerator": "VLLMEngine"})
-"""`VLLMGenerator`: the old name of `VLLMEngine`, kept for one release (DeprecationWarning)."""
+

@@ -56,7 +56,7 @@ class MiniLMEmbedder:
     Vectors are cached by text (the `cache_size` most recently used; 0: no cache): a memory
     store embeds one text per call, and the episodes of one conversation insert and search the
     same facts again and again (the SmolLM2 MemoryUpdate warm start's oracle: 78% of its
-    texts are repeats, docs/benchmarks.md). The texts a call misses are encoded in one
+    texts are repeats, docs/lab/benchmarks.md). The texts a call misses are encoded in one
     batch, as every text was without the cache; `cache_info` counts hits and misses.
     """
 

@@ -4,7 +4,8 @@ Sections map one-to-one to the objects they configure: `model` → the policy lo
 `data` → the question stream, `rollout` → the engine that samples, the agent's own section
 (keyed by its task's name: `memagent`, `memupdate`, or a plug-in's) → the task's agent, `rl`
 and `optim` → `memrl.rl` (advantages, losses, actor), `trainer` → the recipe's loop, logging
-and checkpoints. docs/configuration.md gives the verl key that each one corresponds to.
+and checkpoints. docs/configuration.md lists every key (generated from the field docstrings);
+docs/training.md gives the verl key that each one corresponds to.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from memrl.config import StrictModel, located_error, move_renamed_keys
+from memrl.config import StrictModel, located_error
 from memrl.errors import MemrlInputError
 from memrl.inference.base import RolloutMode
 from memrl.inference.config import (
@@ -37,8 +38,11 @@ class LoraConfig(StrictModel):
     enabled: bool = False
     """Train LoRA adapters instead of every weight (needs memrl[lora])."""
     r: int = Field(16, ge=1)
+    """Rank of the LoRA update matrices."""
     alpha: int = Field(32, ge=1)
+    """LoRA scaling numerator: the update is scaled by alpha / r."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA branch's input."""
     target_modules: list[str] | str = "all-linear"
     """Module names (or "all-linear"); names that match nothing in the model are an error."""
 
@@ -76,9 +80,8 @@ class ModelConfig(StrictModel):
     """torch.compile every decoder layer of the policy, the reference and the critic, in
     place (parameter names unchanged): the update's and the log-prob passes' elementwise
     work (norms, activations, rotary embeddings, casts) is fused. auto: on for full
-    fine-tuning on a CUDA device (measured faster at every shape tried on an H100:
-    docs/benchmarks.md; `memrl sft` compiles the same layers), off on the CPU (compiling
-    costs more there than it saves on small models) and with LoRA (not measured compiled);
+    fine-tuning on a CUDA device (`memrl sft` compiles the same layers), off on the CPU and
+    with LoRA;
     where torch cannot compile (torch < 2.6, TORCH_COMPILE_DISABLE=1) auto is off without
     a word, while true is refused or warns. Shapes are dynamic from the
     first compilation (the first step pays it; a few more graphs follow for the no-grad
@@ -97,8 +100,8 @@ class ModelConfig(StrictModel):
     (rl.remove_padding) through torch's variable-length flash attention (torch >= 2.9;
     on a CPU sample by sample), everything else as sdpa. `auto` (default): varlen on a
     CUDA device where torch and transformers have what it needs, else transformers'
-    default; with rl.remove_padding auto this packs the GPU's micro-batches (measured
-    fastest: docs/benchmarks.md). None: transformers' default (sdpa). With
+    default; with rl.remove_padding auto this packs the GPU's micro-batches. None:
+    transformers' default (sdpa). With
     rl.remove_padding, flex_attention skips the blocks between packed samples;
     flash_attention_* need the flash-attn package."""
     lora: LoraConfig = LoraConfig()
@@ -166,6 +169,7 @@ class DataConfig(StrictModel):
     val_file: str | None = None
     """Validation questions, scored at test_freq steps and at the end."""
     format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler", "locomo"] = "auto"
+    """Format of train_file / val_file; auto: from the file's extension (and a JSONL file's records)."""
     train_batch_size: int = Field(4, ge=1)
     """Questions per training step (verl data.train_batch_size)."""
     shuffle: bool = True
@@ -205,12 +209,10 @@ class RolloutConfig(SamplingConfig):
     its optimizer step), when the engine's log-prob of a response
     token differs from the trainer's by more than this (`rollout/logprob_diff_max`, over every
     rank): the engine then does not sample the policy being trained (stale weights; a server
-    computing log-probs at another temperature). Any engine: measured ~1e-5 in float32 (HF,
-    vLLM on CPU, the server pool) and 0.06-0.11 for vLLM in bfloat16 on a GPU (0.5B model,
-    docs/benchmarks.md), but single tokens of long bfloat16 runs reach 1-1.5 (SmolLM2-135M,
-    60 steps; configs/smollm2_memagent.yaml uses 2); mixture-of-experts models in bfloat16
-    can exceed 1 — raise it there.
-    null: no check. Not checked with rl.use_rollout_logprobs (the trainer recomputes nothing
+    computing log-probs at another temperature). Any engine. Raise it for long bfloat16 runs
+    and mixture-of-experts models, whose single tokens may differ by more than 1 on a healthy
+    engine (configs/smollm2_memagent.yaml uses 2; what was measured:
+    docs/lab/benchmarks.md). null: no check. Not checked with rl.use_rollout_logprobs (the trainer recomputes nothing
     to compare with)."""
 
     @model_validator(mode="after")
@@ -244,7 +246,7 @@ class TrajectoryLogConfig(StrictModel):
     """`trainer.log_trajectories`: one JSONL row per trajectory per step, in
     `train_trajectories/step_NNNNNN.jsonl` of the run directory (verl's rollout dump,
     `trainer.rollout_data_dir`). `trainer.log_trajectories=false` (or `true`, `auto`) sets
-    `enabled` alone. Fields of a row: docs/configuration.md."""
+    `enabled` alone. Fields of a row: docs/training.md."""
 
     enabled: bool | Literal["auto"] = "auto"
     """auto: on when every trajectory of a step fits `max_rows_per_step`
@@ -268,11 +270,13 @@ class TrainerConfig(StrictModel):
     out_dir: str = "runs/train"
     """Run directory: metrics.jsonl, config.yaml, checkpoints/, val_samples/, training.png."""
     total_epochs: int = Field(1, ge=1)
+    """Passes over the training questions (verl trainer.total_epochs); total_steps, when set, ends the run first."""
     total_steps: int | None = Field(None, ge=1)
     """Stop after this many steps even if epochs remain."""
     test_freq: int = Field(0, ge=0)
     """Validate every N steps (0 = never, except val_before_train and at the end)."""
     val_before_train: bool = True
+    """Validate once before the first step (verl trainer.val_before_train)."""
     save_freq: int = Field(0, ge=0)
     """Checkpoint every N steps (0 = only at the end)."""
     keep_last: int = Field(2, ge=1)
@@ -281,7 +285,12 @@ class TrainerConfig(StrictModel):
     """auto: continue from the latest checkpoint in out_dir/checkpoints if there is one.
     never: start fresh, and refuse an out_dir that already holds checkpoints (nothing lost)."""
     log_sinks: list[Literal["jsonl", "console", "tensorboard", "wandb"]] = ["jsonl", "console"]
+    """Where metrics go: metrics.jsonl in out_dir, the console, TensorBoard (memrl[tensorboard]), Weights & Biases (memrl[wandb])."""
+    console_every: int = Field(1, ge=1)
+    """The console sink prints every N-th step's line (and every validation's); the other
+    sinks get every step."""
     wandb_project: str = "memrl"
+    """The Weights & Biases project of the wandb sink."""
     num_logged_trajectories: int = Field(4, ge=0)
     """Sample trajectories written to disk at each validation."""
     log_trajectories: TrajectoryLogConfig = TrajectoryLogConfig()
@@ -302,14 +311,13 @@ class TrainerConfig(StrictModel):
     between two collectives of a healthy run: 1800 s covers the slowest we expect, the main
     rank writing a 7B model's checkpoint with AdamW state (~120 GB) at 100 MB/s, and a 7B
     log-prob pass on 8 replicated ranks (~12 min). Frozen or dead ranks are found sooner,
-    by the heartbeat (docs/configuration.md)."""
+    by the heartbeat (docs/failures.md)."""
     gc_freeze: bool = True
     """After this process's first training step, collect once and move every object then
     alive (the model, its compiled graphs, the engine) to Python's permanent generation
     (`gc.freeze`), so that the collector's full collections no longer walk them: vLLM's sleep
-    runs one every step and the rollout's allocations start others. On one H100 (recipe
-    shapes, 0.5B) it took the step's time in the collector from 0.17-0.20 s to 0.05-0.07 s
-    (docs/benchmarks.md, holds K to M). Objects of that moment that later
+    runs one every step and the rollout's allocations start others (what it saves:
+    docs/lab/benchmarks.md). Objects of that moment that later
     become unreachable only through a reference cycle are freed when training ends (the whole
     heap is unfrozen then, also what an in-process vLLM engine froze when it started).
     false: Python's default."""
@@ -397,24 +405,12 @@ class AgentSection(StrictModel):
             raise
 
 
-RENAMED_KEYS = {
-    "rl.rollout_n": "rollout.n",
-    "rl.val_n": "rollout.val.n",
-    "rl.val_temperature": "rollout.val.temperature",
-    "rl.val_top_p": "rollout.val.top_p",
-    "rl.generation_batch_size": "rollout.generation_batch_size",
-}
-"""Training config keys renamed (old → new), still read for one release with a warning.
-The agent's section's `temperature` and `top_p` (`memagent.temperature`, ...) also move, to
-`rollout.temperature` / `rollout.top_p`: training sampling is the rollout's."""
-
-
 class TrainConfig(AgentSection):
     """Every section of a training run (the agent's own: see `AgentSection`)."""
 
     not_dumped: ClassVar[tuple[str, ...]] = ("temperature", "top_p")
-    """Training samples as `rollout` says: the agent section's own sampling is not the run's
-    (and, read back, would be the deprecated name of rollout's: `renamed_keys`)."""
+    """Training samples as `rollout` says: the agent section's own sampling is not the run's,
+    and a training config that sets it is refused (`_sampling_is_the_rollouts`)."""
 
     seed: int = Field(0, ge=0, le=2**63 - 1)
     """Seeds everything: weights init of LoRA, data order, every sampling call."""
@@ -427,29 +423,26 @@ class TrainConfig(AgentSection):
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
 
-    @classmethod
-    def renamed_keys(cls, data: dict[str, Any]) -> dict[str, str]:
-        """Old dotted keys → new of a config mapping: `RENAMED_KEYS` and its agent's section's
-        temperature and top_p (`load_config` also renames them in overrides)."""
-        renamed = dict(RENAMED_KEYS)
-        agent = data.get("agent", "memagent")
-        from memrl.tasks import task_class
-
-        try:
-            section = task_class(agent).name if isinstance(agent, str) else None
-        except MemrlInputError:
-            section = None  # AgentSection reports the unknown agent
-        if section is not None:
-            renamed |= {f"{section}.{key}": f"rollout.{key}" for key in ("temperature", "top_p")}
-        return renamed
-
     @model_validator(mode="before")
     @classmethod
-    def _renamed_keys(cls, data: Any) -> Any:
-        """Old keys (`renamed_keys`) moved to their new place, each with a warning line."""
+    def _sampling_is_the_rollouts(cls, data: Any) -> Any:
+        """The agent's section's `temperature` / `top_p` (what `memrl eval` and `memrl ask`
+        sample with) would be ignored in training: an error naming `rollout`'s key."""
         if not isinstance(data, dict):
             return data
-        return move_renamed_keys(cls.__name__, data, cls.renamed_keys(data))
+        from memrl.tasks import task_class
+
+        agent = data.get("agent", "memagent")
+        try:
+            name = task_class(agent).name if isinstance(agent, str) else None
+        except MemrlInputError:
+            return data  # AgentSection reports the unknown agent
+        section = data.get(name)
+        for key in cls.not_dumped:
+            if isinstance(section, dict) and key in section:
+                raise _located(f"{name}.{key}", f"training samples with rollout.{key}: set "
+                               f"that instead", section[key])
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

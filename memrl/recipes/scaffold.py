@@ -134,6 +134,7 @@ def run_loop(
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(out / "config.yaml", scrub_env_secrets(config_to_yaml(config)))
     with MetricsLogger(out, tcfg.log_sinks if dist.is_main else [], console=console,
+                       console_every=tcfg.console_every,
                        run_config=config.model_dump(mode="json"),
                        wandb_project=tcfg.wandb_project) as logger:
         if state.step == 0 and tcfg.val_before_train and validate is not None:

@@ -15,7 +15,6 @@
 It never imports an agent, a task or an engine implementation: it sees `Trajectory`s.
 """
 
-from memrl.deprecation import moved_names
 from memrl.rl.advantages import (
     ESTIMATORS,
     SIZE1_MODES,
@@ -77,5 +76,3 @@ __all__ = [
     "train_flops",
 ]
 
-__getattr__ = moved_names(__name__, {"Sample": "Conversation"})
-"""`Sample`: the old name of `Conversation`, kept for one release (DeprecationWarning)."""

@@ -24,7 +24,6 @@ keeps the objective exact however the conversations are split.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,6 @@ import torch
 from torch import Tensor
 
 from memrl.trajectory import Trajectory
-from memrl.deprecation import moved_names, renamed_message
 from memrl.errors import MemrlInputError
 from memrl.rl.losses import LossNorm, kl_penalty, loss_norm
 
@@ -228,13 +226,6 @@ class RolloutBatch:
 
     # ---- views
     @property
-    def samples(self) -> tuple[Conversation, ...]:
-        """The old name of `conversations`, kept for one release (a DeprecationWarning)."""
-        warnings.warn(renamed_message("RolloutBatch.samples", "RolloutBatch.conversations"),
-                      DeprecationWarning, stacklevel=2)
-        return self.conversations
-
-    @property
     def num_trajectories(self) -> int:
         return len(self.group_ids)
 
@@ -407,6 +398,3 @@ def collate(
                                         dtype=torch.long),
     }
 
-
-__getattr__ = moved_names(__name__, {"Sample": "Conversation"})
-"""`Sample`: the old name of `Conversation`, kept for one release (DeprecationWarning)."""

@@ -2,7 +2,7 @@
 
 These are the sections `memrl.rl` reads (`RLConfig` → advantages, losses, the actor's
 update; `OptimConfig` → optimizer and lr schedule). The whole training config, with model,
-data, agent and trainer sections, is `memrl.recipes.config.TrainConfig`. docs/configuration.md
+data, agent and trainer sections, is `memrl.recipes.config.TrainConfig`. docs/training.md
 gives the verl key that each field corresponds to.
 """
 
@@ -51,7 +51,9 @@ class RLConfig(StrictModel):
     """KL estimator of the reward penalty (verl algorithm.kl_penalty)."""
     # ---- policy loss
     clip_ratio_low: float = Field(0.2, ge=0)
+    """PPO clip range below 1 of the probability ratio (verl actor.clip_ratio_low)."""
     clip_ratio_high: float = Field(0.2, ge=0)
+    """PPO clip range above 1 (verl actor.clip_ratio_high; DAPO's clip-higher when above clip_ratio_low)."""
     clip_ratio_c: float | None = Field(3.0, gt=1)
     """Dual-clip bound for negative advantages (verl clip_ratio_c, default 3.0); None
     disables it."""
@@ -70,7 +72,9 @@ class RLConfig(StrictModel):
     entropy_coeff: float = 0.0
     """Entropy bonus (verl actor.entropy_coeff)."""
     use_kl_loss: bool = True
+    """Add the KL to the reference model to the loss (verl actor.use_kl_loss), as kl_loss_coef x kl_loss_type."""
     kl_loss_coef: float = Field(0.001, ge=0)
+    """Weight of the KL loss (verl actor.kl_loss_coef)."""
     kl_loss_type: Literal["k1", "abs", "k2", "k3", "kl", "mse", "low_var_kl"] = "low_var_kl"
     """KL estimator of the KL loss (verl actor.kl_loss_type)."""
     overlong: Literal["mask", "keep"] = "mask"
@@ -99,6 +103,7 @@ class RLConfig(StrictModel):
     `auto`."""
     # ---- optimisation schedule
     ppo_epochs: int = Field(1, ge=1)
+    """Passes of the update over each step's batch (verl actor.ppo_epochs)."""
     ppo_mini_batch_size: int = Field(2, ge=1)
     """Questions per optimizer step; each brings all conversations of its rollout.n
     trajectories."""
@@ -166,6 +171,7 @@ class OptimConfig(StrictModel):
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (verl actor.optim.lr)."""
     weight_decay: float = Field(0.01, ge=0)
+    """AdamW weight decay (verl optim.weight_decay)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas, each in [0, 1)."""
     warmup_steps: int = Field(0, ge=0)

@@ -13,21 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from memrl.deprecation import warn_renamed
 from memrl.errors import MemrlInputError
 
 HELDOUT_CONVERSATIONS = ("conv-48", "conv-49", "conv-50")
 """LoCoMo sample ids held out of training (evaluation only)."""
 SPLITS = ("all", "train", "heldout")
-RENAMED_SPLITS = {"test": "heldout"}
-"""Old split names still accepted, with a deprecation warning."""
 
 
 def check_split(split: str, location: str = "--split") -> str:
-    """The split's name (`test` → `heldout`, with a warning); unknown names are errors."""
-    if split in RENAMED_SPLITS:
-        warn_renamed(f"split {split!r}", f"{RENAMED_SPLITS[split]!r}", stacklevel=2)
-        return RENAMED_SPLITS[split]
+    """The split's name; unknown names are errors."""
     if split not in SPLITS:
         raise MemrlInputError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}",
                               location=location)
