@@ -11,12 +11,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKDOWN = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")])
-PENDING = {"docs/serving.md"}
-"""Guides written on another branch at the same time (the `memrl serve` guide); remove each
-once it is merged."""
-ELSEWHERE = ("memrl/ask/", "memrl/serve/", "memrl/cli/ask.py", "memrl/cli/serve.py")
-"""Code changed on another branch at the same time (its docs paths are fixed there or at the
-merge); remove once merged."""
 
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
@@ -57,8 +51,6 @@ def broken_links(path: Path) -> list[str]:
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
         name = dest.relative_to(ROOT).as_posix() if dest.is_relative_to(ROOT) else str(dest)
-        if name in PENDING:
-            continue
         if not dest.exists():
             out.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
@@ -90,11 +82,10 @@ def test_docs_paths_named_in_code_exist():
     """`docs/<name>.md` in a docstring, a --help text, a config comment or a script is a path a
     user will open."""
     files = [p for d in ("memrl", "benchmarks", "scripts", "configs", "tests", "examples")
-             for p in (ROOT / d).rglob("*") if p.suffix in {".py", ".sh", ".yaml", ".md"}
-             and not p.relative_to(ROOT).as_posix().startswith(ELSEWHERE)]
+             for p in (ROOT / d).rglob("*") if p.suffix in {".py", ".sh", ".yaml", ".md"}]
     missing = set()
     for p in files:
         for name in re.findall(r"\bdocs/[\w./-]*\w\.(?:md|png)\b", p.read_text(encoding="utf-8")):
-            if not (ROOT / name).exists() and name not in PENDING:
+            if not (ROOT / name).exists():
                 missing.add(f"{p.relative_to(ROOT)}: {name}")
     assert sorted(missing) == []

@@ -12,7 +12,7 @@ any size is never held whole:
                      <script>, <style>, <head> and comments, entities decoded
     PDF              page by page with pypdf (`memrl[ask]`), pages apart by a blank line
 
-Why these (`benchmarks/document_readers.py`, docs/benchmarks.md "Reading documents"): on
+Why these (`benchmarks/document_readers.py`, docs/lab/benchmarks.md "Reading documents"): on
 generated multi-page PDFs pypdf extracted the same words in the same order as pdfminer.six,
 several times faster, and needs no other package (pdfminer.six: charset-normalizer and
 cryptography); for HTML, BeautifulSoup builds a tree of the whole page and html2text
