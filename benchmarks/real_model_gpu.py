@@ -632,33 +632,13 @@ def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
         str(n): tokens[n] for n in docs}}
 
 
-SUBJECTS = ("asked", "namesake", "other", "empty")
-
-
-def memory_subject(question: str, memory: str) -> str:
-    """Whom an episode's final memory is about: the asked person (full name), a namesake
-    (the asked person's first or last name only), someone else, or nobody (empty, or the
-    agent's initial memory)."""
-    from memrl.agents.prompts import MEMAGENT_NO_MEMORY
-    from memrl.data.biographies import asked_person
-
-    name = asked_person(question)
-    if name is None:
-        raise SystemExit(f"not a biographies question: {question!r}")
-    memory = memory.strip()
-    if memory in ("", MEMAGENT_NO_MEMORY):
-        return "empty"
-    if name in memory:
-        return "asked"
-    return "namesake" if set(re.findall(r"\w+", memory)) & set(name.split()) else "other"
-
-
 def memory_table(plan: Plan, res: Path, suite: Suite, protocol: str
                  ) -> tuple[str, dict[str, Any]]:
     """The memory diagnostics of every MemAgent row and length of a biographies suite: the
     answer captured once read and kept to the end (`memrl eval`'s evidence_in_memory.json),
-    and whom the final memories are about (`memory_subject` of each trajectory)."""
-    from memrl.eval.memory_trace import DIAGNOSTICS_FILE
+    and whom the final memories are about (`memrl.eval.memory_trace.final_memory_about` of
+    the trajectories)."""
+    from memrl.eval.memory_trace import DIAGNOSTICS_FILE, SUBJECTS, final_memory_about
     from memrl.eval.report import read_jsonl
 
     lines = ["| row | N | capture once read | kept to the end | final memory about the asked "
@@ -672,9 +652,8 @@ def memory_table(plan: Plan, res: Path, suite: Suite, protocol: str
                 continue
             per_n = json.loads((path / DIAGNOSTICS_FILE).read_text())["per_num_docs"]
             for n, diag in per_n.items():
-                counts = dict.fromkeys(SUBJECTS, 0)
-                for episode in read_jsonl(path / f"trajectories_{n}.jsonl"):
-                    counts[memory_subject(episode["question"], episode["memories"][-1])] += 1
+                counts = (final_memory_about(read_jsonl(path / f"trajectories_{n}.jsonl"))
+                          or dict.fromkeys(SUBJECTS, 0))
                 out.setdefault(row, {})[n] = {"captured": diag["summary"]["captured"],
                                               "kept_to_end": diag["summary"]["kept_to_end"],
                                               "final_memory_about": counts}

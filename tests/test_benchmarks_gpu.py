@@ -355,20 +355,11 @@ def test_an_evaluation_that_failed_beside_a_trainer_runs_again_once_none_runs(tm
 
 
 def test_the_memory_table_says_whom_each_final_memory_is_about(tmp_path):
-    """`memory_subject`: the asked person's full name, only their first or last name (a
-    namesake), someone else, or nothing; `memory_table` counts them per row and length from
-    the trajectories, beside the capture and keep rates of evidence_in_memory.json, and the
-    report writes both."""
+    """`memory_table` counts whom the final memories are about (the asked person, a namesake,
+    someone else, nobody: `memrl.eval.memory_trace.memory_subject`) per row and length from
+    the trajectories, beside the capture and keep rates of evidence_in_memory.json."""
     rm = load_script("real_model_gpu")
     q = "What is the birthplace of Dajal Brouwick?"
-    assert rm.memory_subject(q, "Dajal Brouwick's place of birth is Fuminster.") == "asked"
-    assert rm.memory_subject(q, "Dajal Kromsen was born in Peru.") == "namesake"
-    assert rm.memory_subject(q, "Mika Brouwick's home is Lund.") == "namesake"
-    assert rm.memory_subject(q, "Mika Dajalson plays the oboe.") == "other"  # not a name part
-    assert rm.memory_subject(q, "No previous memory") == "empty"
-    assert rm.memory_subject(q, "  ") == "empty"
-    with pytest.raises(SystemExit, match="not a biographies question"):
-        rm.memory_subject("Who wrote Hamlet?", "Shakespeare")
 
     suite = rm.Suite("biographies", 4, (1, 4), 2, groups=((4,),))
     plan = rm.Plan(bio=suite, hqa=None, engine="hf")
