@@ -21,16 +21,20 @@ with memrl's own commands (each printed before it runs), so every step is what a
                   diagnostics, `memrl view` pages)
 
 Every stage is skipped when its output exists, so a run cut by a time limit continues where
-it stopped. Evaluations run side by side, one engine each (a suite's longest lengths in
+it stopped (a warm start or RL run cut between checkpoints resumes from its last one). Evaluations run side by side, one engine each (a suite's longest lengths in
 processes of their own: `Suite.groups`), since one 135M-parameter engine leaves the GPU
 mostly idle; engines start one after the other (`Runner.start(engine=True)`). `--plan
 ppo-vs-grpo` trains both from a shorter warm start and evaluates them at the training length
 only; `--plan published` is the full plan trained in the published evaluation's answer format
 from a corrective warm start, every row evaluated under `--protocol memagent` (the protocol
-follows the trained prompts: `trained_protocol`); `--plan tiny` runs the same pipeline on
-memrl's tiny model on a CPU (minutes).
+follows the trained prompts: `trained_protocol`); `--plan scaled` (issue 43, 4 GPUs) is the
+published plan on biographies with shared names, with GRPO data-parallel on 4 ranks for
+102,400 trajectories, a length curriculum and validation at 16x, once per seed (two), ending
+in the seed report (`seed_report.py`: mean and spread over seeds); `--plan tiny` runs the
+scaled pipeline on memrl's tiny model on a CPU (minutes).
 
     python benchmarks/real_model_gpu.py --work /tmp/rm --out results/real_model   # GPU
+    python benchmarks/real_model_gpu.py --plan scaled --work /tmp/rs --out /tmp/rs/out  # 4 GPUs
     python benchmarks/real_model_gpu.py --plan tiny --work /tmp/rm_tiny --out /tmp/rm_tiny/out
 """
 
@@ -61,6 +65,7 @@ from gpu_common import (  # noqa: E402
     print_environment,
     shared_data_file,
 )
+from seed_report import write_seed_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("base_long_context", "base_memagent", "warm_start", "rl", "ppo")
@@ -138,6 +143,24 @@ class Plan:
     train_gpu_share: str = "0.15"
     """The colocated vLLM engine's share of GPU memory in each RL run (GRPO and PPO side by
     side with the warm start's evaluations)."""
+    names: str = "distinct"
+    """How the biographies name people (`memrl prepare biographies --names`)."""
+    curriculum: tuple[tuple[int, int], ...] = ()
+    """(length multiple, first step) of each later stage of GRPO's training data
+    (`data.curriculum`): the same questions over that multiple of the training length."""
+    long_val: int | None = None
+    """Also validate GRPO at this multiple of the training length (`data.val_sets`: the
+    validation questions at that length, logged as val_long/...)."""
+    nproc: int = 1
+    """GRPO's data-parallel ranks (`memrl train --nproc-per-node`: torchrun, one rank and its
+    colocated engine per GPU)."""
+    gpus: int = 1
+    """GPUs the evaluations are spread over (CUDA_VISIBLE_DEVICES, in turn)."""
+    seeds: tuple[int, ...] = ()
+    """Train the warm start and RL once per seed (data order and sampling; the data and the
+    base rows are shared), each into WORK/seed_<s> and OUT/seed_<s>, and write the seed
+    report (`seed_report.py`: OUT/seeds.json, OUT/seeds.md and `SEEDS_JSON`); none: one
+    run with the configs' seed into WORK and OUT."""
 
 
 def trained_protocol(plan: Plan) -> str:
@@ -169,19 +192,24 @@ def _trained_protocol(rl_overrides: tuple[str, ...], sft_overrides: tuple[str, .
     return "memagent" if fmt == "answer_is" else "memagent-boxed"
 
 
+_TINY_AGENT = ("memagent.chunk_size=128", "memagent.max_memory_tokens=16",
+               "memagent.max_final_tokens=8", "memagent.prompts=memagent-answer-is")
 TINY = Plan(
-    model="tiny", bio=Suite("biographies", 4, (1, 2, 4), 8, groups=((4,),)),
-    hqa=Suite("ruler_hqa", 4, (1, 2), 4, protocols=("memagent-boxed", "memagent"),
-              rows=("base_long_context", "base_memagent", "warm_start", "rl")),
-    train_questions=64, val_questions=8, engine="hf",
-    sft_overrides=("trainer.total_steps=4", "sft.batch_size=4", "memagent.chunk_size=128",
-                   "memagent.max_memory_tokens=16", "memagent.max_final_tokens=8"),
+    model="tiny", bio=Suite("biographies", 4, (1, 2, 4), 4, rows=("base_memagent",
+                                                                  "warm_start", "rl")),
+    hqa=Suite("ruler_hqa", 4, (1, 2), 4, rows=("base_memagent", "warm_start", "rl")),
+    train_questions=32, val_questions=2, engine="hf",
+    sft_overrides=("trainer.total_steps=2", "sft.batch_size=4",
+                   "memagent.oracle_corrections=0.25", *_TINY_AGENT),
     rl_overrides=("trainer.total_steps=2", "rollout.engine=hf", "data.train_batch_size=2",
                   "rollout.n=2", "rl.ppo_mini_batch_size=2", "trainer.test_freq=0",
-                  "data.val_limit=2", "memagent.chunk_size=128", "memagent.max_memory_tokens=16",
-                  "memagent.max_final_tokens=8"),
+                  "data.val_limit=2", "trainer.val_before_train=false", *_TINY_AGENT),
     eval_options=("--chunk-size", "128", "--max-memory-tokens", "16", "--max-final-tokens", "8"),
+    ppo=False, names="shared", curriculum=((2, 2),), long_val=4, nproc=2, seeds=(0, 1),
 )
+"""`--plan scaled` on memrl's tiny model on a CPU (minutes): every stage once, at toy size,
+with its seeds, shared names, curriculum, long-length validation and data-parallel GRPO
+(2 ranks, the HF engine)."""
 
 SMOKE = Plan(
     bio=Suite("biographies", 24, (1, 4), 16), hqa=Suite("ruler_hqa", 20, (1,), 8,
@@ -217,8 +245,29 @@ them). Run on 2026-11-26 (docs/lab/results.md): the warm start and GRPO rows wit
 evaluations took 26 minutes of one H100 hold (`--rows warm_start,rl`); the base rows ran
 beside them as a second run into the same --out, `--rows base_memagent,base_long_context`.
 Runs split by `--rows` merge in one --out (`--report-only` writes the table from it)."""
+SCALED = Plan(
+    bio=Suite("biographies", 24, (1, 2, 4, 8, 16, 32, 64), 128,
+              rows=("base_memagent", "warm_start", "rl"), groups=((16,), (32,), (64,))),
+    hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90, rows=("base_memagent", "warm_start", "rl")),
+    train_questions=16_000, names="shared", ppo=False,
+    sft_overrides=(_PUBLISHED_FORMAT, "memagent.oracle_corrections=0.25"),
+    rl_overrides=(_PUBLISHED_FORMAT, "trainer.total_steps=200", "data.train_batch_size=64",
+                  "rollout.n=8", "rl.ppo_mini_batch_size=32", "trainer.test_freq=20",
+                  "trainer.save_freq=50", "data.val_limit=64"),
+    curriculum=((4, 101),), long_val=16, nproc=4, gpus=4, train_gpu_share="0.3",
+    seeds=(0, 1),
+)
+"""Issue 43's recipe for one 4-GPU hold: the published plan's format and corrective warm start
+on biographies with shared names (`--names shared`: namesakes with the asked attribute in every
+context), then GRPO data-parallel on 4 ranks (torchrun, colocated vLLM on each GPU) for 200
+steps x 64 questions x 8 samples = 102,400 trajectories (27x the published plan's 3,840),
+steps 1-100 at the training length and 101-200 over 4x the documents (`data.curriculum`),
+validated every 20 steps at 1x and at 16x (`val_long/score`); two seeds (warm start and RL
+each: data order and sampling), evaluated at 1x-64x (biographies) and 1x-8x (RULER-HQA) under
+the published protocol, evaluations spread over the 4 GPUs; the seed report with mean and
+spread (`seed_report.py`). `--seeds 0` / `--seeds 1`: one seed per hold, into one --out."""
 PLANS = {"full": Plan(), "published": PUBLISHED, "smoke": SMOKE, "tiny": TINY,
-         "ppo-vs-grpo": PPO_VS_GRPO}
+         "ppo-vs-grpo": PPO_VS_GRPO, "scaled": SCALED}
 
 
 class Runner:
@@ -240,7 +289,7 @@ class Runner:
         """The command that runs `memrl ARGS` (tests give another)."""
         self._engine_start = threading.Lock()
 
-    def start(self, name: str, *args: str, engine: bool = False
+    def start(self, name: str, *args: str, engine: bool = False, gpu: int | None = None
               ) -> tuple[str, subprocess.Popen]:
         """Start `memrl ARGS`. engine=True: the command builds a vLLM engine on the GPU; it
         starts once every engine started before it is up (or its process has ended), and
@@ -249,7 +298,8 @@ class Runner:
         for the KV cache: both happened on the first device run of this pipeline). An engine
         whose start is still disturbed (another process's engine ended or slept meanwhile:
         `PROFILING_ERROR` in its log before it was up) is started again, up to
-        `engine_start_retries` times."""
+        `engine_start_retries` times. `gpu`: the only GPU the command sees."""
+        env = self.env if gpu is None else {**self.env, "CUDA_VISIBLE_DEVICES": str(gpu)}
         with self._engine_start if engine else contextlib.nullcontext():
             for attempt in range(self.engine_start_retries + 1 if engine else 1):
                 cmd = [*self.program, *args]
@@ -258,8 +308,8 @@ class Runner:
                 path = self.logs / f"{name}.log"
                 start = path.stat().st_size if path.is_file() else 0
                 log = open(path, "ab")  # noqa: SIM115 (closed with the process)
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.env, cwd=ROOT)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        cwd=ROOT)
                 if not engine or self._await_engine(path, start, proc):
                     break
                 log.close()
@@ -377,8 +427,8 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
     all in `res` yet (one per suite, protocol and document group)."""
     out = []
     for suite in (plan.bio, plan.hqa):
-        if suite is None or row not in suite.rows:
-            continue
+        if suite is None or row not in suite.rows or suite.name not in data:
+            continue  # (RULER-HQA without HotpotQA)
         for protocol in suite.protocols_of(plan) if row != "base_long_context" else ("boxed",):
             if row != "base_long_context" and not suite.evaluated(plan, row, protocol):
                 continue
@@ -394,13 +444,14 @@ def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: 
     return out
 
 
-def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]]
+def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]], gpus: int = 1
                       ) -> list[tuple[str, subprocess.Popen]]:
     """Every evaluation side by side, each its own engine (a 135M model leaves the GPU mostly
     idle: the longest length alone sets the wall time); vLLM engines start one after the
-    other (`Runner.start`)."""
-    return [runner.start(name, *command, engine=command[command.index("--engine") + 1] == "vllm")
-            for name, command in commands]
+    other (`Runner.start`); with `gpus` > 1 each on the next GPU in turn."""
+    return [runner.start(name, *command, engine=command[command.index("--engine") + 1] == "vllm",
+                         gpu=i % gpus if gpus > 1 else None)
+            for i, (name, command) in enumerate(commands)]
 
 
 def split_hotpotqa(source: Path, out: Path) -> tuple[Path, Path]:
@@ -422,25 +473,57 @@ def split_hotpotqa(source: Path, out: Path) -> tuple[Path, Path]:
 
 def prepare_data(plan: Plan, runner: Runner, data: Path, hotpotqa: Path | None
                  ) -> dict[str, Path]:
-    """Biographies (train / val / eval_{N}) and, with HotpotQA, RULER-HQA built from its
-    training and held-out questions; one training file with both."""
-    from memrl.data.hotpotqa import save_records_jsonl
-    from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
+    """Biographies (train / val / eval_{N}, and the plan's curriculum and long validation
+    files) and, with HotpotQA, RULER-HQA built from its training and held-out questions;
+    training files with both: `train_file` (and `train_file_<m>x` per curriculum stage),
+    `val_file` (and `long_val_file`), and each suite's evaluation directory by its name."""
+    bio = prepare_biographies(plan, runner, data)
+    out: dict[str, Path] = {plan.bio.name: bio, "val_file": bio / "val.jsonl"}
+    hqa_train = None
+    if plan.hqa is not None and hotpotqa is not None:
+        out[plan.hqa.name], hqa_train = prepare_ruler_hqa(plan, runner, data, hotpotqa)
+    out["train_file"] = training_file(bio / "train.jsonl", hqa_train, data / "train.jsonl",
+                                      plan)
+    for m, _ in plan.curriculum:
+        out[f"train_file_{m}x"] = training_file(data / f"bio_{m}x" / "train.jsonl", hqa_train,
+                                                data / f"train_{m}x.jsonl", plan)
+    if plan.long_val:
+        out["long_val_file"] = data / f"bio_val_{plan.long_val}x" / "val.jsonl"
+    return out
 
-    bio = data / "bio"
+
+def prepare_biographies(plan: Plan, runner: Runner, data: Path) -> Path:
+    """`memrl prepare biographies`: DATA/bio (training and validation questions at the
+    training length, evaluation files at every length), the same training questions at each
+    curriculum multiple (DATA/bio_<m>x/train.jsonl) and the validation questions at the long
+    validation multiple (DATA/bio_val_<m>x/val.jsonl; its one training question unused)."""
+    bio, names, docs = data / "bio", ("--names", plan.names), plan.bio.train_docs
     if not (bio / "val.jsonl").is_file():
         runner.run("data_bio", "prepare", "biographies", "--out", str(bio),
-                   "--train-docs", str(plan.bio.train_docs),
-                   "--num-docs", *map(str, plan.bio.eval_docs),
+                   "--train-docs", str(docs), "--num-docs", *map(str, plan.bio.eval_docs),
                    "--train-questions", str(plan.train_questions),
                    "--val-questions", str(plan.val_questions),
-                   "--eval-questions", str(plan.bio.questions))
-    dirs = {plan.bio.name: bio}
-    train_file = data / "train.jsonl"
-    if plan.hqa is None or hotpotqa is None:
-        if not train_file.is_file():
-            train_file.write_bytes((bio / "train.jsonl").read_bytes())
-        return {**dirs, "train_file": train_file, "val_file": bio / "val.jsonl"}
+                   "--eval-questions", str(plan.bio.questions), *names)
+    later = [(f"bio_{m}x", m, plan.train_questions, 0, "train.jsonl") for m, _ in plan.curriculum]
+    if plan.long_val:
+        later.append((f"bio_val_{plan.long_val}x", plan.long_val, 1, plan.val_questions,
+                      "val.jsonl"))
+    for name, m, questions, val, made in later:
+        if not (data / name / made).is_file():
+            runner.run(f"data_{name}", "prepare", "biographies", "--split", "train", "--out",
+                       str(data / name), "--train-docs", str(docs * m), "--train-questions",
+                       str(questions), "--val-questions", str(val), *names)
+    return bio
+
+
+def prepare_ruler_hqa(plan: Plan, runner: Runner, data: Path, hotpotqa: Path
+                      ) -> tuple[Path, Path]:
+    """RULER-HQA from HotpotQA split by question (`split_hotpotqa`): the evaluation directory
+    (held-out questions at every length) and the training file (the others, at the training
+    length)."""
+    from memrl.data.ruler_hqa import ruler_hqa_path
+
+    assert plan.hqa is not None
     hqa_train, hqa_eval = data / "hqa_train", data / "hqa_eval"
     if not ruler_hqa_path(hqa_eval, plan.hqa.eval_docs[-1]).is_file():
         train_pool, eval_pool = split_hotpotqa(hotpotqa, data / "hotpotqa_split")
@@ -449,18 +532,28 @@ def prepare_data(plan: Plan, runner: Runner, data: Path, hotpotqa: Path | None
         runner.run("data_hqa_eval", "prepare", "ruler-hqa", "-i", str(eval_pool),
                    "--num-docs", *map(str, plan.hqa.eval_docs), "--num-questions",
                    str(plan.hqa.questions), "--out", str(hqa_eval))
-    dirs[plan.hqa.name] = hqa_eval
-    if not train_file.is_file():
-        hqa = load_ruler_hqa(ruler_hqa_path(hqa_train, plan.hqa.train_docs),
-                             expected_num_docs=plan.hqa.train_docs)
-        lines = (bio / "train.jsonl").read_text(encoding="utf-8").splitlines()
-        tmp = data / "hqa_train.jsonl"
-        save_records_jsonl([r.model_copy(update={"id": f"hqa-{r.id}"}) for r in hqa], tmp)
-        train_file.write_text("\n".join(lines + tmp.read_text().splitlines()) + "\n",
-                              encoding="utf-8")
-        print(f"training file {train_file}: {len(lines)} biographies + {len(hqa)} HotpotQA "
-              "questions", flush=True)
-    return {**dirs, "train_file": train_file, "val_file": bio / "val.jsonl"}
+    return hqa_eval, ruler_hqa_path(hqa_train, plan.hqa.train_docs)
+
+
+def training_file(bio_train: Path, hqa_train: Path | None, out: Path, plan: Plan) -> Path:
+    """OUT: the biographies' training questions, then RULER-HQA's (ids `hqa-...`), if any;
+    kept when it exists."""
+    from memrl.data.hotpotqa import save_records_jsonl
+    from memrl.data.ruler_hqa import load_ruler_hqa
+
+    if out.is_file():
+        return out
+    if hqa_train is None or plan.hqa is None:
+        out.write_bytes(bio_train.read_bytes())
+        return out
+    hqa = load_ruler_hqa(hqa_train, expected_num_docs=plan.hqa.train_docs)
+    lines = bio_train.read_text(encoding="utf-8").splitlines()
+    tmp = out.with_name(f"hqa_{out.name}")
+    save_records_jsonl([r.model_copy(update={"id": f"hqa-{r.id}"}) for r in hqa], tmp)
+    out.write_text("\n".join(lines + tmp.read_text().splitlines()) + "\n", encoding="utf-8")
+    print(f"training file {out}: {len(lines)} biographies + {len(hqa)} HotpotQA questions",
+          flush=True)
+    return out
 
 
 @dataclass(frozen=True)
@@ -502,24 +595,27 @@ def stages(plan: Plan, rows: Iterable[str] | None = None) -> Stages:
 
 
 def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
-             until: str = "report", rows: Iterable[str] | None = None) -> None:
+             until: str = "report", rows: Iterable[str] | None = None,
+             seed: int | None = None) -> None:
+    """Every stage of one run (`seed`: the warm start's and RL's, else the configs')."""
     todo = stages(plan, rows)
     runner = Runner(work)
     model = work / "model"
     res.mkdir(parents=True, exist_ok=True)
     init_model(runner, plan.model, model)
     data = prepare_data(plan, runner, work / "data", hotpotqa)
-    suites = {k: v for k, v in data.items() if k not in ("train_file", "val_file")}
+    suites = {s.name: data[s.name] for s in (plan.bio, plan.hqa) if s and s.name in data}
+    seeded = [] if seed is None else [f"seed={seed}"]
 
     # 3. the warm start, side by side with the base model's evaluations
     sft_cmd = ["sft", "configs/smollm2_memagent_sft.yaml", f"model.path={model}",
                f"data.train_file={data['train_file']}", f"trainer.out_dir={work / 'sft'}",
-               *plan.sft_overrides]
+               "trainer.resume=auto", *plan.sft_overrides, *seeded]
     sft = ([runner.start("sft", *sft_cmd)]
            if todo.warm_start and not done(work / "model_warm") else [])
     base = start_evaluations(runner, [command for row in todo.base_rows
                                       for command in evaluations(plan, model, suites, res,
-                                                                 row)])
+                                                                 row)], plan.gpus)
     runner.wait(*sft)
     runner.wait(*base, check=False)  # what failed runs again at the end (`evaluate_again`)
     if until == "baselines" or not todo.warm_start:
@@ -535,11 +631,12 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     # 5. the trained models' evaluations, once no trainer runs
     warm = start_evaluations(runner, evaluations(plan, row_model(work, "warm_start"), suites, res,
                                                  "warm_start")
-                             if todo.evaluate_warm_start else [])
+                             if todo.evaluate_warm_start else [], plan.gpus)
     branches = todo.branches
     failed: dict[str, BaseException] = {}
     with ThreadPoolExecutor(max(len(branches), 1)) as pool:
-        futures = {row: pool.submit(train_then_export, runner, plan, work, data, row, overrides)
+        futures = {row: pool.submit(train_then_export, runner, plan, work, data, row,
+                                    (*overrides, *seeded))
                    for row, overrides in branches.items()}
         for row, future in futures.items():
             try:
@@ -550,7 +647,7 @@ def pipeline(plan: Plan, work: Path, res: Path, hotpotqa: Path | None,
     trained = [row for row in branches if row not in failed]
     runner.wait(*start_evaluations(runner, [
         command for row in trained
-        for command in evaluations(plan, row_model(work, row), suites, res, row)]),
+        for command in evaluations(plan, row_model(work, row), suites, res, row)], plan.gpus),
         check=False)
     evaluate_again(runner, plan, work, suites, res,
                    (*todo.base_rows, *(["warm_start"] if todo.evaluate_warm_start else []),
@@ -581,21 +678,36 @@ def evaluate_again(runner: Runner, plan: Plan, work: Path, suites: dict[str, Pat
     if again:
         print(f"[{time.strftime('%H:%M:%S')}] again, no trainer running: "
               f"{', '.join(name for name, _ in again)}", flush=True)
-        runner.wait(*start_evaluations(runner, again))
+        runner.wait(*start_evaluations(runner, again, plan.gpus))
 
 
 def train_then_export(runner: Runner, plan: Plan, work: Path, data: dict[str, Path], row: str,
                       overrides: tuple[str, ...]) -> None:
-    """`memrl train` from the warm start (row rl: GRPO; ppo: PPO), then `memrl export`."""
+    """`memrl train` from the warm start (row rl: GRPO; ppo: PPO), then `memrl export`; on
+    `plan.nproc` ranks, with the plan's curriculum and long validation (`rl_data`)."""
     model = row_model(work, row)
+    ranks = ["--nproc-per-node", str(plan.nproc)] if plan.nproc > 1 else []
     if not done(model):
         runner.wait(runner.start(
             f"{row}_train", "train", "configs/smollm2_memagent.yaml",
-            f"model.path={work / 'model_warm'}", f"data.train_file={data['train_file']}",
-            f"data.val_file={data['val_file']}", f"trainer.out_dir={work / row}",
-            f"rollout.vllm.gpu_memory_utilization={plan.train_gpu_share}", *overrides,
+            f"model.path={work / 'model_warm'}", *rl_data(plan, data),
+            f"trainer.out_dir={work / row}", "trainer.resume=auto",
+            f"rollout.vllm.gpu_memory_utilization={plan.train_gpu_share}", *overrides, *ranks,
             engine=plan.engine == "vllm"))
         runner.run(f"{row}_export", "export", str(work / row), str(model))
+
+
+def rl_data(plan: Plan, data: dict[str, Path]) -> list[str]:
+    """The data overrides of the RL run: training and validation files, the curriculum's
+    stages (`data.curriculum`) and the long validation set (`data.val_sets`)."""
+    out = [f"data.train_file={data['train_file']}", f"data.val_file={data['val_file']}"]
+    if plan.curriculum:
+        stages = ", ".join(f"{{from_step: {step}, train_file: {data[f'train_file_{m}x']}}}"
+                           for m, step in plan.curriculum)
+        out.append(f"data.curriculum=[{stages}]")
+    if plan.long_val:
+        out.append(f"data.val_sets={{long: {data['long_val_file']}}}")
+    return out
 
 
 def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
@@ -632,33 +744,13 @@ def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
         str(n): tokens[n] for n in docs}}
 
 
-SUBJECTS = ("asked", "namesake", "other", "empty")
-
-
-def memory_subject(question: str, memory: str) -> str:
-    """Whom an episode's final memory is about: the asked person (full name), a namesake
-    (the asked person's first or last name only), someone else, or nobody (empty, or the
-    agent's initial memory)."""
-    from memrl.agents.prompts import MEMAGENT_NO_MEMORY
-    from memrl.data.biographies import asked_person
-
-    name = asked_person(question)
-    if name is None:
-        raise SystemExit(f"not a biographies question: {question!r}")
-    memory = memory.strip()
-    if memory in ("", MEMAGENT_NO_MEMORY):
-        return "empty"
-    if name in memory:
-        return "asked"
-    return "namesake" if set(re.findall(r"\w+", memory)) & set(name.split()) else "other"
-
-
 def memory_table(plan: Plan, res: Path, suite: Suite, protocol: str
                  ) -> tuple[str, dict[str, Any]]:
     """The memory diagnostics of every MemAgent row and length of a biographies suite: the
     answer captured once read and kept to the end (`memrl eval`'s evidence_in_memory.json),
-    and whom the final memories are about (`memory_subject` of each trajectory)."""
-    from memrl.eval.memory_trace import DIAGNOSTICS_FILE
+    and whom the final memories are about (`memrl.eval.memory_trace.final_memory_about` of
+    the trajectories)."""
+    from memrl.eval.memory_trace import DIAGNOSTICS_FILE, SUBJECTS, final_memory_about
     from memrl.eval.report import read_jsonl
 
     lines = ["| row | N | capture once read | kept to the end | final memory about the asked "
@@ -672,9 +764,8 @@ def memory_table(plan: Plan, res: Path, suite: Suite, protocol: str
                 continue
             per_n = json.loads((path / DIAGNOSTICS_FILE).read_text())["per_num_docs"]
             for n, diag in per_n.items():
-                counts = dict.fromkeys(SUBJECTS, 0)
-                for episode in read_jsonl(path / f"trajectories_{n}.jsonl"):
-                    counts[memory_subject(episode["question"], episode["memories"][-1])] += 1
+                counts = (final_memory_about(read_jsonl(path / f"trajectories_{n}.jsonl"))
+                          or dict.fromkeys(SUBJECTS, 0))
                 out.setdefault(row, {})[n] = {"captured": diag["summary"]["captured"],
                                               "kept_to_end": diag["summary"]["kept_to_end"],
                                               "final_memory_about": counts}
@@ -716,6 +807,8 @@ def plot(path: Path, title: str, table: dict[str, Any], docs: list[int]) -> None
 
 CURVES = (("train/reward_mean", "training reward (sub-EM)"),
           ("val/score", "validation sub-EM at the training length"),
+          ("val_long/score", "validation sub-EM at the long length"),
+          ("train/informative_groups", "informative groups"),
           ("actor/entropy", "policy entropy"),
           ("kept_response_tokens", "generated tokens trained on (cumulative)"))
 
@@ -740,8 +833,8 @@ def compare_runs(path: Path, runs: dict[str, Path]) -> None:
         for ax, (key, title) in zip(axes, CURVES, strict=True):
             pts = [(m["step"], m[key]) for m in lines if key in m and "step" in m]
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="." if key == "val/score" else None,
-                        label=ROW_NAMES[row])
+                ax.plot(*zip(*pts, strict=True), marker="." if key.startswith("val") else None,
+                        label=ROW_NAMES.get(row, row))
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -789,12 +882,53 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     return summary
 
 
+SEEDS_JSON = "smollm2_memagent_rl_scaled.json"
+"""The seed report's JSON in --out (benchmarks/results/ holds a device run's copy)."""
+
+
+def run_seeds(plan: Plan, work: Path, res: Path, hotpotqa: Path | None, until: str = "report",
+              rows: Iterable[str] | None = None, seeds: Iterable[int] | None = None) -> None:
+    """The pipeline once per seed of `seeds` (default: the plan's), into WORK/seed_<s> and
+    OUT/seed_<s>, sharing the base model and the data (WORK/model, WORK/data; the base rows
+    are evaluated with the plan's first seed only: greedy, they do not depend on it); then the
+    seed report of every seed in OUT (`report_seeds`)."""
+    runner = Runner(work)
+    init_model(runner, plan.model, work / "model")
+    prepare_data(plan, runner, work / "data", hotpotqa)
+    for seed in plan.seeds if seeds is None else seeds:
+        if seed not in plan.seeds:
+            raise SystemExit(f"--seeds takes some of {plan.seeds}, got {seed}")
+        own = work / f"seed_{seed}"
+        own.mkdir(parents=True, exist_ok=True)
+        for shared in ("model", "data"):
+            if not (own / shared).exists():
+                (own / shared).symlink_to(work / shared, target_is_directory=True)
+        asked = [r for r in (plan_rows(plan) if rows is None else rows)
+                 if seed == plan.seeds[0] or r not in ("base_memagent", "base_long_context")]
+        if asked:
+            pipeline(plan, own, res / f"seed_{seed}", hotpotqa, until, asked, seed=seed)
+    report_seeds(plan, res)
+
+
+def report_seeds(plan: Plan, res: Path) -> dict[str, Any]:
+    """The seed report (OUT/seeds.json, OUT/seeds.md, OUT/smollm2_memagent_rl_scaled.json)
+    and the GRPO curves of every seed on shared axes (OUT/rl_curves.png)."""
+    result = write_seed_report(res, plan.seeds, res / SEEDS_JSON)
+    runs = {f"seed {s}": res / f"seed_{s}" / "rl_metrics.jsonl" for s in plan.seeds
+            if (res / f"seed_{s}" / "rl_metrics.jsonl").is_file()}
+    if runs:
+        compare_runs(res / "rl_curves.png", runs)
+    print((res / "seeds.md").read_text(), flush=True)
+    return result
+
+
 def main() -> None:
     parser = pipeline_parser(__doc__, list(PLANS),
                              "full (GPU), published (GPU, the full plan in the published "
                              "answer format, corrective warm start), ppo-vs-grpo (GPU, PPO "
-                             "beside GRPO at the training length), smoke (GPU, minutes), tiny "
-                             "(CPU, the tiny model)")
+                             "beside GRPO at the training length), smoke (GPU, minutes), "
+                             "scaled (4 GPUs, issue 43: 2 seeds, shared names, curriculum, "
+                             "data-parallel GRPO), tiny (CPU: scaled on the tiny model)")
     parser.add_argument("--until", choices=("baselines", "report"), default="report",
                         help="baselines: stop after the base model's evaluations (and the "
                         "warm start's training)")
@@ -802,17 +936,28 @@ def main() -> None:
                         help="comma-separated rows to produce (default: all the plan has, of "
                         f"{','.join(ROWS)}); the others' results in --out are kept, so a plan "
                         "longer than one device hold runs as several runs into one --out")
-    parser.add_argument("--hotpotqa", type=Path,
+    parser.add_argument("--hotpotqa", type=lambda v: None if v == "none" else Path(v),
                         default=shared_data_file("hotpotqa", "dev_subsampled.jsonl"),
                         help="HotpotQA questions (IRCoT JSONL) for RULER-HQA; none: skipped")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated seeds to run (plans with seeds; default: all "
+                        "of the plan's), so the seeds can run in separate holds into one --out")
     args = parser.parse_args()
     plan = PLANS[args.plan]
     print_environment(environment())
-    if args.report_only:
+    rows = None if args.rows is None else [r for r in args.rows.split(",") if r]
+    if args.report_only and plan.seeds:
+        for seed in plan.seeds:
+            if (args.out / f"seed_{seed}").is_dir():
+                report(plan, args.work / f"seed_{seed}", args.out / f"seed_{seed}")
+        report_seeds(plan, args.out)
+    elif args.report_only:
         report(plan, args.work, args.out)
+    elif plan.seeds:
+        run_seeds(plan, args.work, args.out, args.hotpotqa, args.until, rows,
+                  None if args.seeds is None else [int(s) for s in args.seeds.split(",") if s])
     else:
-        pipeline(plan, args.work, args.out, args.hotpotqa, args.until,
-                 None if args.rows is None else [r for r in args.rows.split(",") if r])
+        pipeline(plan, args.work, args.out, args.hotpotqa, args.until, rows)
 
 
 if __name__ == "__main__":

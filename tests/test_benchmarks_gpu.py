@@ -359,20 +359,11 @@ def test_an_evaluation_that_failed_beside_a_trainer_runs_again_once_none_runs(tm
 
 
 def test_the_memory_table_says_whom_each_final_memory_is_about(tmp_path):
-    """`memory_subject`: the asked person's full name, only their first or last name (a
-    namesake), someone else, or nothing; `memory_table` counts them per row and length from
-    the trajectories, beside the capture and keep rates of evidence_in_memory.json, and the
-    report writes both."""
+    """`memory_table` counts whom the final memories are about (the asked person, a namesake,
+    someone else, nobody: `memrl.eval.memory_trace.memory_subject`) per row and length from
+    the trajectories, beside the capture and keep rates of evidence_in_memory.json."""
     rm = load_script("real_model_gpu")
     q = "What is the birthplace of Dajal Brouwick?"
-    assert rm.memory_subject(q, "Dajal Brouwick's place of birth is Fuminster.") == "asked"
-    assert rm.memory_subject(q, "Dajal Kromsen was born in Peru.") == "namesake"
-    assert rm.memory_subject(q, "Mika Brouwick's home is Lund.") == "namesake"
-    assert rm.memory_subject(q, "Mika Dajalson plays the oboe.") == "other"  # not a name part
-    assert rm.memory_subject(q, "No previous memory") == "empty"
-    assert rm.memory_subject(q, "  ") == "empty"
-    with pytest.raises(SystemExit, match="not a biographies question"):
-        rm.memory_subject("Who wrote Hamlet?", "Shakespeare")
 
     suite = rm.Suite("biographies", 4, (1, 4), 2, groups=((4,),))
     plan = rm.Plan(bio=suite, hqa=None, engine="hf")
@@ -423,3 +414,71 @@ def test_vllm_sync_tiny_finds_the_synced_weights_in_the_engine(tmp_path):
     (row,) = summary["runs"]
     assert row["runner"] == row["resolved"] == "v1" and row["reaches_engine"] is True
     assert row["gap_stale"] > 0.1 and row["gap_synced"] < 1e-4
+
+
+# ------------------------------------------------- issue 43: the scaled plan and its tiny run
+
+
+def test_the_scaled_plan_gives_grpo_its_experience_curriculum_and_long_validation(tmp_path):
+    """`--plan scaled`: >= 100,000 GRPO trajectories (steps x questions x samples), data-parallel
+    on 4 ranks with colocated vLLM, 1x then 4x training documents, validation at 1x and 16x,
+    two seeds, shared names; its RL command's data overrides name every file."""
+    rm = load_script("real_model_gpu")
+    plan = rm.PLANS["scaled"]
+    cfg = dict(o.split("=", 1) for o in plan.rl_overrides)
+    steps, batch, n = (int(cfg[k]) for k in ("trainer.total_steps", "data.train_batch_size",
+                                             "rollout.n"))
+    assert steps * batch * n >= 100_000
+    assert plan.engine == "vllm" and plan.nproc == plan.gpus == 4 and len(plan.seeds) >= 2
+    assert plan.names == "shared" and plan.curriculum == ((4, 101),) and plan.long_val == 16
+    assert plan.bio.multiples[-1] == 64 and plan.hqa.multiples == (1, 2, 4, 8)
+    assert rm.trained_protocol(plan) == "memagent"
+    data = {"train_file": tmp_path / "t.jsonl", "val_file": tmp_path / "v.jsonl",
+            "train_file_4x": tmp_path / "t4.jsonl", "long_val_file": tmp_path / "v16.jsonl"}
+    assert rm.rl_data(plan, data) == [
+        f"data.train_file={tmp_path / 't.jsonl'}", f"data.val_file={tmp_path / 'v.jsonl'}",
+        f"data.curriculum=[{{from_step: 101, train_file: {tmp_path / 't4.jsonl'}}}]",
+        f"data.val_sets={{long: {tmp_path / 'v16.jsonl'}}}"]
+    from memrl.config import load_config
+    from memrl.recipes.config import TrainConfig
+
+    config = load_config(TrainConfig, rm.ROOT / "configs" / "smollm2_memagent.yaml",
+                         [*rm.rl_data(plan, data), *plan.rl_overrides])
+    assert config.rollout.engine == "vllm" and config.data.stage_at(101) == 1
+    assert config.data.val_sets == {"long": str(tmp_path / "v16.jsonl")}
+
+
+@pytest.mark.slow
+@pytest.mark.pipeline
+def test_the_tiny_plan_runs_the_scaled_pipeline_on_cpu(tmp_path, tiny_model_dir):
+    """`--plan tiny` (the scaled pipeline at toy size, HF engine, 2 ranks under torchrun):
+    data, a warm start and GRPO per seed with the curriculum and long validation, the
+    evaluations, and the seed report (JSON + table) from the per-seed results."""
+    import shutil
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    shutil.copytree(tiny_model_dir, work / "model")  # `memrl init-model tiny`, done already
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "real_model_gpu.py"), "--plan", "tiny", "--work",
+         str(work), "--out", str(out), "--hotpotqa", "none", "--rows", "warm_start,rl"],
+        env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--names shared" in proc.stdout and "--nproc-per-node 2" in proc.stdout
+    result = json.loads((out / "smollm2_memagent_rl_scaled.json").read_text())
+    assert result["seeds"] == [0, 1] and result["protocol"] == "memagent"
+    for row in ("warm_start", "rl"):
+        assert sorted(result["biographies"][row], key=int) == ["1", "2", "4"]
+        assert all(len(v) == 2 and None not in v for v in result["biographies"][row].values())
+        about = result["memory"][row]["4"]
+        assert [sum(x) for x in zip(*about.values(), strict=True)] == [4, 4]  # every episode
+    assert "| **RL (GRPO) - warm start, mean (min to max)** |" in (out / "seeds.md").read_text()
+    for seed in (0, 1):
+        metrics = (work / f"seed_{seed}" / "rl" / "metrics.jsonl").read_text()
+        assert '"val_long/score"' in metrics
+        log = " ".join((work / f"seed_{seed}" / "logs" / "rl_train.log").read_text().split())
+        assert "curriculum: from step 2, stage 1" in log  # (the console wraps long lines)
+        config = (work / f"seed_{seed}" / "rl" / "config.yaml").read_text()
+        assert f"seed: {seed}" in config and "train_2x.jsonl" in config

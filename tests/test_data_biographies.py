@@ -24,6 +24,7 @@ from memrl.data.biographies import (
     JOBS,
     KINDS,
     QUESTIONS,
+    SHARED_VALIDATION_START,
     SPLITS,
     VALIDATION_START,
     biography_question,
@@ -32,8 +33,10 @@ from memrl.data.biographies import (
     can_use_pronoun,
     is_namesake_slot,
     make_biography_records,
+    name_pool,
     namesake_count,
     pronoun_of,
+    shared_namesakes,
     vocabulary,
     write_biographies,
     write_biography_eval,
@@ -307,6 +310,102 @@ def test_validation_questions_are_held_out_and_not_evaluation_questions(tmp_path
     evaluation = load_ruler_hqa_dir(tmp_path, [6])[6]
     assert not {r.question for r in val} & {r.question for r in evaluation}
     assert train == make_biography_records(20, 6, 0, split="train")
+
+
+# --- shared names: only the whole name tells people apart ----------------------------------
+
+
+def check_shared_record(r: QARecord, split: str, num_docs: int, hard_share: float) -> None:
+    """The reference check of a shared-names record: the answer re-derived from the parsed
+    facts of the one biography titled with the asked name; every namesake states the asked
+    kind, naming themselves in full, with another value; both kinds of namesake are there."""
+    name = asked_person(r.question)
+    first, last = name.split()
+    kind = next(k for k in KINDS if r.question in {q.format(n=name) for q in QUESTIONS[k][split]})
+    firsts, lasts = name_pool(split, "shared")
+    assert len(r.documents) == num_docs == len({d.title for d in r.documents})
+    parsed = {d.title: facts_of(d.text, d.title, split) for d in r.documents}
+    (gold,) = [d for d in r.documents if d.title == name]
+    assert gold.is_supporting and parsed[name][kind] == (r.facts[0], r.answers[0])
+    sides = set()
+    for d in r.documents:
+        f, la = d.title.split()
+        assert f in firsts and la in lasts
+        if d is gold:
+            continue
+        assert name not in d.text  # never a fact about the asked name
+        if f == first or la == last:
+            sentence, value = parsed[d.title][kind]
+            assert value != r.answers[0] and d.title in sentence
+            sides.add("first" if f == first else "last")
+    assert sides == [set(), {"first"}, {"first", "last"}][min(num_docs, 3) - 1]
+    assert sum(f == first or la == last for f, la in (d.title.split() for d in r.documents)
+               if f"{f} {la}" != name) >= shared_namesakes(num_docs - 1, hard_share)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), num_docs=st.integers(1, 60),
+       hard_share=st.sampled_from([0.0, 0.25, 0.5]), split=st.sampled_from(SPLITS),
+       start=st.integers(0, 50))
+def test_shared_names_records_need_the_whole_name(seed, num_docs, hard_share, split, start):
+    kwargs = dict(split=split, hard_share=hard_share, start=start, names="shared")
+    records = make_biography_records(3, num_docs, seed, **kwargs)
+    assert [r.id for r in records] == [f"bio-shared-{split}-{seed}-{i}"
+                                       for i in range(start, start + 3)]
+    for r in records:
+        check_shared_record(r, split, num_docs, hard_share)
+    assert make_biography_records(3, num_docs, seed, **kwargs) == records  # deterministic
+
+
+def test_shared_names_are_shared_by_many_and_nested_across_lengths():
+    small, large = (biography_questions(12, n, seed=4, split="eval", names="shared")
+                    for n in (24, 1536))
+    assert {q.kind for q in small} == set(KINDS)  # every attribute asked
+    for a, b in zip(small, large, strict=True):
+        assert (a.question, a.answer, a.fact, a.gold) == (b.question, b.answer, b.fact, b.gold)
+        assert b.distractors[:23] == a.distractors  # the same question at every length
+        assert a.namesakes(24) >= shared_namesakes(23, 0.25) == 7
+        assert b.namesakes(1536) >= shared_namesakes(1535, 0.25) == 385
+    titles = [d.title.split() for d in large[0].distractors]
+    for part in (0, 1):  # every name part of the pools recurs among many people
+        counts = {}
+        for t in titles:
+            counts[t[part]] = counts.get(t[part], 0) + 1
+        assert sorted(counts.values())[len(counts) // 2] >= 2
+    assert biography_questions(2, 24, seed=4, split="eval", names="shared")[0].name != \
+        biography_questions(2, 24, seed=5, split="eval", names="shared")[0].name
+
+
+def test_shared_names_train_and_eval_are_held_out(tmp_path):
+    for part in (0, 1):
+        assert not set(name_pool("train", "shared")[part]) & set(name_pool("eval", "shared")[part])
+    paths = write_biographies(tmp_path, train_questions=30, train_docs=8, val_questions=6,
+                              eval_questions=6, eval_docs=[8, 32], names="shared")
+    train, val = load_hotpotqa(paths[0]), load_hotpotqa(paths[1])
+    assert [r.id for r in val] == [f"bio-shared-eval-0-{SHARED_VALIDATION_START + i}"
+                                   for i in range(6)]
+    for r in train:
+        check_shared_record(r, "train", 8, 0.25)  # parsed in training forms only
+    for r in val:
+        check_shared_record(r, "eval", 8, 0.25)  # in held-out forms and phrasings only
+    evaluation = load_ruler_hqa_dir(tmp_path, [8, 32])
+    assert [r.question for r in evaluation[8]] == [r.question for r in evaluation[32]]
+    people = [{d.title for r in rs for d in r.documents} for rs in (train, val)]
+    people[1] |= {t for r in evaluation[32] for t in re.findall(r"Document \d+:\n([^\n]+)\n",
+                                                                r.context)}
+    for part in (0, 1):
+        assert not {p.split()[part] for p in people[0]} & {p.split()[part] for p in people[1]}
+    assert not {r.question for r in val} & {r.question for r in evaluation[8]}
+
+
+def test_cli_writes_the_shared_names_task(tmp_path, capsys):
+    assert main(["prepare", "biographies", "--out", str(tmp_path), "--names", "shared",
+                 "--train-questions", "5", "--train-docs", "4", "--val-questions", "2",
+                 "--eval-questions", "3", "--num-docs", "4", "8"]) == 0
+    assert load_hotpotqa(tmp_path / "train.jsonl") == make_biography_records(
+        5, 4, 0, split="train", names="shared")
+    assert main(["prepare", "biographies", "--out", str(tmp_path / "x"), "--names", "few"]) == 2
+    assert "--names must be one of distinct, shared" in capsys.readouterr().err
 
 
 # --- the oracle reads them --------------------------------------------------------------------

@@ -20,6 +20,8 @@ from memrl.eval.memory_trace import (
     DIAGNOSTICS_PLOT,
     aggregate_traces,
     chunk_rows,
+    final_memory_about,
+    memory_subject,
     memory_per_session,
     session_line,
     sessions_read,
@@ -145,6 +147,7 @@ def test_aggregate_traces_hand_computed():
         "answer_before_evidence": 0.5,
         "memory_tokens_mean": 16 / 8, "memory_tokens_max": 4,
         "memory_chars_mean": (7 + 17 + 17 + 7 + 6 + 7 + 1 + 6) / 8,
+        "final_memory_about": None,  # no biographies question
     }
     line_text = summary_line(4, agg)
     assert line_text.startswith("N=4 memory: gold answer in the final memory 67%")
@@ -154,6 +157,27 @@ def test_aggregate_traces_hand_computed():
     empty = aggregate_traces([])
     assert empty["episodes"] == 0 and empty["by_chunk"]["episodes"] == []
     assert empty["summary"]["captured"] is None
+
+
+def test_memory_subject_by_hand():
+    """Whom a final memory is about: the asked person's full name (whole words), only their
+    first or last name (a namesake), someone else, or nobody."""
+    name = "Dajal Brouwick"
+    assert memory_subject(name, "Dajal Brouwick's place of birth is Fuminster.") == "asked"
+    assert memory_subject(name, "Dajal Kromsen was born in 1950. Dajal Brouwick too.") == "asked"
+    assert memory_subject(name, "Dajal Kromsen was born in Peru.") == "namesake"
+    assert memory_subject(name, "Mika Brouwick's home is Lund.") == "namesake"
+    assert memory_subject(name, "Dajal Brouwickson lives in Lund.") == "namesake"  # not in full
+    assert memory_subject(name, "Mika Dajalson plays the oboe.") == "other"  # not a name part
+    assert memory_subject(name, "No previous memory") == "empty"
+    assert memory_subject(name, "  ") == "empty"
+    assert memory_subject(name, "Nothing yet", no_memory="Nothing yet") == "empty"
+    rows = [{"question": "Where was Dajal Brouwick born?", "memories": ["a", m]}
+            for m in ("Dajal Brouwick: Lund", "Dajal Lo: Oslo", "Mika Lo", "")]
+    rows.append({"question": "Who wrote Hamlet?", "memories": ["Shakespeare"]})  # not counted
+    assert final_memory_about(rows) == {"asked": 1, "namesake": 1, "other": 1, "empty": 1}
+    assert final_memory_about(rows[-1:]) is None and final_memory_about([]) is None
+    assert aggregate_traces(rows)["summary"]["final_memory_about"]["namesake"] == 1
 
 
 def memupdate_line(evidence, ops, before, after):
@@ -276,3 +300,19 @@ def test_a_forgetful_agent_drops_it_and_a_resumed_run_writes_the_same(tmp_path, 
         records_per_run=1)
     resumed, _ = run(forgetful, tiny_tokenizer, synthetic_dir, tmp_path / "b")
     assert resumed == whole
+
+
+def test_the_evaluation_says_whom_the_final_memories_are_about(tmp_path, tiny_tokenizer):
+    """On the shared-names biographies the oracle's final memory names the asked person in
+    every episode: results.json's memory summary and the printed line say so per N."""
+    from memrl.data.biographies import write_biography_eval
+
+    write_biography_eval(tmp_path / "bio", NUM_DOCS, num_questions=3, seed=1, names="shared")
+    diag, printed = run(oracle, tiny_tokenizer, tmp_path / "bio", tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    for n in NUM_DOCS:
+        about = {"asked": 3, "namesake": 0, "other": 0, "empty": 0}
+        assert diag["per_num_docs"][str(n)]["summary"]["final_memory_about"] == about
+        assert results["results"][str(n)]["memory"]["final_memory_about"] == about
+    assert "final memory about the asked person / a namesake / other / empty 3 / 0 / 0 / 0" \
+        in printed

@@ -9,7 +9,12 @@ import typer
 from rich.console import Console
 
 from memrl.cli.app import prepare_app
-from memrl.data.biographies import DEFAULT_HARD_SHARE, WRITE_SPLITS, write_biographies
+from memrl.data.biographies import (
+    DEFAULT_HARD_SHARE,
+    NAME_POOLS,
+    WRITE_SPLITS,
+    write_biographies,
+)
 from memrl.data.hotpotqa import FORMATS, load_hotpotqa, save_memagent_rows, save_records
 from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import (
@@ -274,11 +279,16 @@ def prepare_biographies(
     hard_share: Annotated[float, typer.Option(
         "--hard-share", help="Share of distractors sharing the asked person's first or last "
         "name.")] = DEFAULT_HARD_SHARE,
+    names: Annotated[str, typer.Option("--names", help=(
+        "distinct: names from ~1,100 first and last names per split, namesakes only where "
+        "placed; shared: a small pool of each, so first names and surnames recur among many "
+        "people and every context holds namesakes stating the asked attribute."))] = "distinct",
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
     """Write the biographies task (natural sentences, namesake distractors, held-out people
     and sentence forms): train.jsonl, val.jsonl and eval_{N}.json."""
     _check_choice("--split", split, WRITE_SPLITS)
+    _check_choice("--names", names, NAME_POOLS)
     if num_docs and split == "train":
         raise MemrlInputError("sets the evaluation files' N: not with --split train (use "
                               "--train-docs)", location="--num-docs")
@@ -287,6 +297,6 @@ def prepare_biographies(
     paths = write_biographies(out, split=split, seed=seed, train_questions=train_questions,
                               train_docs=train_docs, val_questions=val_questions,
                               eval_questions=eval_questions, eval_docs=eval_docs,
-                              hard_share=hard_share)
+                              hard_share=hard_share, names=names)
     for path in paths:
         console.print(f"[green]wrote[/green] {path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -19,7 +19,9 @@ that completed the evidence, i.e. P(answer in memory | evidence read d chunks ag
 summary: the answer in the final memory, `captured` (the answer was in memory at or after
 its evidence chunk), `kept_to_end` (captured and still there after the last chunk), the
 answer in memory *before* its evidence was read (a guess or a distractor's mention), and
-the memory length. `write_diagnostics` writes `evidence_in_memory.json` and `.png`.
+the memory length, and on the biographies task whom the final memories are about
+(`memory_subject`: the asked person, a namesake, someone else, nobody; `final_memory_about`).
+`write_diagnostics` writes `evidence_in_memory.json` and `.png`.
 
 For the MemoryUpdate agent on LoCoMo, `memory_per_session` gives the memory size (entries,
 characters) before and after an episode and its operations per dialogue session read (an
@@ -29,10 +31,13 @@ episode reads the sessions holding its question's evidence), from the same kind 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.agents.prompts import MEMAGENT_NO_MEMORY
+from memrl.data.biographies import asked_person
 from memrl.data.locomo import parse_dia_ids
 from memrl.eval.report import plot_panels, write_json
 from memrl.rewards.evidence import GoldContent, evidence_chunk
@@ -68,6 +73,39 @@ def chunk_rows(row: Mapping[str, Any]) -> list[dict[str, Any]]:
             "memory_chars": len(memory),
         })
     return out
+
+
+SUBJECTS = ("asked", "namesake", "other", "empty")
+"""Whom a final memory is about (`memory_subject`)."""
+
+
+def memory_subject(name: str, memory: str, no_memory: str = MEMAGENT_NO_MEMORY) -> str:
+    """Whom `memory` is about, for a question about the person `name` ("First Last"):
+    `asked` when it names them in full (whole words), else `namesake` when it holds their
+    first or last name as a word, else `other`; `empty` for a blank memory or the agent's
+    initial one (`no_memory`)."""
+    memory = memory.strip()
+    if memory in ("", no_memory):
+        return "empty"
+    if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", memory):
+        return "asked"
+    return "namesake" if set(re.findall(r"\w+", memory)) & set(name.split()) else "other"
+
+
+def final_memory_about(episodes: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+    """How many of the episodes' final memories are about each of `SUBJECTS`, over the
+    episodes whose question asks about a person of the biographies task (`asked_person`);
+    None when none does (another task)."""
+    counts = dict.fromkeys(SUBJECTS, 0)
+    found = False
+    for e in episodes:
+        name = asked_person(str(e.get("question") or ""))
+        memories = e.get("memories") or []
+        if name is None:
+            continue
+        found = True
+        counts[memory_subject(name, str(memories[-1]) if memories else "")] += 1
+    return counts if found else None
 
 
 def _mean(values: Sequence[float | bool | None]) -> float | None:
@@ -119,6 +157,7 @@ def aggregate_traces(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "memory_tokens_mean": _mean(tokens),
             "memory_tokens_max": max(tokens, default=None),
             "memory_chars_mean": _mean([r["memory_chars"] for t in traces for r in t]),
+            "final_memory_about": final_memory_about(episodes),
         },
         "by_chunk": {
             "episodes": [len(c) for c in by_index],
@@ -150,6 +189,10 @@ def summary_line(num_docs: int | str, diagnostics: Mapping[str, Any]) -> str:
                      f"{s['evidence_located']}, kept to the end {_pct(s['kept_to_end'])}")
     if s["facts_in_final_memory"] is not None:
         parts.append(f"supporting facts in the final memory {_pct(s['facts_in_final_memory'])}")
+    about = s.get("final_memory_about")
+    if about:
+        parts.append("final memory about the asked person / a namesake / other / empty "
+                     + " / ".join(str(about[k]) for k in SUBJECTS))
     if s["memory_tokens_mean"] is not None:
         parts.append(f"{s['memory_tokens_mean']:.0f} tokens per memory "
                      f"(max {s['memory_tokens_max']})")

@@ -10,6 +10,7 @@ docs/training.md gives the verl key that each one corresponds to.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -163,9 +164,33 @@ class ModelConfig(StrictModel):
         return value
 
 
+class CurriculumStage(StrictModel):
+    """A later stage of a length curriculum (`data.curriculum`)."""
+
+    from_step: int = Field(ge=2)
+    """The first training step (counting from 1) whose questions come from `train_file`."""
+    train_file: str
+    """The stage's training questions (read as data.format says), e.g. the same questions
+    as data.train_file over 4x the documents."""
+
+
+VAL_SET_NAME = re.compile(r"[a-z0-9_]+")
+
+
 class DataConfig(StrictModel):
     train_file: str
-    """Training questions (HotpotQA / RULER / memrl JSONL, parquet, or LoCoMo episodes)."""
+    """Training questions (HotpotQA / RULER / memrl JSONL, parquet, or LoCoMo episodes); with
+    a curriculum, those of its first stage (steps 1 .. the next stage's from_step - 1)."""
+    curriculum: list[CurriculumStage] = []
+    """Later stages of a length curriculum, by increasing from_step: from each stage's
+    from_step on, the training questions are its train_file's (e.g. 1x the documents, then
+    4x). The data order carries on (the epoch and cursor of the stream), so files holding the
+    same questions at another length continue where the last stage stopped. Needs
+    trainer.total_steps; a resumed run continues in the stage of its next step."""
+    val_sets: dict[str, str] = {}
+    """More validation sets beside val_file, by name (lower case, digits, _): each scored
+    as val_file on the same cadence (val_limit applies) and logged as `val_<name>/...`, e.g.
+    `{long: val_16x.jsonl}` → val_long/score, validation at a long length during training."""
     val_file: str | None = None
     """Validation questions, scored at test_freq steps and at the end."""
     format: Literal["auto", "official", "ircot", "memrl", "parquet", "ruler", "locomo"] = "auto"
@@ -175,7 +200,34 @@ class DataConfig(StrictModel):
     shuffle: bool = True
     """Shuffle the training questions every epoch (by seed and epoch)."""
     val_limit: int | None = Field(None, ge=1)
-    """Use only the first K validation questions."""
+    """Use only the first K validation questions (of every validation set)."""
+
+    @field_validator("curriculum")
+    @classmethod
+    def _stages_in_order(cls, stages: list[CurriculumStage]) -> list[CurriculumStage]:
+        steps = [s.from_step for s in stages]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"stages must have increasing from_step, got {steps}")
+        return stages
+
+    @field_validator("val_sets")
+    @classmethod
+    def _val_set_names(cls, sets: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in sets if not VAL_SET_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"validation set names are lower case letters, digits and _, "
+                             f"got {bad[0]!r}")
+        return sets
+
+    def stage_at(self, step: int) -> int:
+        """The curriculum stage of training step `step` (counting from 1): 0 for
+        data.train_file, k for the k-th of `curriculum`."""
+        return sum(stage.from_step <= step for stage in self.curriculum)
+
+    def train_file_at(self, step: int) -> str:
+        """The training file of step `step` (counting from 1)."""
+        stage = self.stage_at(step)
+        return self.train_file if stage == 0 else self.curriculum[stage - 1].train_file
 
 
 class RolloutConfig(SamplingConfig):
@@ -475,6 +527,13 @@ class TrainConfig(AgentSection):
                     "critic.value_model policy_head reads the policy's body in the actor's "
                     "micro-batches: remove it, or use critic.value_model=separate",
                     getattr(critic, own[0].split(".", 1)[1]))
+        if self.data.curriculum and self.trainer.total_steps is None:
+            raise _located("data.curriculum", "a curriculum's stages are by step: set "
+                           "trainer.total_steps", "...")
+        if self.data.curriculum and self.data.curriculum[-1].from_step > self.trainer.total_steps:
+            raise _located("data.curriculum", f"a stage starts at step "
+                           f"{self.data.curriculum[-1].from_step}, after the last step "
+                           f"(trainer.total_steps {self.trainer.total_steps})", "...")
         if self.rl.ppo_mini_batch_size > self.data.train_batch_size:
             raise ValueError(
                 f"rl.ppo_mini_batch_size ({self.rl.ppo_mini_batch_size}) exceeds "

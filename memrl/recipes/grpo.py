@@ -70,6 +70,10 @@ class Run:
     stream: QuestionStream
     state: TrainState
     val_records: list[Any] = field(default_factory=list)
+    val_sets: dict[str, list[Any]] = field(default_factory=dict)
+    """The questions of each of `data.val_sets`, by name."""
+    stage: int = 0
+    """The curriculum stage whose questions `stream` holds (`DataConfig.stage_at`)."""
     dist: Dist = Dist()
     console: Any = None
     trajectory_log: TrajectoryLog | None = None
@@ -110,8 +114,8 @@ def train(
     if on_start is not None:
         on_start(run)
     run_loop(config, run.state, run.dist, total=total_steps(config, len(run.stream.records)),
-             step=lambda: train_step(run), validate=(lambda: validate(run)) if run.val_records
-             else None, save=lambda: save(run))
+             step=lambda: train_step(run), validate=(lambda: validate(run))
+             if run.val_records or run.val_sets else None, save=lambda: save(run))
     run.engine.close()
     return run.state
 
@@ -182,6 +186,7 @@ def rollout_groups(run: Run) -> Groups:
     question of the stream; with rl.dynamic_sampling, groups whose rewards are all equal are
     dropped and refilled from the next questions (DAPO)."""
     cfg, rl, rollout = run.config, run.config.rl, run.config.rollout
+    enter_stage(run)
     return collect_groups(
         lambda records, seed: run.task.rollout(
             run.engine, records, num_samples=rollout.n, seed=seed, mode=rollout.mode,
@@ -194,6 +199,22 @@ def rollout_groups(run: Run) -> Groups:
         round_seed=lambda r: derive_seed(cfg.seed, "train", run.state.step, r),
         dist=run.dist,
     )
+
+
+def enter_stage(run: Run) -> None:
+    """The stream of the next step's curriculum stage (`data.curriculum`): its file's
+    questions, the data order carrying on (same epoch and cursor)."""
+    cfg = run.config
+    stage = cfg.data.stage_at(run.state.step + 1)
+    if stage == run.stage:
+        return
+    path = cfg.data.train_file_at(run.state.step + 1)
+    records = run.task.load(path, cfg.data.format, what="training")
+    run.stream = QuestionStream(records, cfg.seed, cfg.data.shuffle, run.state)
+    run.stage = stage
+    if run.trajectory_log is not None:
+        run.trajectory_log.add_records(records)
+    run.say(f"curriculum: from step {run.state.step + 1}, stage {stage}: {path}")
 
 
 def engine_guard(run: Run, batch: RolloutBatch) -> LogprobGuard:
@@ -267,36 +288,53 @@ def with_advantages(batch: RolloutBatch, rl: RLConfig, dist: Dist = Dist()) -> R
 
 
 def validate(run: Run) -> dict[str, float]:
-    """Score the validation questions with the current policy; log sample trajectories."""
-    cfg, val = run.config, run.config.rollout.val
+    """Score the validation questions (val_file: `val/...`; each of data.val_sets:
+    `val_<name>/...`) with the current policy; log sample trajectories of each."""
     run.engine.wake()
     run.engine.sync_weights(run.actor.model, run.state.step)
-    mine = run.dist.shard(run.val_records)
+    metrics = validate_set(run, run.val_records, "val") if run.val_records else {}
+    for name, records in run.val_sets.items():
+        metrics |= validate_set(run, records, f"val_{name}", name)
+    scores = ", ".join(f"{k.removesuffix('/score')} {v:.3f}" for k, v in metrics.items()
+                       if k.endswith("/score"))
+    run.say(f"validation @ step {run.state.step}: {scores}")
+    return metrics
+
+
+def validate_set(run: Run, records: list[Any], prefix: str, name: str | None = None
+                 ) -> dict[str, float]:
+    """One validation set's metrics (`<prefix>/score`, the task's summary) and its logged
+    samples (val_samples/step_NNNNNN[_<name>].jsonl)."""
+    cfg, val = run.config, run.config.rollout.val
+    mine = run.dist.shard(records)
+    seed = derive_seed(cfg.seed, "val", run.state.step) if name is None else derive_seed(
+        cfg.seed, "val", name, run.state.step)
     trajs = run.task.rollout(
         run.engine,
         mine,
         num_samples=val.n,
-        seed=derive_seed(cfg.seed, "val", run.state.step),
+        seed=seed,
         temperature=val.temperature,
         top_p=cfg.rollout.top_p if val.top_p is None else val.top_p,
         mode=cfg.rollout.mode,
     ) if mine else []
     if run.dist.world_size > 1:  # every rank's share, in the validation set's order
-        where = {r.id: i for i, r in enumerate(run.val_records)}
+        where = {r.id: i for i, r in enumerate(records)}
         trajs = sorted((t for part in run.dist.all_gather(trajs) for t in part),
                        key=lambda t: (where[t.record_id], t.sample_index))
     metrics = {
-        "val/score": float(np.mean([t.reward for t in trajs])),
-        **{f"val/{key}": v for key, v in run.task.summarize(trajs).items()},
+        f"{prefix}/score": float(np.mean([t.reward for t in trajs])),
+        **{f"{prefix}/{key}": v for key, v in run.task.summarize(trajs).items()},
     }
     k = cfg.trainer.num_logged_trajectories
     if k and run.dist.is_main:
         from memrl.eval.report import write_jsonl
 
-        by_id = {r.id: r for r in run.val_records}
+        by_id = {r.id: r for r in records}
         rows = [run.task.log_row(t, by_id[t.record_id]) for t in trajs[:k]]
-        write_jsonl(run.out_dir / "val_samples" / f"step_{run.state.step:06d}.jsonl", rows)
-    run.say(f"validation @ step {run.state.step}: score {metrics['val/score']:.3f}")
+        suffix = "" if name is None else f"_{name}"
+        write_jsonl(run.out_dir / "val_samples" / f"step_{run.state.step:06d}{suffix}.jsonl",
+                    rows)
     return metrics
 
 
@@ -328,11 +366,14 @@ def setup(
         dist = init_process_group(config.trainer.dist_timeout_s, device=config.model.device,
                                   always=config.model.strategy == "fsdp")
     task = task if task is not None else build_task(config)
-    train_records = task.load(config.data.train_file, config.data.format, what="training")
+    data = config.data
+    train_records = task.load(data.train_file, data.format, what="training")
     val_records: list[Any] = []
-    if config.data.val_file:
-        val_records = task.load(config.data.val_file, config.data.format, what="validation")
-        val_records = val_records[: config.data.val_limit]
+    if data.val_file:
+        val_records = task.load(data.val_file, data.format, what="validation")
+        val_records = val_records[: data.val_limit]
+    val_sets = {name: task.load(path, data.format, what=f"validation ({name})")[: data.val_limit]
+                for name, path in data.val_sets.items()}
 
     policy, tokenizer = models.load_policy(config.model)
     temperature = config.rollout.temperature
@@ -354,5 +395,8 @@ def setup(
         config.trainer.log_trajectories, out_dir, records=train_records, dist=dist,
         rows_per_step=config.data.train_batch_size * config.rollout.n,
         warn=warn_on_stderr(dist))
-    return Run(config, task, engine, actor, reference, tokenizer, stream, state,
-               val_records, dist, console, log, critic)
+    run = Run(config, task, engine, actor, reference, tokenizer, stream, state,
+              val_records=val_records, val_sets=val_sets, dist=dist, console=console,
+              trajectory_log=log, critic=critic)
+    enter_stage(run)  # a run resumed in a later stage of the curriculum
+    return run

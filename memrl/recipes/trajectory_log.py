@@ -159,9 +159,16 @@ class TrajectoryLog:
         steps have `rows_per_step` trajectories of `records`; None when it is off."""
         if not config.active(rows_per_step):
             return None
-        gold = {r.id: [str(a) for a in getattr(r, "answers", None) or []] for r in records}
-        return cls(out_dir, max_rows_per_step=config.max_rows_per_step,
-                   max_bytes=config.max_bytes, gold=gold, dist=dist, warn=warn)
+        log = cls(out_dir, max_rows_per_step=config.max_rows_per_step,
+                  max_bytes=config.max_bytes, gold={}, dist=dist, warn=warn)
+        log.add_records(records)
+        return log
+
+    def add_records(self, records: Sequence[Any]) -> None:
+        """Know the gold answers of `records` too (a curriculum stage's questions)."""
+        self.gold = {**self.gold,
+                     **{r.id: [str(a) for a in getattr(r, "answers", None) or []]
+                        for r in records}}
 
     def written_bytes(self) -> int:
         """Bytes of the run's step files (counted on disk once, then added up)."""

@@ -28,6 +28,15 @@ person's full name and the answer. Other sentences of a biography may use "He"/"
 "Her" (only forms that start with the name do), but such a sentence never states the asked
 attribute.
 
+Shared names (`names="shared"`, `NAME_POOLS`): people are named from a small pool of first
+names and one of surnames per split (`name_pool`), so at every length many people share a
+first name or a surname, as in real text, and only the whole name tells them apart. Every
+person sharing a name part with the asked person (a namesake, placed or drawn by chance)
+states the asked kind with another value, in a sentence naming them in full; the first two
+distractors of every question are placed namesakes (one sharing the first name, one the
+surname), so the context holds both at every N >= 3, and a `hard_share` of the distractors
+after them are placed namesakes too. Questions cycle through every kind at every length.
+
 Determinism: question i of (seed, split) depends only on (seed, split, i) and on the people
 asked before it; its distractors are a prefix of one fixed stream, so the distractors at N
 documents are a subset of those at any larger N, and namesakes make up the same share at
@@ -45,6 +54,7 @@ from pathlib import Path
 from memrl.data.biographies.language import (
     FORMS,
     INSTRUMENTS,
+    NAME_POOLS,
     JOBS,
     KINDS,
     QUESTIONS,
@@ -53,6 +63,7 @@ from memrl.data.biographies.language import (
     biography_question,
     biography_sentence,
     can_use_pronoun,
+    name_pool,
     pronoun_of,
     vocabulary,
 )
@@ -68,6 +79,19 @@ DEFAULT_HARD_SHARE = 0.25
 VALIDATION_START = 100_000
 """Validation questions are questions VALIDATION_START, ... of the evaluation stream, so they
 never repeat an evaluation question (of which there may be at most this many)."""
+SHARED_VALIDATION_START = 10_000
+"""`VALIDATION_START` of the shared-names task (whose pools name at most 40,000 people)."""
+
+
+def validation_start(names: str = "distinct") -> int:
+    """The first validation question of the evaluation stream under `names`."""
+    return SHARED_VALIDATION_START if names == "shared" else VALIDATION_START
+
+
+def record_id(split: str, seed: int, index: int, names: str = "distinct") -> str:
+    """The id of question `index` of (seed, split): `bio-{split}-{seed}-{index}`, with
+    `bio-shared-` under shared names."""
+    return f"bio{'-shared' if names == 'shared' else ''}-{split}-{seed}-{index}"
 
 
 def _check_split(split: str) -> None:
@@ -165,10 +189,9 @@ def is_namesake_slot(k: int, hard_share: float) -> bool:
     return namesake_count(k + 1, hard_share) > namesake_count(k, hard_share)
 
 
-def _people(seed: int, split: str, stop: int) -> list[tuple[str, str]]:
+def _people(seed: int, split: str, stop: int, names: str) -> list[tuple[str, str]]:
     """The asked people of questions 0 .. stop-1: distinct (first, last) pairs of `split`."""
-    vocab = vocabulary()
-    firsts, lasts = vocab.first_names[split], vocab.last_names[split]
+    firsts, lasts = name_pool(split, names)
     space = len(firsts) * len(lasts)
     rng = _rng(seed, split, "people")
     seen: set[int] = set()
@@ -200,8 +223,72 @@ def _distractor_name(rng: random.Random, asked: tuple[str, str], namesake: bool,
             return name
 
 
+def shared_namesakes(num_distractors: int, hard_share: float) -> int:
+    """Namesakes placed among a shared-names question's first `num_distractors` distractors:
+    the first two, then `namesake_count` of the rest (people drawn from the pools may be
+    namesakes besides)."""
+    return min(num_distractors, 2) + namesake_count(max(num_distractors - 2, 0), hard_share)
+
+
+def _namesake_name(rng: random.Random, asked: tuple[str, str], side: int,
+                   firsts: Sequence[str], lasts: Sequence[str], used: set[str]) -> str:
+    """A fresh name sharing the asked person's first name (side 0) or surname (side 1); the
+    other side once one has none left."""
+    first, last = asked
+    for part in (side, 1 - side):
+        make = (lambda other: f"{first} {other}") if part == 0 else (
+            lambda other: f"{other} {last}")
+        pool = lasts if part == 0 else firsts
+        for _ in range(64):
+            name = make(rng.choice(pool))
+            if name not in used:
+                used.add(name)
+                return name
+        options = [n for n in map(make, pool) if n not in used]
+        if options:
+            used.add(name := rng.choice(options))
+            return name
+    raise MemrlInputError(f"no namesake of {first} {last} left: lower hard_share or num_docs")
+
+
+def _shared_distractor_name(rng: random.Random, asked: tuple[str, str], k: int,
+                            hard_share: float, firsts: Sequence[str], lasts: Sequence[str],
+                            used: set[str]) -> str:
+    """Distractor k's name under shared names: a placed namesake (k < 2: the first name, then
+    the surname; a `hard_share` slot after them: either), else anyone of the pools."""
+    if k < 2 or is_namesake_slot(k - 2, hard_share):
+        return _namesake_name(rng, asked, k if k < 2 else rng.randrange(2), firsts, lasts, used)
+    while True:
+        name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
+        if name not in used:
+            used.add(name)
+            return name
+
+
+def _distractor(writer: _Writer, rng: random.Random, k: int, asked: tuple[str, str],
+                kind: str, gold_value: str, hard_share: float, names: str,
+                used: set[str]) -> Document:
+    """Distractor k of a question about `asked`: a namesake states `kind` with another value
+    (under shared names in a sentence naming them in full)."""
+    firsts, lasts = name_pool(writer.split, names)
+    others = [k2 for k2 in KINDS if k2 != kind]
+    if names == "shared":
+        other = _shared_distractor_name(rng, asked, k, hard_share, firsts, lasts, used)
+        namesake = bool(set(other.split()) & set(asked))
+    else:
+        namesake = is_namesake_slot(k, hard_share)
+        other = _distractor_name(rng, asked, namesake, firsts, lasts, used)
+    if namesake:  # states the asked kind, with another value
+        dkinds = [kind, *rng.sample(others, rng.randint(1, 3))]
+    else:
+        dkinds = rng.sample(KINDS, rng.randint(2, 4))
+    dvalues = writer.values_for(rng, dkinds, {kind: gold_value} if namesake else {})
+    full = kind if namesake and names == "shared" else None
+    return writer.paragraph(rng, other, dkinds, dvalues, full)[0]
+
+
 def _question_at(seed: int, split: str, index: int, person: tuple[str, str],
-                          max_distractors: int, hard_share: float) -> BiographyQuestion:
+                 max_distractors: int, hard_share: float, names: str) -> BiographyQuestion:
     """Question `index` of (seed, split) about `person`, with `max_distractors` distractors."""
     writer = _Writer(split)
     rng = _rng(seed, split, index)
@@ -213,20 +300,10 @@ def _question_at(seed: int, split: str, index: int, person: tuple[str, str],
     gold, fact = writer.paragraph(rng, name, kinds, values, kind)
     assert fact is not None
     question = biography_question(rng.choice(QUESTIONS[kind][split]), name)
-    vocab = writer.vocab
-    firsts, lasts = vocab.first_names[split], vocab.last_names[split]
     drng = _rng(seed, split, index, "distractors")
     used = {name}
-    distractors = []
-    for k in range(max_distractors):
-        namesake = is_namesake_slot(k, hard_share)
-        other = _distractor_name(drng, person, namesake, firsts, lasts, used)
-        if namesake:  # states the asked kind, with another value
-            dkinds = [kind, *drng.sample(others, drng.randint(1, 3))]
-        else:
-            dkinds = drng.sample(KINDS, drng.randint(2, 4))
-        dvalues = writer.values_for(drng, dkinds, {kind: values[kind]} if namesake else {})
-        distractors.append(writer.paragraph(drng, other, dkinds, dvalues, None)[0])
+    distractors = [_distractor(writer, drng, k, person, kind, values[kind], hard_share, names,
+                               used) for k in range(max_distractors)]
     return BiographyQuestion(
         index=index, kind=kind, name=name, question=question, answer=values[kind], fact=fact,
         gold=gold.model_copy(update={"is_supporting": True}), distractors=tuple(distractors),
@@ -234,8 +311,10 @@ def _question_at(seed: int, split: str, index: int, person: tuple[str, str],
 
 
 def _check_args(num_questions: int, num_docs: int, hard_share: float, split: str,
-                start: int = 0) -> None:
+                start: int = 0, names: str = "distinct") -> None:
     _check_split(split)
+    if names not in NAME_POOLS:
+        raise MemrlInputError(f"names must be one of {', '.join(NAME_POOLS)}, got {names!r}")
     for label, value, least in (("num_questions", num_questions, 1), ("num_docs", num_docs, 1),
                                 ("start", start, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -244,13 +323,13 @@ def _check_args(num_questions: int, num_docs: int, hard_share: float, split: str
     if isinstance(hard_share, bool) or not isinstance(hard_share, (int, float)) \
             or not 0.0 <= hard_share <= 1.0:
         raise MemrlInputError(f"hard_share must be a number from 0 to 1, got {hard_share!r}")
-    vocab = vocabulary()
-    firsts, lasts = len(vocab.first_names[split]), len(vocab.last_names[split])
+    firsts, lasts = map(len, name_pool(split, names))
     if start + num_questions > firsts * lasts // 2:
         raise MemrlInputError(f"at most {firsts * lasts // 2} questions per split (counting "
                               f"from the first), asked for {start + num_questions}")
     available = firsts + lasts - 2
-    needed = namesake_count(num_docs - 1, hard_share)
+    needed = (shared_namesakes if names == "shared" else namesake_count)(num_docs - 1,
+                                                                        hard_share)
     if needed > available:
         raise MemrlInputError(
             f"num_docs={num_docs} needs {needed} namesakes per question but a person has only "
@@ -260,25 +339,25 @@ def _check_args(num_questions: int, num_docs: int, hard_share: float, split: str
 
 def biography_questions(num_questions: int, max_docs: int, seed: int = 0, *,
                         split: str = "train", hard_share: float = DEFAULT_HARD_SHARE,
-                        start: int = 0) -> list[BiographyQuestion]:
+                        start: int = 0, names: str = "distinct") -> list[BiographyQuestion]:
     """Questions start .. start+num_questions-1 of (seed, split), each with the distractors
-    of up to `max_docs` documents."""
-    _check_args(num_questions, max_docs, hard_share, split, start)
-    people = _people(seed, split, start + num_questions)
-    return [_question_at(seed, split, i, people[i], max_docs - 1, hard_share)
+    of up to `max_docs` documents; people named from `name_pool(split, names)`."""
+    _check_args(num_questions, max_docs, hard_share, split, start, names)
+    people = _people(seed, split, start + num_questions, names)
+    return [_question_at(seed, split, i, people[i], max_docs - 1, hard_share, names)
             for i in range(start, start + num_questions)]
 
 
 def make_biography_records(num_questions: int, num_docs: int = 16, seed: int = 0, *,
                            split: str = "train", hard_share: float = DEFAULT_HARD_SHARE,
-                           start: int = 0) -> list[QARecord]:
+                           start: int = 0, names: str = "distinct") -> list[QARecord]:
     """`num_questions` questions over `num_docs` biographies each (one gold), as QARecords
-    with `facts` = [the gold sentence] and `is_supporting` set; ids `bio-{split}-{seed}-{i}`.
+    with `facts` = [the gold sentence] and `is_supporting` set; ids `record_id(...)`.
     Same arguments → identical records."""
     questions = biography_questions(num_questions, num_docs, seed, split=split,
-                                    hard_share=hard_share, start=start)
+                                    hard_share=hard_share, start=start, names=names)
     return [
-        QARecord(id=f"bio-{split}-{seed}-{q.index}", question=q.question, answers=[q.answer],
+        QARecord(id=record_id(split, seed, q.index, names), question=q.question, answers=[q.answer],
                  documents=q.documents(num_docs, seed, split), num_docs=num_docs,
                  facts=[q.fact])
         for q in questions
@@ -307,26 +386,27 @@ def biography_ruler_items(questions: Sequence[BiographyQuestion], num_docs: int,
 
 
 def _check_eval(num_questions: int, num_docs_list: Sequence[int], hard_share: float,
-                split: str) -> list[int]:
+                split: str, names: str = "distinct") -> list[int]:
     ns = list(dict.fromkeys(num_docs_list))
     if not ns:
         raise MemrlInputError("give at least one num_docs")
     for n in ns:
-        _check_args(num_questions, n, hard_share, split)
-    if num_questions > VALIDATION_START:
-        raise MemrlInputError(f"at most {VALIDATION_START} evaluation questions (the "
+        _check_args(num_questions, n, hard_share, split, names=names)
+    if num_questions > validation_start(names):
+        raise MemrlInputError(f"at most {validation_start(names)} evaluation questions (the "
                               f"validation questions come after them), got {num_questions}")
     return ns
 
 
 def write_biography_eval(out_dir: str | Path, num_docs_list: Sequence[int], *,
                          num_questions: int = 128, seed: int = 0, split: str = "eval",
-                         hard_share: float = DEFAULT_HARD_SHARE) -> list[Path]:
+                         hard_share: float = DEFAULT_HARD_SHARE,
+                         names: str = "distinct") -> list[Path]:
     """Write `eval_{N}.json` for each N: the same questions at every N (atomically; every N
     is checked before any file is written). Returns the paths in the given order."""
-    ns = _check_eval(num_questions, num_docs_list, hard_share, split)
+    ns = _check_eval(num_questions, num_docs_list, hard_share, split, names)
     questions = biography_questions(num_questions, max(ns), seed, split=split,
-                                    hard_share=hard_share)
+                                    hard_share=hard_share, names=names)
     return [write_json_atomic(ruler_hqa_path(out_dir, n),
                               biography_ruler_items(questions, n, seed, split))
             for n in ns]
@@ -341,13 +421,14 @@ def write_biographies(out_dir: str | Path, *, split: str = "all", seed: int = 0,
                       train_questions: int = 10_000, train_docs: int = 16,
                       val_questions: int = 64, eval_questions: int = 128,
                       eval_docs: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024),
-                      hard_share: float = DEFAULT_HARD_SHARE) -> list[Path]:
-    """The biography task's files in `out_dir`:
+                      hard_share: float = DEFAULT_HARD_SHARE,
+                      names: str = "distinct") -> list[Path]:
+    """The biography task's files in `out_dir` (people named under `names`, `NAME_POOLS`):
 
       train.jsonl    `train_questions` training questions (training people, forms and
                      paraphrases) over `train_docs` biographies each (memrl JSONL)
       val.jsonl      `val_questions` held-out questions (evaluation people, forms and
-                     paraphrases; questions VALIDATION_START.. of the evaluation stream, so
+                     paraphrases; questions `validation_start(names)`.. of the evaluation stream, so
                      none is an evaluation question) over `train_docs` biographies; none
                      when 0
       eval_{N}.json  the same `eval_questions` held-out questions at each N of `eval_docs`
@@ -358,23 +439,24 @@ def write_biographies(out_dir: str | Path, *, split: str = "all", seed: int = 0,
         raise MemrlInputError(f"split must be one of {', '.join(WRITE_SPLITS)}, got {split!r}")
     out = Path(out_dir)
     train, evaluation = split in ("all", "train"), split in ("all", "eval")
+    first_val = validation_start(names)
     if train:
-        _check_args(train_questions, train_docs, hard_share, "train")
+        _check_args(train_questions, train_docs, hard_share, "train", names=names)
         if val_questions:
-            _check_args(val_questions, train_docs, hard_share, "eval", VALIDATION_START)
+            _check_args(val_questions, train_docs, hard_share, "eval", first_val, names)
     if evaluation:
-        _check_eval(eval_questions, eval_docs, hard_share, "eval")
+        _check_eval(eval_questions, eval_docs, hard_share, "eval", names)
     paths = []
     if train:
         paths.append(save_records_jsonl(
             make_biography_records(train_questions, train_docs, seed, split="train",
-                                   hard_share=hard_share), out / "train.jsonl"))
+                                   hard_share=hard_share, names=names), out / "train.jsonl"))
         if val_questions:
             paths.append(save_records_jsonl(
                 make_biography_records(val_questions, train_docs, seed, split="eval",
-                                       hard_share=hard_share, start=VALIDATION_START),
+                                       hard_share=hard_share, start=first_val, names=names),
                 out / "val.jsonl"))
     if evaluation:
         paths += write_biography_eval(out, eval_docs, num_questions=eval_questions, seed=seed,
-                                      hard_share=hard_share)
+                                      hard_share=hard_share, names=names)
     return paths

@@ -19,6 +19,16 @@ KINDS = ("birthplace", "residence", "occupation", "employer", "birth_year", "ins
 SPLITS = ("train", "eval")
 """`train`: training people, forms and paraphrases; `eval`: the disjoint held-out halves."""
 
+NAME_POOLS = ("distinct", "shared")
+"""How the people of a split are named (`name_pool`). distinct: from every first and last
+name of the split (~1,100 each), so two people share a name part only where a namesake is
+placed; shared: from a small fixed pool of each (`SHARED_FIRST_NAMES`, `SHARED_LAST_NAMES`),
+so first names and surnames recur among many people, as in real text."""
+SHARED_FIRST_NAMES = 200
+"""First names of a split's `shared` pool (at 1,536 biographies each is borne ~8 times)."""
+SHARED_LAST_NAMES = 400
+"""Surnames of a split's `shared` pool."""
+
 JOBS = (
     "accountant", "architect", "astronomer", "baker", "beekeeper", "blacksmith",
     "bookbinder", "butcher", "carpenter", "cartographer", "chemist", "cooper", "dentist",
@@ -259,6 +269,20 @@ def vocabulary() -> Vocabulary:
         towns=tuple(towns),
         companies=tuple(companies),
     )
+
+
+@functools.cache
+def name_pool(split: str, names: str = "distinct") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The first names and the last names people of `split` are given under `names`
+    (`NAME_POOLS`): the whole split's, or its `shared` pool, a fixed sample of them (the same
+    for every data seed; disjoint between the splits as the splits are)."""
+    vocab = vocabulary()
+    firsts, lasts = vocab.first_names[split], vocab.last_names[split]
+    if names == "shared":
+        rng = random.Random(f"memrl-biographies-shared-names-{split}")
+        return (tuple(sorted(rng.sample(firsts, SHARED_FIRST_NAMES))),
+                tuple(sorted(rng.sample(lasts, SHARED_LAST_NAMES))))
+    return firsts, lasts
 
 
 def pronoun_of(first_name: str) -> str:
