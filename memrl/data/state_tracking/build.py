@@ -16,6 +16,7 @@ generated: no licence beyond memrl's own). A block that names a person of the st
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,16 +91,20 @@ def read_haystack(path: str | Path, block_chars: int = DEFAULT_BLOCK_CHARS) -> F
 
 def biography_filler(num_blocks: int, seed: int, split: str,
                      block_chars: int = DEFAULT_BLOCK_CHARS) -> Filler:
-    """At least `num_blocks` blocks of memrl's biographies (of `split`'s people and forms)."""
-    count = max(num_blocks, _MIN_POOL)
+    """At least `num_blocks` blocks of memrl's biographies (of `split`'s people and forms);
+    the same blocks, in the same order, for any `num_blocks` up to `_MIN_POOL`."""
+    return _biography_filler(max(num_blocks, _MIN_POOL), seed, split, block_chars)
+
+
+@functools.lru_cache(maxsize=4)
+def _biography_filler(count: int, seed: int, split: str, block_chars: int) -> Filler:
     per_block = block_chars // 100 + 2
-    blocks = pack_blocks(biography_paragraphs(count * per_block, seed, split=split),
-                         block_chars)
-    while len(blocks) < count:  # pragma: no cover - paragraphs are ~150 characters
-        per_block += 1
+    while True:  # paragraphs are ~150 characters: the first round almost always suffices
         blocks = pack_blocks(biography_paragraphs(count * per_block, seed, split=split),
                              block_chars)
-    return Filler(tuple(blocks[:count]), "memrl biographies (generated)")
+        if len(blocks) >= count:
+            return Filler(tuple(blocks[:count]), "memrl biographies (generated)")
+        per_block += 1
 
 
 def _offset(story: Story, seed: int, size: int) -> int:
