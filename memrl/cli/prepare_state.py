@@ -84,12 +84,13 @@ def _register(task: str) -> None:
             "--eval-questions", help="Held-out questions, the same at every N.")] = 128,
         num_docs: Annotated[list[int] | None, typer.Option(
             "--num-docs", help="Filler blocks per evaluation context (N); default "
-            f"{' '.join(map(str, DEFAULT_EVAL_DOCS))}: 1x-64x, about 1K-64K tokens.")] = None,
+            f"{' '.join(map(str, DEFAULT_EVAL_DOCS))}: 1x-64x, about 1.5K-93K tokens of the default "
+            "filler (1M: 6900).")] = None,
         haystack: Annotated[Path | None, typer.Option(
             "--haystack", help="Filler from this text file (any UTF-8 text, e.g. a book); "
             "default: memrl's generated biographies.")] = None,
         block_chars: Annotated[int, typer.Option(
-            "--block-chars", help="Characters per filler block (one unit of N).")
+            "--block-chars", help="Least characters per filler block (one unit of N).")
         ] = DEFAULT_BLOCK_CHARS,
         seed: Annotated[int, typer.Option("--seed")] = 0,
     ) -> None:

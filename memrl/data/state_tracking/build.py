@@ -31,10 +31,12 @@ from memrl.data.state_tracking.stories import Story, check_task, make_story
 from memrl.errors import MemrlInputError
 
 DEFAULT_BLOCK_CHARS = 400
-"""Characters per filler block (about 100 tokens of English for a BPE tokenizer)."""
+"""Least characters per filler block (whole sentences or paragraphs are packed until a block
+has this many: a biographies block holds about 480 characters, 146 SmolLM2 tokens)."""
 
 DEFAULT_EVAL_DOCS = (10, 20, 40, 80, 160, 320, 640)
-"""Blocks per evaluation context: 1x to 64x, from about 1K to 64K tokens."""
+"""Blocks per evaluation context: 1x to 64x, about 1.5K to 93K SmolLM2 tokens of the default
+filler (1M tokens: N = 6,900)."""
 
 VALIDATION_START = 100_000
 """Validation questions are questions VALIDATION_START, ... of the held-out stream, so they
