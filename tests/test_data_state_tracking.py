@@ -23,7 +23,6 @@ from memrl.data.state_tracking import (
     SPLITS,
     TASKS,
     StateFiles,
-    Filler,
     read_haystack,
     state_items,
     write_state_tracking,
@@ -123,13 +122,6 @@ def solve(context: str, question: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def filler() -> Filler:
-    from memrl.data.state_tracking import biography_filler
-
-    return biography_filler(64, 0, "eval")
-
 
 cases = st.tuples(st.sampled_from(TASKS), st.integers(0, 3), st.integers(0, 5000),
                   st.sampled_from(SPLITS), st.integers(1, 40))

@@ -84,8 +84,8 @@ def _register(task: str) -> None:
             "--eval-questions", help="Held-out questions, the same at every N.")] = 128,
         num_docs: Annotated[list[int] | None, typer.Option(
             "--num-docs", help="Filler blocks per evaluation context (N); default "
-            f"{' '.join(map(str, DEFAULT_EVAL_DOCS))}: 1x-64x, about 1.5K-93K tokens of the default "
-            "filler (1M: 6900).")] = None,
+            f"{' '.join(map(str, DEFAULT_EVAL_DOCS))}: 1x-64x, about 1.5K-93K tokens of the "
+            "default filler (1M: 6900).")] = None,
         haystack: Annotated[Path | None, typer.Option(
             "--haystack", help="Filler from this text file (any UTF-8 text, e.g. a book); "
             "default: memrl's generated biographies.")] = None,

@@ -119,9 +119,8 @@ def _offset(story: Story, seed: int, size: int) -> int:
 def place_story(story: Story, filler: Filler, num_docs: int, seed: int
                 ) -> tuple[str, list[int]]:
     """The context of `story` at N = `num_docs` blocks (paragraphs joined by blank lines,
-    each a block with the events placed before it; a
-    biography block starts with a sentence that names its person in full) and the character offset of each of its
-    events in it."""
+    each a block with the events placed before it; a biography block starts with a sentence
+    that names its person in full) and the character offset of each of its events in it."""
     size = len(filler.blocks)
     start = _offset(story, seed, size)
     paragraphs: list[list[tuple[str, int | None]]] = [[] for _ in range(num_docs)]

@@ -129,11 +129,6 @@ def check_split(split: str) -> None:
         raise MemrlInputError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
 
 
-def with_article(word: str) -> str:
-    """`word` with its indefinite article ("a baker", "an engineer")."""
-    return f"{'an' if word[0].lower() in 'aeiou' else 'a'} {word}"
-
-
 def count_answers(count: int) -> list[str]:
     """The gold answers of a count: its digits, and its word up to ten."""
     return [str(count), *([NUMBER_WORDS[count]] if count < len(NUMBER_WORDS) else [])]

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from memrl.data.biographies import article
 from memrl.data.state_tracking.language import (
     CITIES,
     EVENT_FORMS,
@@ -23,7 +24,6 @@ from memrl.data.state_tracking.language import (
     QUESTION_FORMS,
     check_split,
     count_answers,
-    with_article,
 )
 from memrl.errors import MemrlInputError
 
@@ -112,7 +112,7 @@ class _World:
 def _sentence(rng: random.Random, kind: str, split: str, forms: Sequence[str] | None = None,
               **slots: str) -> str:
     form = rng.choice(forms if forms is not None else EVENT_FORMS[kind][split])
-    return form.format(**slots, a=with_article(slots["v"]) if "v" in slots else "")
+    return form.format(**slots, a=article(slots["v"]) if "v" in slots else "")
 
 
 def _actions(rng: random.Random, world: _World, people: Sequence[str], places: Sequence[str],
