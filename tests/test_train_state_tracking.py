@@ -46,3 +46,8 @@ def test_memrl_eval_ruler_hqa_reads_the_benchmark(tiny_model_dir, tmp_path, caps
     assert all(r["n"] == 2 for r in results["results"].values())
     rows = [json.loads(line) for line in (out / "trajectories_2.jsonl").read_text().splitlines()]
     assert all(row["evidence"] for row in rows)  # where the gold facts enter the chunks
+    # the whole-document baseline reads the same files
+    base = tmp_path / "long"
+    assert main(["eval", "long-context", "--model", str(tiny_model_dir), "--data", str(data),
+                 "--num-docs", "1", "--out", str(base), "--max-new-tokens", "4"]) == 0
+    assert json.loads((base / "results.json").read_text())["results"]["1"]["n"] == 2
