@@ -27,6 +27,7 @@ from memrl.data.biographies import (
     SHARED_VALIDATION_START,
     SPLITS,
     VALIDATION_START,
+    biography_paragraphs,
     biography_question,
     biography_questions,
     biography_sentence,
@@ -540,3 +541,17 @@ def test_asked_person_on_generated_questions():
     for q in biography_questions(40, 8, seed=3, split="eval"):
         assert asked_person(q.question) is not None
         assert asked_person(q.question) in q.fact
+
+
+def test_biography_paragraphs_are_a_prefix_stable_filler_of_the_split():
+    """Filler of other tasks (memrl.data.state_tracking): paragraph k depends only on
+    (seed, split, k); its people are the split's."""
+    for split in SPLITS:
+        many = biography_paragraphs(12, 3, split=split)
+        assert biography_paragraphs(5, 3, split=split) == many[:5]
+        assert biography_paragraphs(5, 4, split=split) != many[:5]
+        firsts = set(vocabulary().first_names[split])
+        assert all(any(w in firsts for w in re.findall(r"[A-Z][a-z]+", p)) for p in many)
+        assert all(2 <= p.count(". ") + 1 <= 4 for p in many)
+    with pytest.raises(MemrlInputError, match="split must be one of"):
+        biography_paragraphs(1, split="test")

@@ -42,8 +42,8 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "prepare_locomo", "models", "evaluate", "evaluate_locomo",
-                 "evaluate_long_context", "evaluate_agent", "train", "export", "quickstart",
+    for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate",
+                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "train", "export", "quickstart",
                  "sft", "view", "ask", "serve"):
         try:
             importlib.import_module(f"memrl.cli.{name}")

@@ -176,6 +176,24 @@ class BiographyQuestion:
         return docs
 
 
+def biography_paragraphs(count: int, seed: int = 0, *, split: str = "train") -> list[str]:
+    """`count` biography paragraphs of random people of `split` (2-4 facts each, in the
+    split's sentence forms), without titles: filler text for other tasks. Paragraph k
+    depends only on (seed, split, k), so the first k paragraphs are the same for any
+    larger `count`."""
+    _check_split(split)
+    writer = _Writer(split)
+    firsts, lasts = writer.vocab.first_names[split], writer.vocab.last_names[split]
+    out = []
+    for k in range(count):
+        rng = _rng(seed, split, "filler", k)
+        name = f"{rng.choice(firsts)} {rng.choice(lasts)}"
+        kinds = rng.sample(KINDS, rng.randint(2, 4))
+        values = writer.values_for(rng, kinds, {})
+        out.append(writer.paragraph(rng, name, kinds, values, None)[0].text)
+    return out
+
+
 def namesake_count(num_distractors: int, hard_share: float) -> int:
     """How many of a question's first `num_distractors` distractors are namesakes:
     floor(num_distractors * hard_share), with hard_share rounded to 6 decimals."""
