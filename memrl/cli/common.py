@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from memrl.errors import MemrlInputError
 from memrl.inference.config import DEFAULT_HEALTH_CHECK_S, DEFAULT_REQUEST_TIMEOUT_S
@@ -253,14 +253,63 @@ class EngineChoice(BaseModel):
     gpu_memory_utilization: float | None = Field(None, description=(
         "--engine vllm on a GPU: share of its memory the engine may take "
         "(verl rollout.gpu_memory_utilization; default 0.5)."))
+    data_parallel: int = Field(1, ge=1, description=(
+        "Evaluate on N processes of this machine, one engine each (one GPU each on CUDA), "
+        "the episodes shared out, one results directory: memrl starts torchrun on itself."))
+
+    _loaded: list[Any] = PrivateAttr(default_factory=list)
 
     def load(self, model: Path, *, seed: int | None) -> Any:
-        """The engine for `model` (`load_engine`)."""
-        return load_engine(
+        """The engine for `model` (`load_engine`); `close_engines` shuts it down."""
+        engine = load_engine(
             model, device=self.device, dtype=self.dtype,
             generation_batch_size=self.generation_batch_size, seed=seed, engine=self.engine,
             base_urls=self.base_url, gpu_memory_utilization=self.gpu_memory_utilization,
             request_timeout=self.request_timeout, health_check=self.health_check)
+        self._loaded.append(engine)
+        return engine
+
+    def close_engines(self) -> None:
+        """Shut down the engines `load` built that have a `close` (vLLM's must go before the
+        process group does: at interpreter exit its own groups can no longer be destroyed)."""
+        while self._loaded:
+            close = getattr(self._loaded.pop(), "close", None)
+            if close is not None:
+                close()
+
+
+DATA_PARALLEL = ["data_parallel"]
+"""The `EngineChoice` option of the evaluations that share episodes out over processes."""
+EVAL_DIST_TIMEOUT_S = 3600.0
+"""How long a rank of a data-parallel evaluation waits for the others at a meeting point (the
+end of a benchmark's episodes, at most one slice of imbalance) before it fails."""
+
+
+@contextlib.contextmanager
+def evaluation_ranks(serving: EngineChoice) -> Iterator[Any]:
+    """The ranks of a data-parallel evaluation, as a `Dist`: `--data-parallel N` (N > 1)
+    starts this command again on N processes under torchrun and ends with their exit code;
+    under torchrun (memrl's, or the user's own) this process joins the group (its GPU:
+    cuda:LOCAL_RANK); otherwise `Dist()`, one process."""
+    from memrl.cli import _invocation
+    from memrl.distributed import Dist, destroy_process_group, init_process_group, launched
+    from memrl.distributed import relaunch
+
+    if not launched():
+        if serving.data_parallel > 1:
+            if serving.engine == "openai":
+                raise MemrlInputError(
+                    "runs an engine per process: with --engine openai the server pool already "
+                    "spreads the episodes (give more --base-url)", location="--data-parallel")
+            raise typer.Exit(relaunch(serving.data_parallel, list(_invocation)))
+        yield Dist()
+        return
+    dist = init_process_group(EVAL_DIST_TIMEOUT_S, device=serving.device, always=True)
+    try:
+        yield dist
+    finally:
+        serving.close_engines()
+        destroy_process_group()
 
 
 LOCAL = ["generation_batch_size", "engine", "device", "dtype"]

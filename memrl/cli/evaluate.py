@@ -16,7 +16,7 @@ from memrl.tasks.memagent_qa import PROTOCOLS
 
 
 @eval_app.command("ruler-hqa")
-@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM, *common.DATA_PARALLEL])
 @common.config_options(
     MemAgentConfig,
     ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens", "temperature",
@@ -84,8 +84,10 @@ def ruler_hqa(
                 "samples": num_samples, "protocol": protocol, "pool": None if pool is None
                 else str(pool), "engine": serving.engine, "dtype": serving.dtype,
                 "config": config.model_dump(mode="json")}
-    with common.record_eval(out, "eval ruler-hqa", engine=serving.engine, device=serving.device,
-                     seed=config.seed, settings=settings), common.eval_interruptible(out):
+    with common.evaluation_ranks(serving) as dist, \
+            common.record_eval(out, "eval ruler-hqa", engine=serving.engine,
+                               device=serving.device, seed=config.seed, settings=settings), \
+            common.eval_interruptible(out):
         generator = serving.load(model, seed=config.seed)
         evaluate_ruler_hqa(
             generator,
@@ -100,6 +102,7 @@ def ruler_hqa(
             pool=pool,
             resume=resume,
             model_name=str(model),
-            show_progress=not quiet,
+            show_progress=not quiet, dist=dist,
         )
-    typer.echo(f"results written to {out}")
+    if dist.is_main:
+        typer.echo(f"results written to {out}")

@@ -13,7 +13,7 @@ from memrl.cli import common
 
 
 @eval_app.command("agent")
-@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM, *common.DATA_PARALLEL])
 def agent(
     agent: Annotated[str | None, typer.Option(
         "--agent", help="memagent, memupdate, or a Task class by import path "
@@ -58,16 +58,19 @@ def agent(
     settings = {"model": str(model), "data": data, "limit": limit, "samples": num_samples,
                 "engine": serving.engine, "dtype": serving.dtype, "agent": cfg.agent,
                 "config": cfg.agent_config.model_dump(mode="json"), "reward": cfg.rl.reward}
-    with common.record_eval(out, "eval agent", engine=serving.engine, device=serving.device,
-                            seed=seed, settings=settings), common.eval_interruptible(out):
+    with common.evaluation_ranks(serving) as dist, \
+            common.record_eval(out, "eval agent", engine=serving.engine,
+                               device=serving.device, seed=seed, settings=settings), \
+            common.eval_interruptible(out):
         generator = serving.load(model, seed=seed)
         header = run_header(f"agent {cfg.agent}", generator, str(model), cfg.agent_config,
                             protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=cfg.agent,
                             data=data, limit=limit, num_samples=num_samples)
         evaluate_task(task, generator, records, out_dir=out, header=header, num_samples=num_samples,
                       per_run=episodes_per_run, seed=seed, resume=resume,
-                      show_progress=not quiet)
-    typer.echo(f"results written to {out}")
+                      show_progress=not quiet, dist=dist)
+    if dist.is_main:
+        typer.echo(f"results written to {out}")
 
 
 def sampling_as_rollout(cfg: Any) -> Any:

@@ -37,7 +37,7 @@ def parse_categories(values: list[str] | None) -> list[int]:
 
 
 @eval_app.command("locomo")
-@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM])
+@common.engine_options([*common.LOCAL, *common.POOL, *common.VLLM, *common.DATA_PARALLEL])
 @common.config_options(
     MemUpdateConfig,
     ["embedder", "answerer", "top_k", "max_turns", "max_parallel_calls", "max_response_tokens",
@@ -101,8 +101,10 @@ def locomo(
                 "dtype": serving.dtype,
                 "judge_model": None if judge_model is None else str(judge_model),
                 "config": config.model_dump(mode="json")}
-    with common.record_eval(out, "eval locomo", engine=serving.engine, device=serving.device,
-                     seed=config.seed, settings=settings), common.eval_interruptible(out):
+    with common.evaluation_ranks(serving) as dist, \
+            common.record_eval(out, "eval locomo", engine=serving.engine,
+                               device=serving.device, seed=config.seed, settings=settings), \
+            common.eval_interruptible(out):
         generator = serving.load(model, seed=config.seed)
         judge = None
         if judge_model is not None:
@@ -122,6 +124,7 @@ def locomo(
             judge_name=None if judge_model is None else str(judge_model),
             resume=resume,
             model_name=str(model),
-            show_progress=not quiet,
+            show_progress=not quiet, dist=dist,
         )
-    typer.echo(f"results written to {out}")
+    if dist.is_main:
+        typer.echo(f"results written to {out}")

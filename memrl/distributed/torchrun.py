@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["exit_code", "main"]
+__all__ = ["exit_code", "main", "parse_args"]
 
 
 def exit_code(failures: dict[int, Any], reported: bool) -> tuple[int, str | None]:
@@ -45,10 +45,21 @@ def exit_code(failures: dict[int, Any], reported: bool) -> tuple[int, str | None
                   "from outside, or a crash in native code)")
 
 
+def parse_args(argv: Sequence[str]) -> Any:
+    """torchrun's arguments, without its prefix matching: an option of the command it starts
+    (`memrl eval ... --n 2`) is never taken for an abbreviation of one of torchrun's
+    (`--nnodes`, `--nproc-per-node`, ...): everything after the module is the command's."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+    return parser.parse_args(list(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import run
 
     from memrl.interrupt import REPORTED_ENV
 

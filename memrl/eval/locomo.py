@@ -60,6 +60,7 @@ from memrl.data.locomo import (
     check_split,
     split_by_conversation,
 )
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.eval.memory_trace import (
     SESSION_COLUMNS,
@@ -230,6 +231,7 @@ def evaluate_locomo(
     model_name: str | None = None,
     console: Any = None,
     show_progress: bool = True,
+    dist: Dist | None = None,
 ) -> dict[str, Any]:
     """Run the MemoryUpdate agent on prepared LoCoMo episodes; write and return results.
 
@@ -253,7 +255,7 @@ def evaluate_locomo(
         categories=categories, limit=limit, num_samples=num_samples,
         num_episodes=len(episodes), embedder=task.embedder.name, judge=judge_id,
         metric="f1_final",
-    ), resume=resume, console=console)
+    ), resume=resume, console=console, dist=dist)
 
     def add_literature(rows: list[dict[str, Any]]) -> None:
         scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
@@ -263,18 +265,19 @@ def evaluate_locomo(
             r["literature"] = literature_scores(r, verdicts.get(id(r)), judge is not None)
 
     seed = task.config.seed or 0
-    with progress_bars(run.console, show_progress) as progress:
+    with progress_bars(run.console, show_progress and run.main) as progress:
         bar = progress.add_task("LoCoMo episodes", total=len(episodes))
         rows, elapsed, _ = run_episodes(
             task, generator, episodes, run.out / "trajectories.jsonl", num_samples=num_samples,
             per_run=episodes_per_run, seed_of=lambda i: derive_seed(seed, "locomo", i),
             progress=lambda done: progress.advance(bar, done), add_to_rows=add_literature,
-            console=run.console)
+            console=run.console, dist=run.dist)
     per_category = aggregate_categories(rows, categories)
     run.results["results"] = per_category
     run.results["timings"] = {"rollout_s": elapsed, "per_episode_s": elapsed / len(episodes)}
     run.finish()
-    report(run, per_category, task, split, judge_id)
+    if run.main:
+        report(run, per_category, task, split, judge_id)
     return run.results
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from memrl.agents.memagent import MemAgentConfig, rich_progress_callback
 from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import LazyPool, load_ruler_hqa, ruler_hqa_path
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.eval.memory_trace import (
     aggregate_traces,
@@ -180,6 +181,7 @@ def evaluate_ruler_hqa(
     model_name: str | None = None,
     console: Any = None,
     show_progress: bool = True,
+    dist: Dist | None = None,
 ) -> dict[str, Any]:
     """Run MemAgent on RULER-HQA for each N and write results; returns the results dict.
 
@@ -187,7 +189,8 @@ def evaluate_ruler_hqa(
     `records_per_run` records rolled out and saved together (`memrl.eval.runner`);
     `protocol`: `memrl.tasks.memagent_qa.PROTOCOLS`; `pool`: the HotpotQA dev JSON that
     index-list files (N = 12,800 / 25,600) point into. Finished episodes in `out_dir` are
-    reused; `resume=True` requires that there are some."""
+    reused; `resume=True` requires that there are some. `dist`: the ranks of a data-parallel
+    evaluation (`memrl.eval.runner`)."""
     check_counts(limit=limit, records_per_run=records_per_run, samples=num_samples)
     if not num_docs_list:
         raise MemrlInputError("give at least one number of documents", location="--num-docs")
@@ -199,7 +202,7 @@ def evaluate_ruler_hqa(
         "ruler_hqa", generator, model_name, config, protocol=protocol,
         data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
         records_per_run=records_per_run, metric="sub_em",
-    ), resume=resume, console=console)
+    ), resume=resume, console=console, dist=dist)
     results, previous = run.results, run.previous
     per_n: dict[str, Any] = dict(previous.get("results") or {})
     memory = read_diagnostics(run.out) if previous else {}
@@ -210,7 +213,7 @@ def evaluate_ruler_hqa(
     run.write()
 
     shared_pool = LazyPool(pool) if pool is not None else None
-    with progress_bars(run.console, show_progress) as progress:
+    with progress_bars(run.console, show_progress and run.main) as progress:
         for n in num_docs_list:
             records = [_clean(r) for r in load_ruler_hqa(
                 ruler_hqa_path(data_dir, n), pool=shared_pool, expected_num_docs=n)[:limit]]
@@ -219,7 +222,7 @@ def evaluate_ruler_hqa(
                 num_samples=num_samples, per_run=records_per_run,
                 seed_of=lambda i, n=n: batch_seed(config.seed, n, i),
                 progress=rich_progress_callback(progress, f"N={n}"), console=run.console,
-                label=f"N={n}: ")
+                label=f"N={n}: ", dist=run.dist)
             timings[str(n)] = timings.get(str(n), 0.0) * resumed + elapsed
             memory[str(n)] = aggregate_traces(rows)
             per_n[str(n)] = {"num_docs": n, "num_records": len(records),
@@ -230,7 +233,8 @@ def evaluate_ruler_hqa(
 
     results["results"] = per_n = dict(sorted(per_n.items(), key=lambda kv: int(kv[0])))
     run.finish()
-    report(run, per_n, memory, protocol)
+    if run.main:
+        report(run, per_n, memory, protocol)
     return results
 
 

@@ -14,6 +14,13 @@ own (`memrl eval agent --agent NAME`): the means of each row's reward and scores
 A log row (`Task.log_row`) has at least `id`, `sample_index`, `reward` and `scores` (a
 mapping of numbers). Episodes are keyed by (id, sample index); slices are fixed, and each is
 seeded from its start, so a resumed run samples exactly what an uninterrupted one would.
+
+Data parallel (`memrl eval ... --data-parallel N`, or the command under torchrun): every
+rank runs the same benchmark code with an engine of its own (one GPU each on CUDA); the
+main rank claims the directory and writes results.json and the reports, every rank rolls
+out its share of the slices (slice k on rank k mod N) and appends them to the same
+trajectories file (one `write` per slice, O_APPEND), and the ranks meet before the rows are
+read back, so the results are those of one process with the same seeds.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.eval.report import finish_header, progress_bars, write_json, write_report
 from memrl.eval.resume import append_episodes, check_same_run, read_episodes
@@ -40,9 +48,17 @@ class EvalRun:
     previous: dict[str, Any] = field(default_factory=dict)
     console: Any = None
     started: float = field(default_factory=time.perf_counter)
+    dist: Dist = field(default_factory=Dist)
+    """The ranks of a data-parallel evaluation (one process: `Dist()`)."""
+
+    @property
+    def main(self) -> bool:
+        """Whether this process writes results.json and the reports (rank 0)."""
+        return self.dist.is_main
 
     def write(self) -> None:
-        write_json(self.out / "results.json", self.results)
+        if self.main:
+            write_json(self.out / "results.json", self.results)
 
     def finish(self) -> None:
         """Stamp the end time and total seconds; write results.json."""
@@ -53,23 +69,37 @@ class EvalRun:
 
 
 def open_run(out_dir: str | Path, header: dict[str, Any], *, resume: bool = False,
-             console: Any = None) -> EvalRun:
+             console: Any = None, dist: Dist | None = None) -> EvalRun:
     """Claim `out_dir` for the run `header` describes (`memrl.eval.report.run_header`):
     a directory of another benchmark, model, protocol or config is a one-line error;
-    `resume` requires a previous run there. results.json is written before any episode."""
+    `resume` requires a previous run there. results.json is written before any episode (by
+    the main rank; the others read what it found there once it has)."""
     from rich.console import Console
 
+    dist = dist or Dist()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise MemrlInputError("exists and is not a directory", location=f"--out {out}")
-    previous = check_same_run(out / "results.json", header)
+    claim: dict[str, Any] = {}
+    if dist.is_main:  # the main rank's view, before it writes; every rank fails alike
+        try:
+            claim["previous"] = check_same_run(out / "results.json", header)
+        except MemrlInputError as exc:
+            claim["error"] = (exc.message, exc.location)
+    claim = dist.all_gather(claim)[0]
+    if "error" in claim:
+        raise MemrlInputError(claim["error"][0], location=claim["error"][1])
+    previous = claim["previous"]
     if resume and not previous:
         raise MemrlInputError("nothing to resume: no results.json here", location=f"--out {out}")
     if previous:
         header["started_at"] = previous.get("started_at", header["started_at"])
-    out.mkdir(parents=True, exist_ok=True)
-    run = EvalRun(out, header, previous, console or Console())
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    console = (console or Console()) if dist.is_main else Console(quiet=True)
+    run = EvalRun(out, header, previous, console, dist=dist)
     run.write()
+    dist.barrier()
     return run
 
 
@@ -94,12 +124,19 @@ def run_episodes(
     add_to_rows: Callable[[list[dict[str, Any]]], None] | None = None,
     console: Any = None,
     label: str = "",
+    dist: Dist | None = None,
 ) -> tuple[list[dict[str, Any]], float, bool]:
     """Every (record, sample) episode's log row, in that order: those already in `path`,
     and the others rolled out `per_run` records at a time (the slice starting at record i
     seeded with `seed_of(i)`, no token ids kept) and appended to `path` after each slice.
     `add_to_rows` may add fields to a slice's rows before they are written. Returns the
-    rows, the seconds spent rolling out, and whether any episode was already there."""
+    rows, the seconds spent rolling out, and whether any episode was already there.
+    With `dist` of several ranks each rolls out every world_size-th slice (module docstring)
+    and every rank returns all the rows."""
+    dist = dist or Dist()
+    if dist.is_main:  # drops a torn last line (a killed run) before anyone appends
+        read_episodes(path)
+    dist.barrier()
     finished = read_episodes(path)
     wanted = [(r.id, s) for r in records for s in range(num_samples)]
     todo = sum(key not in finished for key in wanted)
@@ -107,7 +144,8 @@ def run_episodes(
         console.print(f"{label}{len(wanted) - todo} of {len(wanted)} episodes already in "
                       f"{path.name}, running the other {todo}", soft_wrap=True)
     t0 = time.perf_counter()
-    for i in range(0, len(records), per_run):
+    starts = range(0, len(records), per_run)
+    for i in starts[dist.rank :: dist.world_size]:
         batch = [r for r in records[i : i + per_run]
                  if any((r.id, s) not in finished for s in range(num_samples))]
         if not batch:
@@ -121,7 +159,12 @@ def run_episodes(
             add_to_rows(rows)
         append_episodes(path, rows)
         finished.update(((row["id"], row["sample_index"]), row) for row in rows)
-    return [finished[key] for key in wanted], time.perf_counter() - t0, todo < len(wanted)
+    elapsed = time.perf_counter() - t0
+    if dist.world_size > 1:  # every rank's slices are in the file once all have arrived
+        dist.barrier()
+        finished = read_episodes(path)
+        elapsed = max(dist.all_gather(elapsed))
+    return [finished[key] for key in wanted], elapsed, todo < len(wanted)
 
 
 def mean_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -140,24 +183,26 @@ def mean_scores(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def evaluate_task(task: Any, engine: Any, records: Sequence[Any], *, out_dir: str | Path,
                   header: dict[str, Any], num_samples: int = 1, per_run: int = 32,
                   seed: int | None = None, resume: bool = False, console: Any = None,
-                  show_progress: bool = True) -> dict[str, Any]:
+                  show_progress: bool = True, dist: Dist | None = None) -> dict[str, Any]:
     """Any task on `records`: trajectories.jsonl, and results.json / results.md with the
     means of the rows' reward and scores (`mean_scores`)."""
     from memrl.inference.base import derive_seed
 
     check_counts(samples=num_samples, episodes_per_run=per_run)
-    run = open_run(out_dir, header, resume=resume, console=console)
-    with progress_bars(run.console, show_progress) as bars:
+    run = open_run(out_dir, header, resume=resume, console=console, dist=dist)
+    with progress_bars(run.console, show_progress and run.main) as bars:
         bar = bars.add_task(f"{task.name} episodes", total=len(records))
         rows, seconds, _ = run_episodes(
             task, engine, records, run.out / TRAJECTORIES_FILE, num_samples=num_samples,
             per_run=per_run, seed_of=lambda i: None if seed is None else derive_seed(
                 seed, "eval", task.name, i),
-            console=run.console,
+            console=run.console, dist=run.dist,
             add_to_rows=lambda rows: bars.advance(bar, len({r["id"] for r in rows})))
     means = mean_scores(rows)
     run.results.update(results=means, timings={"rollout_s": seconds})
     run.finish()
+    if not run.main:
+        return run.results
     table = [[key, value] for key, value in means.items()]
     write_report(run.out, f"{task.name} · {run.results['model']}", ("metric", "mean"), table,
                  run.console, f"\nMeans over {len(rows)} episodes ({len(records)} records x "

