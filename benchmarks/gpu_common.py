@@ -43,7 +43,12 @@ QWEN25_3B = dict(QWEN25_05B, hidden_size=2048, intermediate_size=11008, num_hidd
                  num_attention_heads=16, num_key_value_heads=2)
 """Qwen2.5-3B's architecture (tied embeddings), without its weights."""
 
-SHAPES = {"0.5b": QWEN25_05B, "1.5b": QWEN25_1_5B, "3b": QWEN25_3B}
+QWEN25_7B = dict(QWEN25_05B, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                 num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
+"""Qwen2.5-7B's architecture (untied embeddings: 7.6B parameters), without its weights: the
+published MemAgent recipe's model (`configs/memagent_qwen2.5-7b_hotpotqa.yaml`)."""
+
+SHAPES = {"0.5b": QWEN25_05B, "1.5b": QWEN25_1_5B, "3b": QWEN25_3B, "7b": QWEN25_7B}
 """`--shape` choices of the benchmark scripts."""
 
 TINY = dict(
@@ -82,8 +87,7 @@ def build_model_dir(out: Path, shape: dict[str, int], *, tokenizer_vocab: int,
     if pad_tokenizer:
         tokenizer.add_tokens([f"<|r{i}|>" for i in range(vocab - bpe_len)])
     config = Qwen2Config(
-        **shape,
-        tie_word_embeddings=True,
+        **{"tie_word_embeddings": True, **shape},
         rope_theta=1_000_000.0,
         rms_norm_eps=1e-6,
         bos_token_id=None,
@@ -104,7 +108,7 @@ def build_model_dir(out: Path, shape: dict[str, int], *, tokenizer_vocab: int,
     del model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return {**shape, "tie_word_embeddings": True, "rope": rope, "params": params,
+    return {"tie_word_embeddings": True, **shape, "rope": rope, "params": params,
             "tokenizer_bpe_tokens": bpe_len, "tokenizer_tokens": len(tokenizer)}
 
 

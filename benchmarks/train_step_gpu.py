@@ -442,6 +442,18 @@ def add_derived(rows: list[dict[str, Any]], params: int, with_reference: bool) -
         row["prefill_tokens_per_s"] = row["prompt_tokens"] / row["rollout_s"]
 
 
+def gpu_seconds_per_trajectory(mean: dict[str, float], world_size: int) -> dict[str, float]:
+    """What one trajectory costs in GPU-seconds (a step's wall time x the GPUs, over the
+    step's trajectories), and its breakdown: generation, sleep, weight sync, old + reference
+    log-probs, update, the rest (batching, metrics; on several GPUs also waiting for the
+    slowest rank)."""
+    per = world_size / mean["trajectories"]
+    parts = {"rollout": mean["generate_s"], "sleep": mean["sleep_s"],
+             "weight_sync": mean["weight_sync_s"], "old_ref_logprobs": mean["logprob_s"],
+             "update": mean["update_s"], "other": mean["other_s"]}
+    return {"total": mean["perf/step_time_s"] * per, **{k: v * per for k, v in parts.items()}}
+
+
 def mean_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
     keys = [k for k in rows[0] if k != "step" and isinstance(rows[0][k], int | float)]
     return {k: statistics.fmean(r[k] for r in rows) for k in keys}
@@ -525,7 +537,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     cuda = device.type == "cuda"
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
-    config = Qwen2Config(**shape, tie_word_embeddings=True, rope_theta=1_000_000.0)
+    config = Qwen2Config(**{"tie_word_embeddings": True, **shape}, rope_theta=1_000_000.0)
     torch.manual_seed(args.seed)
     # model.attn_implementation and rl.remove_padding resolved as the recipe resolves them
     impl = attention(ModelConfig(path="random", device=str(device),
@@ -780,6 +792,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         "mean_excluding_warmup": mean_rows(measured),
     }
     summary["world_size"] = dist.world_size
+    summary["gpu_seconds_per_trajectory"] = gpu_seconds_per_trajectory(
+        summary["mean_excluding_warmup"], dist.world_size)
     ranks = dist.all_gather({"rank": dist.rank, "peak_mem_allocated_gib": max(
         (r.get("peak_mem_allocated_gib", 0.0) for r in rows), default=0.0)})
     summary["peak_mem_allocated_gib_per_rank"] = [r["peak_mem_allocated_gib"] for r in ranks]

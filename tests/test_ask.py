@@ -225,7 +225,7 @@ def _train_yaml(**memagent) -> str:
 
 def test_settings_come_from_the_exported_config_then_the_options(tmp_path):
     (tmp_path / STORED_CONFIG).write_text(_train_yaml(chunk_size=321, max_memory_tokens=77,
-                                                      max_chunks=4, temperature=1.0,
+                                                      max_chunks=4,
                                                       prompts="memagent-answer-is"))
     stored = stored_settings(tmp_path)
     assert stored.values == {"chunk_size": 321, "max_memory_tokens": 77,

@@ -152,6 +152,10 @@ def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
     # trainer.gc_freeze (the default): the heap frozen after step 1, as the recipe's loop does
     froze = ["gc_freeze_s" in row for row in out["steps"]]
     assert froze == [False, True] + [False] * (len(froze) - 2)
+    cost = out["gpu_seconds_per_trajectory"]  # one process: the step's seconds / trajectories
+    mean = out["mean_excluding_warmup"]
+    assert out["world_size"] == 1
+    assert cost["total"] == pytest.approx(mean["perf/step_time_s"] / mean["trajectories"])
 
 
 @pytest.mark.pipeline

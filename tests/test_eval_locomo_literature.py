@@ -141,7 +141,7 @@ def test_cli_prints_per_category_f1_bleu_and_judge(data_dir, tiny_model_dir, tmp
                                                    capsys):
     out = tmp_path / "run"
     rc = main(["eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
-               "--out", str(out), "--embedder", "hashing", "--split", "test",
+               "--out", str(out), "--embedder", "hashing", "--split", "heldout",
                "--judge-model", str(tiny_model_dir), "--max-turns", "1",
                "--max-response-tokens", "8", "--session-chunk-turns", "2", "--seed", "0",
                "--quiet"])

@@ -286,10 +286,15 @@ def test_a_step_of_auto_is_a_step_of_recompute(tiny_model_dir, data_dir, tmp_pat
             assert a[key] is not None and a[key] == pytest.approx(r[key], abs=ATOL), key
     weights = {m: load_file(out / "checkpoints" / "step_00000001" / "model" /
                             "model.safetensors") for m, out in runs.items()}
-    # with the value head the first mini-batch's values come from a pass of their own, in
-    # other micro-batches (other padding): float32 sums in another order, 6e-6 after Adam
-    assert_same_weights(weights["auto"], weights["recompute"],
-                        atol=1e-5 if "critic.value_model=policy_head" in extra else ATOL)
+    # One optimizer step: the same weights to float32 precision. Two: the second step's old
+    # log-probs come from another pass (other micro-batches, other padding: float32 sums in
+    # another order), and Adam's division by sqrt(v) amplifies that noise where gradients
+    # are near 0 (measured with torch 2.13.0 / transformers 5.19.0 on the 2-core machine,
+    # 2026-11-28: 1.5e-6 without a value head, 1.3e-5 with one, whose first mini-batch's
+    # values also come from a pass of their own; lr is 1e-3, so 1e-5 and 3e-5 are noise)
+    two_steps = "rl.ppo_mini_batch_size=1" in extra
+    atol = (3e-5 if "critic.value_model=policy_head" in extra else 1e-5) if two_steps else ATOL
+    assert_same_weights(weights["auto"], weights["recompute"], atol=atol)
 
 
 # ---- several ranks (gloo): replicated and FSDP2, 3 questions in one mini-batch, or in
