@@ -44,7 +44,7 @@ elif lib == "html2text":
     import html2text
 else:
     from pathlib import Path
-    from memrl.ask.documents import html_pieces
+    from memrl.apps.ask.documents import html_pieces
 if traced == "1":
     tracemalloc.start()
 start = time.perf_counter()

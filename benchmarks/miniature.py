@@ -1,7 +1,7 @@
 """MemAgent's length-extrapolation claim, in miniature, on one GPU.
 
 A model of tens of millions of parameters is built and trained from scratch by memrl, with
-the quickstart's pipeline at GPU size (`memrl.quickstart.run_quickstart` with a larger
+the quickstart's pipeline at GPU size (`memrl.apps.quickstart.run_quickstart` with a larger
 `QuickstartPlan`): one-fact synthetic questions whose training documents fit in at most 4
 chunks, a warm start on the oracle's trajectories (`memrl sft`), GRPO on the real answer
 reward (sub-EM), and greedy MemAgent evaluations at 1x, 4x, 16x, 64x and 256x the training
@@ -44,7 +44,7 @@ def main() -> None:
 
     import torch
 
-    from memrl.quickstart import MODEL_SHAPE, QuickstartPlan, run_quickstart
+    from memrl.apps.quickstart import MODEL_SHAPE, QuickstartPlan, run_quickstart
 
     tiny = args.tiny or not torch.cuda.is_available()
     train_docs = 4

@@ -280,6 +280,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             timing[f"warmup_{'hf' if eng is hf else 'vllm'}_s"] = timed(
                 lambda e=eng: e.generate(warm, warm_params))[1]
 
+    cases = run_cases(args, hf, engine, shape, model_info, token_range=(low, high))
+
+    summary = {
+        "benchmark": "memrl rollout: HF engine vs vLLM engine",
+        "environment": env,
+        "model": model_info,
+        "settings": {"new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0,
+                     "ignore_eos": True, "logprobs": True,
+                     "seeded_requests": not args.unseeded,
+                     "hf_batch_size": args.hf_batch_size, "hf_dtype": str(policy.dtype),
+                     "gpu_memory_utilization": args.gpu_memory_utilization,
+                     "enforce_eager": args.enforce_eager, "repeats": args.repeats,
+                     "case_timeout_s": args.case_timeout, "hbm_tbps": args.hbm_tbps,
+                     "peak_tflops": args.peak_tflops},
+        "timing_s": timing,
+        "weight_sync_and_sleep": sync,
+        "cases": cases,
+    }
+    print_summary(summary)
+    write_summary(summary, args.out)
+    if tmp is not None:
+        tmp.cleanup()
+    return summary
+
+
+def run_cases(args: argparse.Namespace, hf: Any, engine: Any, shape: dict[str, int],
+              model_info: dict[str, Any], *, token_range: tuple[int, int]
+              ) -> list[dict[str, Any]]:
+    """Every `--cases` entry (prompt length, batch) on vLLM (`--repeats` times; skipped once
+    a case did not end ok) and, for `--hf-cases`, on the HF engine: random prompts of ids in
+    `token_range`, the rows with their roofline bounds, each printed as it ends."""
+    from memrl.inference import SamplingParams
+
+    low, high = token_range
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
     cases = []
     vllm_broken = None
@@ -309,28 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         summarize_case(row)
         cases.append(row)
         print(case_line(row), flush=True)
-
-    summary = {
-        "benchmark": "memrl rollout: HF engine vs vLLM engine",
-        "environment": env,
-        "model": model_info,
-        "settings": {"new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0,
-                     "ignore_eos": True, "logprobs": True,
-                     "seeded_requests": not args.unseeded,
-                     "hf_batch_size": args.hf_batch_size, "hf_dtype": str(policy.dtype),
-                     "gpu_memory_utilization": args.gpu_memory_utilization,
-                     "enforce_eager": args.enforce_eager, "repeats": args.repeats,
-                     "case_timeout_s": args.case_timeout, "hbm_tbps": args.hbm_tbps,
-                     "peak_tflops": args.peak_tflops},
-        "timing_s": timing,
-        "weight_sync_and_sleep": sync,
-        "cases": cases,
-    }
-    print_summary(summary)
-    write_summary(summary, args.out)
-    if tmp is not None:
-        tmp.cleanup()
-    return summary
+    return cases
 
 
 def summarize_case(row: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +89,53 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = VLLMEngine(work / "model", tokenizer, VLLMConfig(
         gpu_memory_utilization=0.6, max_model_len=prompt_len + new, max_num_seqs=batch,
         seed=args.seed, kv_cache_memory_bytes=None if cuda else 1 << 28))
+    low, high = info["tokenizer_bpe_tokens"], info["tokenizer_tokens"]
+    if high - low < 2:
+        low = 0
+    prompts = random_prompts(batch, prompt_len, low, high, args.seed)
+
+    params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=args.seed,
+                            ignore_eos=True)
+
+    variants = timed_variants(engine, prompts, params, batch=batch, new=new)
+    for fn in variants.values():  # warm-up (CUDA graphs, each sampling path compiled)
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(args.repeats):  # in turn, so a slow spell of the host hits every row
+        for name, fn in variants.items():
+            times[name].append(fn())
+    runs = {k: statistics.median(v) for k, v in times.items()}
+    tokens = batch * new
+    rates = {k: tokens / v for k, v in runs.items()}
+    profiled = profile_call(variants["memrl_vllm_agenerate"], cuda=cuda)
+    table_cpu, table_cuda = profiled["top_self_cpu"], profiled.get("top_self_cuda", "")
+    out = {"benchmark": "memrl rollout profile: VLLMEngine vs vllm.LLM.generate",
+           "environment": env, "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new,
+           "repeats": args.repeats, "seconds": runs, "seconds_each": times,
+           "new_tokens_per_s": rates,
+           "profile_top_self_cpu": table_cpu, "profile_top_self_cuda": table_cuda}
+    print(table_cpu)
+    print(table_cuda)
+    for k, v in rates.items():
+        print(f"{k}: {v:,.0f} new tok/s ({runs[k]:.2f} s)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def timed_variants(engine: Any, prompts: list[list[int]], params: Any, *, batch: int,
+                   new: int) -> dict[str, Callable[[], float]]:
+    """The ways of generating `new` tokens for each of `prompts`, each a function timing one
+    run in seconds: vLLM's `LLM.generate` directly (with and without log-probs and seeds),
+    memrl's old async driver (cumulative outputs), and memrl's VLLMEngine (`generate`,
+    `agenerate`)."""
     from vllm import SamplingParams as VSP
     from vllm.sampling_params import RequestOutputKind
 
     from memrl.inference.base import checked_requests
     from vllm.inputs import TokensPrompt
 
-    low, high = info["tokenizer_bpe_tokens"], info["tokenizer_tokens"]
-    if high - low < 2:
-        low = 0
-    prompts = random_prompts(batch, prompt_len, low, high, args.seed)
     raw = [TokensPrompt(prompt_token_ids=list(x)) for x in prompts]
-
-    params = SamplingParams(max_new_tokens=new, temperature=1.0, seed=args.seed,
-                            ignore_eos=True)
 
     def direct(**kw: Any) -> float:
         t0 = time.perf_counter()
@@ -136,7 +170,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         assert sum(tokens.values()) == batch * new
         return dt
 
-
     def memrl_generate() -> float:
         t0 = time.perf_counter()
         gens = engine.generate(prompts, params)
@@ -164,29 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "memrl_vllm_generator": memrl_generate,
         "memrl_vllm_agenerate": memrl_agenerate,
     }
-    for fn in variants.values():  # warm-up (CUDA graphs, each sampling path compiled)
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(args.repeats):  # in turn, so a slow spell of the host hits every row
-        for name, fn in variants.items():
-            times[name].append(fn())
-    runs = {k: statistics.median(v) for k, v in times.items()}
-    tokens = batch * new
-    rates = {k: tokens / v for k, v in runs.items()}
-    profiled = profile_call(memrl_agenerate, cuda=cuda)
-    table_cpu, table_cuda = profiled["top_self_cpu"], profiled.get("top_self_cuda", "")
-    out = {"benchmark": "memrl rollout profile: VLLMEngine vs vllm.LLM.generate",
-           "environment": env, "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new,
-           "repeats": args.repeats, "seconds": runs, "seconds_each": times,
-           "new_tokens_per_s": rates,
-           "profile_top_self_cpu": table_cpu, "profile_top_self_cuda": table_cuda}
-    print(table_cpu)
-    print(table_cuda)
-    for k, v in rates.items():
-        print(f"{k}: {v:,.0f} new tok/s ({runs[k]:.2f} s)")
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2))
-    return out
+    return variants
 
 
 if __name__ == "__main__":

@@ -76,10 +76,35 @@ from gpu_common import (  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
+    add_update_only_arguments(p)
+    add_recipe_arguments(p)
+    args = p.parse_args(argv)
+    apply_presets(args)
+    try:
+        args.prompt_len = int_range(args.prompt_len)
+        args.response_len = int_range(args.response_len)
+        args.budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.num_questions is None:
+        args.num_questions = args.steps * args.train_batch_size
+    if args.steps <= args.warmup:
+        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if not 2 <= args.docs_min <= args.docs_max:
+        p.error("need 2 <= --docs-min <= --docs-max")
+    if args.checkpoint_every < 1 or (args.checkpoint_every > 1
+                                     and not args.gradient_checkpointing):
+        p.error("--checkpoint-every N needs N >= 1 and --gradient-checkpointing")
+    return args
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The run (output, steps, seed, device) and the model (shape, attention, packing)."""
     from memrl.recipes.config import ModelConfig
     from memrl.rl.config import RLConfig
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true",
                    help="tiny model and data (CPU smoke check); other flags still apply")
     p.add_argument("--out-dir", default="runs/bench_train_step",
@@ -126,7 +151,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="right-padded micro-batches (rl.remove_padding false)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="peak TFLOP/s for MFU (default: memrl.rl.flops table, bf16 dense)")
-    # update-only mode
+
+
+def add_update_only_arguments(p: argparse.ArgumentParser) -> None:
+    """`--update-only`: old log-probs + PPO updates on synthetic batches, per token budget."""
     p.add_argument("--update-only", action="store_true",
                    help="time old log-probs + PPO update on synthetic MemAgent-shaped batches")
     p.add_argument("--samples", type=int, default=None,
@@ -144,6 +172,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budgets", default=None,
                    help="update-only: micro-batch token budgets, comma-separated "
                         "(default 8192,16384,32768; tiny 256,512)")
+
+
+def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
+    """Recipe mode: the data, MemAgent and RL settings, and the rollout engine."""
     # data
     p.add_argument("--num-questions", type=int, default=None,
                    help="training questions written (default steps x train-batch-size)")
@@ -176,7 +208,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rollout.vllm.model_runner (auto: v2 on a CUDA GPU, v1 elsewhere)")
     p.add_argument("--recipe-shapes", action="store_true",
                    help="the published recipe's shapes scaled to one GPU (see the docstring)")
-    args = p.parse_args(argv)
+
+
+def apply_presets(args: argparse.Namespace) -> None:
+    """Every setting left unset takes its preset's value: `--tiny`, `--recipe-shapes`, or
+    the default shapes."""
     big = {"steps": 3, "tokenizer_vocab": 8192, "docs_min": 80, "docs_max": 120,
            "chunk_size": 1024, "max_memory_tokens": 256, "max_final_tokens": 32,
            "rollout_n": 8, "train_batch_size": 4, "ppo_mini_batch_size": 2,
@@ -202,22 +238,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in (tiny if args.tiny else recipe if args.recipe_shapes else big).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    try:
-        args.prompt_len = int_range(args.prompt_len)
-        args.response_len = int_range(args.response_len)
-        args.budgets = [int(b) for b in args.budgets.split(",")]
-    except ValueError as exc:
-        p.error(str(exc))
-    if args.num_questions is None:
-        args.num_questions = args.steps * args.train_batch_size
-    if args.steps <= args.warmup:
-        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
-    if not 2 <= args.docs_min <= args.docs_max:
-        p.error("need 2 <= --docs-min <= --docs-max")
-    if args.checkpoint_every < 1 or (args.checkpoint_every > 1
-                                     and not args.gradient_checkpointing):
-        p.error("--checkpoint-every N needs N >= 1 and --gradient-checkpointing")
-    return args
 
 
 def int_range(text: str) -> tuple[int, int]:
@@ -517,16 +537,10 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     """Per micro-batch token budget: `--steps` rounds of old log-probs + one PPO update (one
     optimizer step over the whole batch); the first `--warmup` rounds are left out."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from memrl.distributed import init_process_group
-    from memrl.models.attention import uses_varlen
-    from memrl.recipes.config import ModelConfig
-    from memrl.recipes.models import attention, checkpoint_layers, compile_layers
-    from memrl.rl.sharding import shard
-    from memrl.rl.actor import Actor, build_optimizer, warmup_schedule
-    from memrl.rl.config import RLConfig
-    from memrl.rl.flops import ModelShape, device_peak_flops, mfu, train_flops
+    from memrl.rl.actor import build_optimizer
+    from memrl.rl.flops import ModelShape, device_peak_flops, train_flops
 
     fsdp = args.strategy == "fsdp"
     # Under torchrun: one rank per GPU (cuda:LOCAL_RANK), each with its own `--samples`
@@ -537,25 +551,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     cuda = device.type == "cuda"
     if cuda:
         device = torch.device("cuda", torch.cuda.current_device())
-    config = Qwen2Config(**{"tie_word_embeddings": True, **shape}, rope_theta=1_000_000.0)
-    torch.manual_seed(args.seed)
-    # model.attn_implementation and rl.remove_padding resolved as the recipe resolves them
-    impl = attention(ModelConfig(path="random", device=str(device),
-                                 attn_implementation=args.attn))
-    with torch.device("cpu") if fsdp else device:  # shard() moves each unit to the device
-        model = AutoModelForCausalLM.from_config(config, **impl)
-    args.attn = "varlen" if uses_varlen(model) else model.config._attn_implementation
-    if args.remove_padding == "auto":
-        args.remove_padding = uses_varlen(model)
-    if args.gradient_checkpointing:
-        checkpoint_layers(model, every_n_layers=args.checkpoint_every, fsdp=fsdp)
-    if args.compile:
-        compile_layers(model)
-    sharding: dict[str, Any] = {}
-    if fsdp:  # alone too: FSDP2 for its mixed-precision policy (one bf16 cast per layer)
-        model = shard(model, device, param_dtype=torch.bfloat16 if cuda else None)
-        sharding = dict(sharded_over=dist, device=device)
-    model.train()
+    model, sharding = build_update_model(args, shape, dist, device)
     model_shape = ModelShape.of(model)
     params = sum(p.numel() for p in model.parameters())
     autocast = torch.bfloat16 if cuda else None
@@ -579,73 +575,16 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
               f"{min(responses)}–{max(responses)}), remove_padding={args.remove_padding}",
               flush=True)
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
+    totals = {"tokens": all_tokens, "flops": all_flops, "flops_6n": all_flops_6n}
     rows = []
     for budget in args.budgets:
-        rl = RLConfig(use_kl_loss=False, ppo_mini_batch_size=len(lens),
-                      use_dynamic_bsz=True, max_tokens_per_micro_batch=budget,
-                      remove_padding=args.remove_padding, overlong="keep")
-        actor = Actor(model, rl, optimizer=optimizer, scheduler=warmup_schedule(optimizer, 0),
-                      grad_clip=1.0, peak_flops=peak, pad_id=0, autocast_dtype=autocast,
-                      **sharding)
-        micro = actor.micro_batches(batch, list(range(len(lens))))
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        try:
-            for _ in range(args.steps):
-                sync()
-                t0 = time.perf_counter()
-                old = actor.logprobs(batch)
-                sync()
-                t1 = time.perf_counter()
-                stats = actor.update(batch.with_logprobs(old).with_advantages(advantages), dist)
-                sync()
-                times.append((t1 - t0, time.perf_counter() - t1))
-        except torch.OutOfMemoryError:  # a budget too large for the GPU: say so, go on
-            optimizer.zero_grad(set_to_none=True)
-            rows.append({"budget": budget, "micro_batches": len(micro),
-                         "error": "out of memory"})
-            print(json.dumps(rows[-1]), flush=True)
-            continue
-        # the slowest rank's time (every rank waits for it in the collectives)
-        logprob_s = max(dist.all_gather(statistics.fmean(t for t, _ in times[args.warmup:])))
-        update_s = max(dist.all_gather(statistics.fmean(u for _, u in times[args.warmup:])))
-        row: dict[str, Any] = {
-            "budget": budget, "micro_batches": len(micro),
-            "tokens_per_micro_batch": stats.tokens_per_micro_batch,
-            "padding_waste": stats.padding_waste,
-            "logprob_s": logprob_s, "update_s": update_s,
-            # all ranks together, and per GPU
-            "logprob_tokens_per_s": all_tokens / logprob_s,
-            "update_tokens_per_s": all_tokens / update_s,
-            "update_tokens_per_s_per_gpu": all_tokens / update_s / dist.world_size,
-            "update_model_tflops_per_s": all_flops / update_s / 1e12,
-        }
-        if peak:  # per GPU: this rank's work over the step's time, the mean of the ranks'
-            row["mfu"] = mfu(all_flops / dist.world_size, update_s, peak)
-            row["mfu_6n"] = mfu(all_flops_6n / dist.world_size, update_s, peak)
-            row["logprob_mfu"] = mfu(all_flops / 3 / dist.world_size, logprob_s, peak)
-        if cuda:  # the largest of the ranks'
-            row["peak_mem_allocated_gib"] = max(dist.all_gather(
-                torch.cuda.max_memory_allocated() / 2**30))
-            row["peak_mem_reserved_gib"] = max(dist.all_gather(
-                torch.cuda.max_memory_reserved() / 2**30))
-        if args.profile:
-            row["profile"] = profile_call(
-                lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)),
-                cuda=cuda)
-            print(row["profile"].get("top_self_cuda") or row["profile"]["top_self_cpu"],
-                  flush=True)
-        if args.sync_debug and cuda:
-            row["host_syncs"] = count_host_syncs(
-                lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)))
+        row = measure_budget(args, budget, model, optimizer, batch, advantages, dist,
+                             cuda=cuda, peak=peak, autocast=autocast, sharding=sharding,
+                             totals=totals)
         rows.append(row)
-        if dist.is_main:
+        if "error" in row:  # a budget too large for the GPU: say so, go on
+            print(json.dumps(row), flush=True)
+        elif dist.is_main:
             print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
     summary = {
         "benchmark": "memrl PPO update on MemAgent-shaped batches",
@@ -676,6 +615,123 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
         print_budget_table(rows)
     return summary
+
+
+def build_update_model(args: argparse.Namespace, shape: dict[str, int], dist: Any,
+                       device: Any) -> tuple[Any, dict[str, Any]]:
+    """The random-weight model of `--update-only` in training mode, with the attention,
+    packing, checkpointing, compilation and sharding the recipe would give it (`args.attn`
+    and `args.remove_padding` set to what they resolved to), and the Actor's sharding
+    arguments."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from memrl.models.attention import uses_varlen
+    from memrl.recipes.config import ModelConfig
+    from memrl.recipes.models import attention, checkpoint_layers, compile_layers
+    from memrl.rl.sharding import shard
+
+    fsdp = args.strategy == "fsdp"
+    config = Qwen2Config(**{"tie_word_embeddings": True, **shape}, rope_theta=1_000_000.0)
+    torch.manual_seed(args.seed)
+    # model.attn_implementation and rl.remove_padding resolved as the recipe resolves them
+    impl = attention(ModelConfig(path="random", device=str(device),
+                                 attn_implementation=args.attn))
+    with torch.device("cpu") if fsdp else device:  # shard() moves each unit to the device
+        model = AutoModelForCausalLM.from_config(config, **impl)
+    args.attn = "varlen" if uses_varlen(model) else model.config._attn_implementation
+    if args.remove_padding == "auto":
+        args.remove_padding = uses_varlen(model)
+    if args.gradient_checkpointing:
+        checkpoint_layers(model, every_n_layers=args.checkpoint_every, fsdp=fsdp)
+    if args.compile:
+        compile_layers(model)
+    sharding: dict[str, Any] = {}
+    if fsdp:  # alone too: FSDP2 for its mixed-precision policy (one bf16 cast per layer)
+        model = shard(model, device, param_dtype=torch.bfloat16 if device.type == "cuda"
+                      else None)
+        sharding = dict(sharded_over=dist, device=device)
+    model.train()
+    return model, sharding
+
+
+def measure_budget(args: argparse.Namespace, budget: int, model: Any, optimizer: Any,
+                   batch: Any, advantages: Any, dist: Any, *, cuda: bool, peak: float | None,
+                   autocast: Any, sharding: dict[str, Any],
+                   totals: dict[str, float]) -> dict[str, Any]:
+    """One row of `--update-only`: an Actor with micro-batches of at most `budget` tokens,
+    `--steps` rounds of old log-probs + one update timed (the first `--warmup` left out),
+    throughput, MFU and peak memory over every rank (`totals`: tokens, flops, flops_6n of
+    all ranks); a budget too large for the GPU is a row with its error."""
+    import torch
+
+    from memrl.rl.actor import Actor, warmup_schedule
+    from memrl.rl.config import RLConfig
+    from memrl.rl.flops import mfu
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    n = len(batch.conversations)
+    rl = RLConfig(use_kl_loss=False, ppo_mini_batch_size=n,
+                  use_dynamic_bsz=True, max_tokens_per_micro_batch=budget,
+                  remove_padding=args.remove_padding, overlong="keep")
+    actor = Actor(model, rl, optimizer=optimizer, scheduler=warmup_schedule(optimizer, 0),
+                  grad_clip=1.0, peak_flops=peak, pad_id=0, autocast_dtype=autocast,
+                  **sharding)
+    micro = actor.micro_batches(batch, list(range(n)))
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    try:
+        for _ in range(args.steps):
+            sync()
+            t0 = time.perf_counter()
+            old = actor.logprobs(batch)
+            sync()
+            t1 = time.perf_counter()
+            stats = actor.update(batch.with_logprobs(old).with_advantages(advantages), dist)
+            sync()
+            times.append((t1 - t0, time.perf_counter() - t1))
+    except torch.OutOfMemoryError:
+        optimizer.zero_grad(set_to_none=True)
+        return {"budget": budget, "micro_batches": len(micro), "error": "out of memory"}
+    # the slowest rank's time (every rank waits for it in the collectives)
+    logprob_s = max(dist.all_gather(statistics.fmean(t for t, _ in times[args.warmup:])))
+    update_s = max(dist.all_gather(statistics.fmean(u for _, u in times[args.warmup:])))
+    all_tokens, all_flops = totals["tokens"], totals["flops"]
+    row: dict[str, Any] = {
+        "budget": budget, "micro_batches": len(micro),
+        "tokens_per_micro_batch": stats.tokens_per_micro_batch,
+        "padding_waste": stats.padding_waste,
+        "logprob_s": logprob_s, "update_s": update_s,
+        # all ranks together, and per GPU
+        "logprob_tokens_per_s": all_tokens / logprob_s,
+        "update_tokens_per_s": all_tokens / update_s,
+        "update_tokens_per_s_per_gpu": all_tokens / update_s / dist.world_size,
+        "update_model_tflops_per_s": all_flops / update_s / 1e12,
+    }
+    if peak:  # per GPU: this rank's work over the step's time, the mean of the ranks'
+        row["mfu"] = mfu(all_flops / dist.world_size, update_s, peak)
+        row["mfu_6n"] = mfu(totals["flops_6n"] / dist.world_size, update_s, peak)
+        row["logprob_mfu"] = mfu(all_flops / 3 / dist.world_size, logprob_s, peak)
+    if cuda:  # the largest of the ranks'
+        row["peak_mem_allocated_gib"] = max(dist.all_gather(
+            torch.cuda.max_memory_allocated() / 2**30))
+        row["peak_mem_reserved_gib"] = max(dist.all_gather(
+            torch.cuda.max_memory_reserved() / 2**30))
+    if args.profile:
+        row["profile"] = profile_call(
+            lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)),
+            cuda=cuda)
+        print(row["profile"].get("top_self_cuda") or row["profile"]["top_self_cpu"],
+              flush=True)
+    if args.sync_debug and cuda:
+        row["host_syncs"] = count_host_syncs(
+            lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)))
+    return row
 
 
 def print_budget_table(rows: list[dict[str, Any]]) -> None:
@@ -758,32 +814,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
         "environment": env,
         "argv": sys.argv[1:] if argv is None else argv,
         "model": model_info,
-        "settings": {
-            "gradient_checkpointing": args.gradient_checkpointing,
-            "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
-            "old_logprobs": args.old_logprobs,
-            "engine": args.engine, "recipe_shapes": args.recipe_shapes,
-            "strategy": args.strategy,
-            "rollout_vllm": config.rollout.vllm.model_dump() if args.engine == "vllm" else None,
-            "chunk_size": args.chunk_size, "max_memory_tokens": args.max_memory_tokens,
-            "max_final_tokens": args.max_final_tokens, "rollout_n": args.rollout_n,
-            "train_batch_size": args.train_batch_size,
-            "ppo_mini_batch_size": config.rl.ppo_mini_batch_size,
-            "use_kl_loss": config.rl.use_kl_loss, "kl_loss_type": config.rl.kl_loss_type,
-            "use_dynamic_bsz": True, "remove_padding": args.remove_padding,
-            "attn_implementation": args.attn,
-            # what `auto` resolved to: the policy's attention kernel, packed or padded
-            "attn_implementation_used": getattr(run.actor.model.config,
-                                                "_attn_implementation", None),
-            "packed": run.actor.packed,
-            "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
-            "generation_batch_size": args.generation_batch_size,
-            "temperature": args.temperature, "top_p": args.top_p,
-            "dtype": "fp32 master weights, bf16 autocast"
-            if device.startswith("cuda") else "float32",
-            "reward": "random 0/1", "dynamic_sampling": False, "overlong": "keep",
-            "docs_per_question": [args.docs_min, args.docs_max],
-        },
+        "settings": recipe_settings(args, config, run),
         "timing_s": {"build_model_and_data": t_build, "recipe_setup": t_setup,
                      "steps": t_fit},
         "warmup_steps": args.warmup,
@@ -807,6 +838,37 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     print(text)
     print_table(summary)
     return summary
+
+
+def recipe_settings(args: argparse.Namespace, config: Any, run: Any) -> dict[str, Any]:
+    """The settings of a recipe-mode run, as its summary reports them."""
+    device = args.device
+    return {
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
+        "old_logprobs": args.old_logprobs,
+        "engine": args.engine, "recipe_shapes": args.recipe_shapes,
+        "strategy": args.strategy,
+        "rollout_vllm": config.rollout.vllm.model_dump() if args.engine == "vllm" else None,
+        "chunk_size": args.chunk_size, "max_memory_tokens": args.max_memory_tokens,
+        "max_final_tokens": args.max_final_tokens, "rollout_n": args.rollout_n,
+        "train_batch_size": args.train_batch_size,
+        "ppo_mini_batch_size": config.rl.ppo_mini_batch_size,
+        "use_kl_loss": config.rl.use_kl_loss, "kl_loss_type": config.rl.kl_loss_type,
+        "use_dynamic_bsz": True, "remove_padding": args.remove_padding,
+        "attn_implementation": args.attn,
+        # what `auto` resolved to: the policy's attention kernel, packed or padded
+        "attn_implementation_used": getattr(run.actor.model.config,
+                                            "_attn_implementation", None),
+        "packed": run.actor.packed,
+        "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
+        "generation_batch_size": args.generation_batch_size,
+        "temperature": args.temperature, "top_p": args.top_p,
+        "dtype": "fp32 master weights, bf16 autocast"
+        if device.startswith("cuda") else "float32",
+        "reward": "random 0/1", "dynamic_sampling": False, "overlong": "keep",
+        "docs_per_question": [args.docs_min, args.docs_max],
+    }
 
 
 if __name__ == "__main__":

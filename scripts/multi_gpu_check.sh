@@ -23,7 +23,7 @@ python -m pytest -q -p no:cacheprovider tests/test_vllm_ranks.py 2>&1 | tail -5
 step "quickstart model and data"
 python - <<'PY' || { echo "could not build the quickstart's model and data"; exit 1; }
 from memrl.config import load_config
-from memrl.quickstart import prepare_quickstart
+from memrl.apps.quickstart import prepare_quickstart
 from memrl.recipes.config import TrainConfig
 prepare_quickstart(load_config(TrainConfig, "configs/quickstart.yaml"))
 PY

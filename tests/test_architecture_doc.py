@@ -17,3 +17,20 @@ def test_the_training_step_in_the_docs_is_the_code():
     assert shown is not None
     assert shown.group(1) == inspect.getsource(grpo.train_step)
     assert len(shown.group(1).splitlines()) <= 60  # one screen
+
+
+def test_the_package_table_names_every_package_and_app():
+    """docs/architecture.md's package table has a row for every package of memrl/ and every
+    application of memrl.apps, and none for a package that is gone."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = re.search(r"## Packages\n\n(.*?)\n\n", doc, re.S)
+    assert table is not None
+    rows = set(re.findall(r"^\| `(memrl[\w.]*)` \|", table.group(1), re.M))
+    package = ROOT / "memrl"
+    wanted = {f"memrl.{d.name}" for d in package.iterdir() if (d / "__init__.py").is_file()}
+    wanted |= {f"memrl.apps.{p.stem}" for p in (package / "apps").iterdir()
+               if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").is_file()}
+    assert sorted(wanted - rows) == []
+    paths = {r: package.joinpath(*r.split(".")[1:]) for r in rows}
+    assert sorted(r for r, p in paths.items()
+                  if not (p.with_suffix(".py").is_file() or p.is_dir())) == []

@@ -1,4 +1,4 @@
-"""`memrl.ask`: documents read as streams, chunks cut as they are read (exactly as the whole
+"""`memrl.apps.ask`: documents read as streams, chunks cut as they are read (exactly as the whole
 text would be), settings stored with a model, and the ask() function on MemAgent.aread."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig, chunk_context
-from memrl.ask import AskProgress, ask
-from memrl.ask import documents as documents_module
-from memrl.ask.chunking import BLOCK_CHARS, DocumentChunks, TooManyTokens, safe_cut, text_blocks
-from memrl.ask.documents import html_pieces, html_text, open_document, spool_stdin
-from memrl.ask.settings import STORED_CONFIG, agent_config, stored_settings
+from memrl.apps.ask import AskProgress, ask
+from memrl.apps.ask import documents as documents_module
+from memrl.apps.ask.chunking import BLOCK_CHARS, DocumentChunks, TooManyTokens, safe_cut, text_blocks
+from memrl.apps.ask.documents import html_pieces, html_text, open_document, spool_stdin
+from memrl.apps.ask.settings import STORED_CONFIG, agent_config, stored_settings
 from memrl.config import config_to_yaml
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import SamplingParams
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.recipes.config import TrainConfig
-from memrl.serve.batching import BatchingEngine
+from memrl.apps.serve.batching import BatchingEngine
 
 TEXT = "\n".join(
     f"Line {i}: Alice Brightwater was born in Lyon in {1900 + i}, and worked as a writer; "
@@ -282,7 +282,7 @@ def test_aread_is_the_episode_arun_runs(tiny_tokenizer):
 
 def test_ask_answers_with_memories_usage_and_a_trace_memrl_view_renders(tmp_path,
                                                                         tiny_tokenizer):
-    from memrl.view import write_view
+    from memrl.apps.view import write_view
 
     engine = ScriptedAsyncEngine(tiny_tokenizer, _respond)
     events: list[AskProgress] = []

@@ -12,7 +12,7 @@ import sys
 import pytest
 from document_files import write_documents
 
-from memrl.ask.settings import STORED_CONFIG
+from memrl.apps.ask.settings import STORED_CONFIG
 from memrl.cli import main
 from memrl.config import config_to_yaml
 from memrl.recipes.config import TrainConfig

@@ -202,7 +202,7 @@ def test_an_interrupted_quickstart_says_the_same_command_continues(capsys, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("memrl.quickstart.run_quickstart", interrupted)
+    monkeypatch.setattr("memrl.apps.quickstart.run_quickstart", interrupted)
     code, _, err = run(capsys, ["quickstart"])
     assert code == 130
     assert err.splitlines() == [

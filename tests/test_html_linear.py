@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memrl.ask.documents import html_pieces, html_text
+from memrl.apps.ask.documents import html_pieces, html_text
 
 PIECE = 4096
 """Bytes fed to the reader at a time here (256 KiB in use)."""

@@ -27,7 +27,7 @@ def quickstart_config(tmp_path):
 @pytest.mark.pipeline
 @pytest.mark.slow
 def test_the_quickstart_warm_start_learns_the_task_on_unseen_people(tmp_path):
-    from memrl.quickstart import QuickstartPlan, evaluate, prepare_quickstart
+    from memrl.apps.quickstart import QuickstartPlan, evaluate, prepare_quickstart
 
     cfg = quickstart_config(tmp_path)
     plan = QuickstartPlan(eval_docs=(4,), eval_questions=48)
@@ -53,7 +53,7 @@ def test_quickstart_data_keeps_evaluation_entities_out_of_training(tmp_path):
 
     from memrl.data.hotpotqa import load_hotpotqa
     from memrl.data.ruler_hqa import load_ruler_hqa
-    from memrl.quickstart import QuickstartPlan, prepare_quickstart
+    from memrl.apps.quickstart import QuickstartPlan, prepare_quickstart
 
     cfg = quickstart_config(tmp_path)
     eval_dir = prepare_quickstart(cfg)
@@ -73,7 +73,7 @@ def test_fresh_removes_what_the_quickstart_built_and_nothing_else(tmp_path, tiny
     model must not survive), but never a model it did not build."""
     import shutil
 
-    from memrl.quickstart import QuickstartPlan, prepare_quickstart, remove_built
+    from memrl.apps.quickstart import QuickstartPlan, prepare_quickstart, remove_built
 
     plan = QuickstartPlan(eval_docs=(4,), eval_questions=4, train_questions=20)
     cfg = quickstart_config(tmp_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from memrl.quickstart import QuickstartPlan, run_quickstart
+from memrl.apps.quickstart import QuickstartPlan, run_quickstart
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = QuickstartPlan(eval_docs=(2,), eval_questions=4, train_questions=16,

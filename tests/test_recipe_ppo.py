@@ -157,7 +157,7 @@ def test_ppo_learns_the_quickstart_task(tmp_path):
     dense share of answer tokens found in the document (context_overlap): the quickstart's
     sub-EM is 0 for an untrained model until the warm start, which is another 90 s.
     The measured rewards, with the commands that give them: docs/algorithms.md."""
-    from memrl.quickstart import QuickstartPlan, prepare_quickstart
+    from memrl.apps.quickstart import QuickstartPlan, prepare_quickstart
 
     paths = [f"model.path={tmp_path / 'model'}", f"data.train_file={tmp_path / 'train.jsonl'}"]
     cfg = load_config(TrainConfig, "configs/quickstart.yaml",

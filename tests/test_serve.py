@@ -17,7 +17,7 @@ from helpers import start_tiny_server, stop_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.serve.protocol import ApiError, Message, parse_request, split_messages
+from memrl.apps.serve.protocol import ApiError, Message, parse_request, split_messages
 
 KEY = "test-key-Zq81"
 DOC = "\n".join(f"Note {i}: Alice Brightwater was born in Lyon in {1900 + i}." for i in range(8))

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memrl.cli import main as cli_main
-from memrl.view import gold_events, holds_gold, render_page, word_diff, write_view
+from memrl.apps.view import gold_events, holds_gold, render_page, word_diff, write_view
 
 
 def test_word_diff_by_hand():
@@ -152,7 +152,7 @@ def test_reading_a_run_imports_neither_torch_nor_transformers():
     # trajectory step files are read by memrl.recipes.trajectory_files, not the writer)
     import sys
 
-    code = ("import sys\nimport memrl.view\n"
+    code = ("import sys\nimport memrl.apps.view\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith(('torch', 'transformers')))[:5]\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

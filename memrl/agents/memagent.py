@@ -22,7 +22,7 @@ template) and becomes one Turn. The episode is written once, as a coroutine
   engine batches whatever is in flight.
 
 `aread(question, chunks)` runs one episode over any `ChunkSource`: chunk texts that may be
-produced while the episode runs (`memrl.ask` streams a document of any length into it, so
+produced while the episode runs (`memrl.apps.ask` streams a document of any length into it, so
 its token ids are never all in memory).
 
 Turn t of the episode of (record id, occurrence, sample index) is seeded with
@@ -140,7 +140,7 @@ class ContextChunks:
 
 class ChunkSource(Protocol):
     """What an episode reads: its chunk texts in order (iterated once per episode), and
-    what is known of them before the first is read. `ContextChunks` is one; `memrl.ask`'s
+    what is known of them before the first is read. `ContextChunks` is one; `memrl.apps.ask`'s
     streamed documents are another (their chunks are cut while the episode runs)."""
 
     @property

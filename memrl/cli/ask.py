@@ -49,8 +49,8 @@ def ask(
     answer every run) unless --temperature (with --top-p, --seed) asks to sample. The
     answer goes to standard output; the progress bar and a summary of what was read to
     standard error (docs/ask.md)."""
-    from memrl.ask.api import check_question, document_chunks
-    from memrl.ask.documents import STDIN, open_document, spool_stdin
+    from memrl.apps.ask.api import check_question, document_chunks
+    from memrl.apps.ask.documents import STDIN, open_document, spool_stdin
     from memrl.errors import MemrlInputError
     from memrl.inference.loader import load_tokenizer
 
@@ -100,9 +100,9 @@ def summary(result: Any) -> str:
 
 def model_agent_config(model: Path, overrides: dict[str, Any], command: str
                        ) -> MemAgentConfig:
-    """The agent settings stored with `model` (memrl.ask.settings) under the options given;
+    """The agent settings stored with `model` (memrl.apps.ask.settings) under the options given;
     a warning when the model was trained as another agent."""
-    from memrl.ask.settings import agent_config, stored_settings
+    from memrl.apps.ask.settings import agent_config, stored_settings
 
     stored = stored_settings(model)
     if stored.agent not in (None, "memagent"):
@@ -113,7 +113,7 @@ def model_agent_config(model: Path, overrides: dict[str, Any], command: str
 
 def run_with_progress(generator: Any, chunks: Any, question: str, config: MemAgentConfig, *,
                       show_memory: bool, quiet: bool) -> Any:
-    """`memrl.ask.api.read` under a progress bar on stderr (chunks read of all, document
+    """`memrl.apps.ask.api.read` under a progress bar on stderr (chunks read of all, document
     tokens/s, the memory's size), printing each memory on stdout when asked."""
     import asyncio
 
@@ -121,7 +121,7 @@ def run_with_progress(generator: Any, chunks: Any, question: str, config: MemAge
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
     from rich.progress import TimeElapsedColumn, TimeRemainingColumn
 
-    from memrl.ask.api import AskProgress, read
+    from memrl.apps.ask.api import AskProgress, read
     from memrl.interrupt import exit_on_signals
 
     progress = Progress(

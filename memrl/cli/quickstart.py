@@ -30,7 +30,7 @@ def quickstart(
 ) -> None:
     """Tiny model → evaluation → warm start on oracle trajectories → evaluation → GRPO with
     the answer reward → evaluation; prints and plots accuracy against document count."""
-    from memrl.quickstart import QuickstartPlan, run_quickstart
+    from memrl.apps.quickstart import QuickstartPlan, run_quickstart
 
     run_quickstart(config, list(overrides or []), sft_config_path=sft_config, fresh=fresh,
                    plan=QuickstartPlan() if threads is None else QuickstartPlan(

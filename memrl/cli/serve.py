@@ -11,7 +11,7 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import app
 from memrl.cli.ask import AGENT_OPTIONS, model_agent_config
 from memrl.cli import common
-from memrl.serve.config import ServeConfig
+from memrl.apps.serve.config import ServeConfig
 
 SERVE_OPTIONS = ["host", "port", "served_model_name", "max_request_bytes",
                  "max_document_tokens", "max_concurrent_requests", "header_timeout_s",
@@ -36,8 +36,8 @@ def serve(
     memory agent: the messages before the last user message are the documents, the last
     one is the question (docs/serving.md). Stops gracefully on SIGTERM or Ctrl-C."""
     from memrl.errors import require
-    from memrl.serve.app import serve as run_server
-    from memrl.serve.batching import BatchingEngine
+    from memrl.apps.serve.app import serve as run_server
+    from memrl.apps.serve.batching import BatchingEngine
 
     require("starlette", extra="serve", feature="memrl serve")
     require("uvicorn", extra="serve", feature="memrl serve")

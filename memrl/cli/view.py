@@ -22,7 +22,7 @@ def view(
     """The runs' records (how each ran, its exit status), training runs' trajectories step
     by step, chunk-by-chunk memories (added / dropped words, gold answer marked), tool calls
     and store changes, final answers and scores, with filters: one HTML file, no server."""
-    from memrl.view import write_view
+    from memrl.apps.view import write_view
 
     path = write_view(run_dir, out, steps=step or None)
     typer.echo(f"wrote {path}")

@@ -9,7 +9,7 @@ of such episodes (each a callable taking `calls`) and returns their results in o
   server pool): every episode is an asyncio task and each call is one
   `engine.agenerate(prompt, params)`, sent as soon as the episode asks for it; the engine
   batches whatever is in flight. `arun_episodes` is the same inside a running event loop
-  (`MemAgent.aread`, `memrl.ask`, `memrl.serve`).
+  (`MemAgent.aread`, `memrl.apps.ask`, `memrl.apps.serve`).
 - lockstep (`mode="lockstep"`, or `auto` on the HF engine, which answers one call at a
   time): a trampoline without an event loop (`coroutine.send`). It runs every episode until
   each waits on a call (or has finished), then takes the waiting requests of the LOWEST

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from memrl.rl.checkpoint.export import export_checkpoint
 from memrl.rl.checkpoint.layout import (
-    CONFIG_FILE,
-    TRAINER_STATE,
+    checkpoint_config,
     is_complete_checkpoint,
     latest_checkpoint,
     read_checkpoint_marker,
@@ -19,7 +18,7 @@ from memrl.rl.checkpoint.load import load_checkpoint
 from memrl.rl.checkpoint.save import save_checkpoint
 
 __all__ = [
-    "CONFIG_FILE", "TRAINER_STATE", "export_checkpoint", "is_complete_checkpoint",
+    "checkpoint_config", "export_checkpoint", "is_complete_checkpoint",
     "latest_checkpoint", "load_checkpoint", "read_checkpoint_marker", "resolve_checkpoint",
     "save_checkpoint",
 ]

@@ -125,6 +125,15 @@ def resolve_checkpoint(path: str | Path, *, warn: Callable[[str], None] | None =
     )
 
 
+def checkpoint_config(model_dir: str | Path) -> Path | None:
+    """The training config (`config.yaml`) of the checkpoint whose `model/` directory
+    `model_dir` is; None when `model_dir` is not inside a checkpoint."""
+    parent = Path(model_dir).resolve().parent
+    if (parent / TRAINER_STATE).is_file() and (parent / CONFIG_FILE).is_file():
+        return parent / CONFIG_FILE
+    return None
+
+
 def read_checkpoint_marker(path: str | Path) -> dict[str, Any]:
     """`model/memrl_model.json` of a checkpoint: {"format": "full"|"lora"|"sharded",
     "base_model": ...}."""

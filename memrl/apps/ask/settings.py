@@ -46,15 +46,12 @@ class StoredSettings:
 
 def stored_config_path(model_dir: str | Path) -> Path | None:
     """The training config stored with `model_dir`, if there is one."""
-    from memrl.rl.checkpoint import CONFIG_FILE, TRAINER_STATE
+    from memrl.rl.checkpoint import checkpoint_config
 
     model = Path(model_dir)
     if (model / STORED_CONFIG).is_file():
         return model / STORED_CONFIG
-    parent = model.resolve().parent
-    if (parent / TRAINER_STATE).is_file() and (parent / CONFIG_FILE).is_file():
-        return parent / CONFIG_FILE
-    return None
+    return checkpoint_config(model)
 
 
 def stored_settings(model_dir: str | Path | None) -> StoredSettings:

@@ -1,12 +1,12 @@
 """Ask a memory agent about your own documents: one function, `ask` (and `aask`, its coroutine).
 
-    from memrl.ask import ask
+    from memrl.apps.ask import ask
     result = ask("runs/quickstart/model_rl", [Path("report.pdf")], "Who founded the lab?")
     result.text          # the answer (or the whole final reply when it holds no answer)
     result.memories      # the memory after each chunk
     result.usage         # every token the model read and wrote
 
-The documents are streamed into chunks (`memrl.ask.chunking.DocumentChunks`) and read by
+The documents are streamed into chunks (`memrl.apps.ask.chunking.DocumentChunks`) and read by
 `memrl.agents.MemAgent.aread`, one chunk at a time, with a memory of bounded size: the cost
 grows linearly with the documents and the memory used does not grow at all.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig, ProgressEvent
 from memrl.trajectory import Trajectory
-from memrl.ask.chunking import DocumentChunks
-from memrl.ask.documents import Document, check_text, open_document
-from memrl.ask.settings import agent_config, stored_settings
+from memrl.apps.ask.chunking import DocumentChunks
+from memrl.apps.ask.documents import Document, check_text, open_document
+from memrl.apps.ask.settings import agent_config, stored_settings
 from memrl.errors import MemrlInputError
 from memrl.rewards.memagent import extract_answer_is
 from memrl.rewards.qa import extract_boxed
@@ -150,7 +150,7 @@ def ask(
     `dtype`) or an engine (`HFEngine`, `VLLMEngine`, `OpenAIEngine`, ...).
     `documents`: paths (`os.PathLike`, read by suffix: text, Markdown, HTML, PDF) or strings
     (the text itself), any length. `config`: the agent's settings (a MemAgentConfig as it
-    is), or overrides of the settings stored with the model (`memrl.ask.settings`).
+    is), or overrides of the settings stored with the model (`memrl.apps.ask.settings`).
     `progress` is called after each chunk and after the answer. Input errors (a missing or
     empty document, an empty question, ...) are MemrlInputErrors, raised before a model
     given by path is loaded.
@@ -195,7 +195,7 @@ async def aask(
 
 
 def open_documents(documents: DocumentSource | Sequence[DocumentSource]) -> list[Document]:
-    """Checked `Document`s (`memrl.ask.documents.open_document`); at least one."""
+    """Checked `Document`s (`memrl.apps.ask.documents.open_document`); at least one."""
     if isinstance(documents, str | os.PathLike):
         documents = [documents]
     docs = [open_document(d, i) for i, d in enumerate(documents, start=1)]

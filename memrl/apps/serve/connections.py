@@ -10,8 +10,8 @@ uvicorn's h11 protocol, with three guards a client that stalls or floods cannot 
     a request that is not HTTP is 400 (uvicorn's answer), logged as one line naming the
         client instead of uvicorn's line without it.
 
-Each is one log line (`memrl.serve`: status, reason, client; never a body or a key). The
-body's own timeout is the application's (`memrl.serve.app.read_body`): only a route that
+Each is one log line (`memrl.apps.serve`: status, reason, client; never a body or a key). The
+body's own timeout is the application's (`memrl.apps.serve.app.read_body`): only a route that
 reads a body waits for one.
 """
 
@@ -22,9 +22,9 @@ import logging
 from collections import Counter
 from typing import Any
 
-from memrl.serve.config import ServeConfig
+from memrl.apps.serve.config import ServeConfig
 
-log = logging.getLogger("memrl.serve")
+log = logging.getLogger("memrl.apps.serve")
 
 INVALID_HTTP = "Invalid HTTP request received."
 """uvicorn's line for a request that is not HTTP (replaced by one naming the client)."""
@@ -104,7 +104,7 @@ def guarded_protocol(config: ServeConfig) -> type[asyncio.Protocol]:
             """Answer `status` with a one-line JSON error, close, log one line."""
             import json
 
-            from memrl.serve.protocol import error_body
+            from memrl.apps.serve.protocol import error_body
 
             log.warning("%d %s: %s", status, self._who(), reason)
             body = json.dumps(error_body(status, reason)).encode()

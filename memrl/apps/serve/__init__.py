@@ -1,7 +1,7 @@
 """`memrl serve`: a memory agent as an OpenAI-compatible chat endpoint (memrl[serve])."""
 
-from memrl.serve.app import build_app, serve
-from memrl.serve.batching import BatchingEngine
-from memrl.serve.config import ServeConfig
+from memrl.apps.serve.app import build_app, serve
+from memrl.apps.serve.batching import BatchingEngine
+from memrl.apps.serve.config import ServeConfig
 
 __all__ = ["BatchingEngine", "ServeConfig", "build_app", "serve"]

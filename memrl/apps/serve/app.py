@@ -1,6 +1,6 @@
 """`memrl serve`: a memory agent behind an OpenAI-compatible HTTP endpoint (Starlette + uvicorn).
 
-    POST /v1/chat/completions   documents + question in the messages (memrl.serve.protocol)
+    POST /v1/chat/completions   documents + question in the messages (memrl.apps.serve.protocol)
     GET  /v1/models             the one model served
     GET  /health                {"status": "ok", ...}; no API key needed
 
@@ -12,7 +12,7 @@ starts, so a request over the limits is refused at once (413), before any model 
 
 Limits (`ServeConfig`): body size (413), document tokens (413), requests at once (429),
 a head or body that does not arrive in time (408), connections per client (429; the last
-two in `memrl.serve.connections` for the head). A request takes one of the
+two in `memrl.apps.serve.connections` for the head). A request takes one of the
 `max_concurrent_requests` slots only once its body is read whole, so clients that stall
 their bodies hold no slot; a client that closes its connection has its episode cancelled
 and its slot given back at once (streamed or not). An API key, when its environment
@@ -37,12 +37,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from memrl.agents.memagent import MemAgentConfig
-from memrl.ask.api import AskProgress, document_chunks, read
-from memrl.ask.chunking import DocumentChunks, TooManyTokens
-from memrl.ask.documents import open_document
+from memrl.apps.ask.api import AskProgress, document_chunks, read
+from memrl.apps.ask.chunking import DocumentChunks, TooManyTokens
+from memrl.apps.ask.documents import open_document
 from memrl.errors import MemrlInputError, require
-from memrl.serve.config import ServeConfig
-from memrl.serve.protocol import (
+from memrl.apps.serve.config import ServeConfig
+from memrl.apps.serve.protocol import (
     ApiError,
     ChatRequest,
     Completion,
@@ -53,7 +53,7 @@ from memrl.serve.protocol import (
     sse,
 )
 
-log = logging.getLogger("memrl.serve")
+log = logging.getLogger("memrl.apps.serve")
 
 
 class ServerState:
@@ -350,7 +350,7 @@ async def count(state: ServerState, documents: list[str], cfg: MemAgentConfig
 async def stream(state: ServerState, chunks: DocumentChunks, question: str,
                  cfg: MemAgentConfig, completion: Completion, include_usage: bool
                  ) -> AsyncIterator[bytes]:
-    """The server-sent events of one streamed request (memrl.serve.protocol)."""
+    """The server-sent events of one streamed request (memrl.apps.serve.protocol)."""
     events: asyncio.Queue[AskProgress] = asyncio.Queue()
     task = asyncio.ensure_future(read(state.engine, chunks, question, cfg,
                                       progress=events.put_nowait))
@@ -388,7 +388,7 @@ def serve(engine: Any, *, model_name: str, agent: MemAgentConfig, config: ServeC
           api_key: str | None, log_level: str = "info") -> None:
     """Run the server until SIGTERM / Ctrl-C (graceful: requests in flight finish)."""
     uvicorn = require("uvicorn", extra="serve", feature="memrl serve")
-    from memrl.serve.connections import guarded_protocol
+    from memrl.apps.serve.connections import guarded_protocol
 
     app = build_app(engine, model_name=model_name, agent=agent, config=config,
                     api_key=api_key)
@@ -400,8 +400,8 @@ def serve(engine: Any, *, model_name: str, agent: MemAgentConfig, config: ServeC
 
 
 def log_config() -> dict[str, Any]:
-    """uvicorn's logging, with memrl.serve's lines (one per request) on the same stream and
-    uvicorn's own line for a request that is not HTTP dropped (memrl.serve.connections
+    """uvicorn's logging, with memrl.apps.serve's lines (one per request) on the same stream and
+    uvicorn's own line for a request that is not HTTP dropped (memrl.apps.serve.connections
     logs one naming the client)."""
     import copy
 
@@ -409,9 +409,9 @@ def log_config() -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config["filters"] = {"invalid_http": {
-        "()": "memrl.serve.connections.DropInvalidHttpLine"}}
+        "()": "memrl.apps.serve.connections.DropInvalidHttpLine"}}
     config["handlers"]["default"]["filters"] = ["invalid_http"]
-    config["loggers"]["memrl.serve"] = {"handlers": ["default"], "level": "INFO",
+    config["loggers"]["memrl.apps.serve"] = {"handlers": ["default"], "level": "INFO",
                                         "propagate": False}
     return config
 

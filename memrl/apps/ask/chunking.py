@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from memrl.agents.memagent import TRUNCATIONS
-from memrl.ask.documents import Document
+from memrl.apps.ask.documents import Document
 from memrl.data.records import DOCUMENT_TEMPLATE
 from memrl.errors import MemrlInputError
 

@@ -34,8 +34,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memrl.ask.api import AskProgress, AskResult
-from memrl.ask.documents import check_text
+from memrl.apps.ask.api import AskProgress, AskResult
+from memrl.apps.ask.documents import check_text
 from memrl.errors import MemrlInputError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
