@@ -91,6 +91,15 @@ def test_any_markup_reads_the_same_in_pieces_as_whole(tmp_path_factory, page, pi
     assert " ".join(streamed.split()) == " ".join(html_text(page).split())
 
 
+def test_a_self_closing_tag_split_between_pieces_stays_self_closing(tmp_path):
+    """`<svg/>` cut after its `/`: the `/>` is whole when the next piece comes (found by the
+    property above: the skipped <svg> swallowed the rest of the page)."""
+    path = tmp_path / "p.html"
+    path.write_text("<svg/>shown <")
+    for piece in range(1, 14):
+        assert "".join(html_pieces(path, piece)) == html_text("<svg/>shown <") == "shown <"
+
+
 def test_what_a_browser_shows_of_broken_markup():
     assert html_text("a < b and c<5 <a href='x>y'>link</a> x") == "a < b and c<5 link x"
     assert html_text("kept <!-- a comment never closed") == "kept"

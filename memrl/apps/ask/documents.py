@@ -333,8 +333,9 @@ class HTMLText:
                 return k + 1
             i = k
         match = _ATTR_END.search(buf, i)
-        if match is None:
-            return len(buf) if len(buf) > i else None
+        if match is None:  # a `/` at the end may be the start of `/>` (a self-closing tag)
+            end = len(buf) - (not final and buf.endswith("/"))
+            return end if end > i else None
         if match.group(1):
             self._state, self._quote = "quoted", match.group(1)
         elif match.group(1) is not None:  # `=` and blanks end what has arrived
