@@ -200,8 +200,11 @@ def test_sigterm_with_requests_in_flight_and_stalled_bodies_is_bounded(server):
         time.sleep(0.02)
     server["proc"].send_signal(signal.SIGTERM)
     start = time.time()
-    assert server["proc"].wait(timeout=60) in (0, -signal.SIGTERM)
-    assert time.time() - start < 5 + TIMEOUT_S + 10  # graceful time, a body's timeout
+    code = server["proc"].wait(timeout=60)
+    took = time.time() - start
+    assert code in (0, -signal.SIGTERM), (code, server["log"].read_text()[-3000:])
+    # graceful time, a body's timeout, and room for a loaded 2-core CI machine
+    assert took < 5 + TIMEOUT_S + 30, (took, server["log"].read_text()[-3000:])
     worker.join(timeout=60)
     stalled.close()
     assert results and results[0][0] in (200, 503), results
