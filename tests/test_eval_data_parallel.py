@@ -59,6 +59,19 @@ def test_two_ranks_give_one_process_results(tmp_path, tiny_model_dir, engine):
     assert record["world_size"] == 2 and record["status"] == "ok"
 
 
+@pytest.mark.slow
+def test_a_slice_too_large_for_every_rank_is_said(tmp_path, tiny_model_dir):
+    data = write_ruler_dir(tmp_path / "data", [2], words_per_doc=4)
+    done = memrl("eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
+                 "--num-docs", "2", "--limit", "3", "--device", "cpu", "--quiet",
+                 "--chunk-size", "48", "--max-memory-tokens", "6", "--max-final-tokens", "6",
+                 "--data-parallel", "2", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ("N=2: 3 records in slices of 8 for 2 processes: 1 of them has nothing to do"
+            in " ".join(done.stdout.split()))
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["results"]["2"]["n"] == 3
+
+
 def test_data_parallel_is_refused_with_a_server_pool(tmp_path, tiny_model_dir):
     data = write_ruler_dir(tmp_path / "data", [2], words_per_doc=4)
     done = memrl("eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),

@@ -145,6 +145,13 @@ def run_episodes(
                       f"{path.name}, running the other {todo}", soft_wrap=True)
     t0 = time.perf_counter()
     starts = range(0, len(records), per_run)
+    if 0 < len(starts) < dist.world_size and todo and console is not None:
+        idle = dist.world_size - len(starts)
+        console.print(f"{label}{len(records)} records in slices of {per_run} for "
+                      f"{dist.world_size} processes: {idle} of them "
+                      f"{'has' if idle == 1 else 'have'} nothing to do (a smaller slice "
+                      "spreads the work: --records-per-run / --episodes-per-run)",
+                      soft_wrap=True)
     for i in starts[dist.rank :: dist.world_size]:
         batch = [r for r in records[i : i + per_run]
                  if any((r.id, s) not in finished for s in range(num_samples))]
