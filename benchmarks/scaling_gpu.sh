@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-benchmarks/results/scaling}"
 shape="${2:-0.5b}"
-n=$(nvidia-smi -L | wc -l)
+n=$(nvidia-smi -L | grep -c '^GPU ')
 mkdir -p "$out"
 launch() {  # N SCRIPT ARGS...
   local k=$1; shift

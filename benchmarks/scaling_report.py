@@ -35,7 +35,7 @@ def throughput(kind: str, result: dict[str, Any]) -> float:
     if kind == "update":
         return max(b["update_tokens_per_s"] for b in result["budgets"] if "error" not in b)
     mean = result["mean_excluding_warmup"]
-    return mean["trajectories"] / mean["perf/step_time_s"]
+    return mean["trajectories_all_ranks"] / mean["perf/step_time_s"]
 
 
 def scaling(runs: dict[tuple[str, str], dict[int, dict[str, Any]]]) -> list[dict[str, Any]]:

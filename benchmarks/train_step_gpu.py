@@ -339,7 +339,8 @@ def record_update_shapes(run: Any) -> list[dict[str, Any]]:
         resp = [len(s.response_ids) for s in batch.conversations]
         everything = list(range(len(batch.conversations)))
         shapes.append(dict(
-            samples=len(prompt), trajectories=batch.num_trajectories,
+            samples=len(prompt), trajectories=batch.num_trajectories,  # this rank's
+            trajectories_all_ranks=run.dist.all_reduce_sum(int(batch.num_trajectories)),
             prompt_len_mean=statistics.fmean(prompt), prompt_len_max=max(prompt),
             response_len_mean=statistics.fmean(resp), train_tokens=sum(prompt) + sum(resp),
             response_tokens=sum(resp), prompt_tokens=sum(prompt),
@@ -467,7 +468,7 @@ def gpu_seconds_per_trajectory(mean: dict[str, float], world_size: int) -> dict[
     step's trajectories), and its breakdown: generation, sleep, weight sync, old + reference
     log-probs, update, the rest (batching, metrics; on several GPUs also waiting for the
     slowest rank)."""
-    per = world_size / mean["trajectories"]
+    per = world_size / mean["trajectories_all_ranks"]
     parts = {"rollout": mean["generate_s"], "sleep": mean["sleep_s"],
              "weight_sync": mean["weight_sync_s"], "old_ref_logprobs": mean["logprob_s"],
              "update": mean["update_s"], "other": mean["other_s"]}
@@ -538,7 +539,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     optimizer step over the whole batch); the first `--warmup` rounds are left out."""
     import torch
 
-    from memrl.distributed import init_process_group
+    from memrl.distributed import destroy_process_group, init_process_group
     from memrl.rl.actor import build_optimizer
     from memrl.rl.flops import ModelShape, device_peak_flops, train_flops
 
@@ -614,6 +615,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
         print_budget_table(rows)
+    destroy_process_group()
     return summary
 
 
@@ -696,6 +698,8 @@ def measure_budget(args: argparse.Namespace, budget: int, model: Any, optimizer:
             sync()
             times.append((t1 - t0, time.perf_counter() - t1))
     except torch.OutOfMemoryError:
+        if dist.world_size > 1:  # the other ranks wait in a collective: end the run
+            raise
         optimizer.zero_grad(set_to_none=True)
         return {"budget": budget, "micro_batches": len(micro), "error": "out of memory"}
     # the slowest rank's time (every rank waits for it in the collectives)
@@ -724,13 +728,14 @@ def measure_budget(args: argparse.Namespace, budget: int, model: Any, optimizer:
             torch.cuda.max_memory_reserved() / 2**30))
     if args.profile:
         row["profile"] = profile_call(
-            lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)),
+            lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages), dist),
             cuda=cuda)
-        print(row["profile"].get("top_self_cuda") or row["profile"]["top_self_cpu"],
-              flush=True)
+        if dist.is_main:
+            print(row["profile"].get("top_self_cuda") or row["profile"]["top_self_cpu"],
+                  flush=True)
     if args.sync_debug and cuda:
         row["host_syncs"] = count_host_syncs(
-            lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages)))
+            lambda: actor.update(batch.with_logprobs(old).with_advantages(advantages), dist))
     return row
 
 

@@ -1,9 +1,10 @@
 """Compare two runs' metrics step by step (a resumed run against an uninterrupted one):
 
-    python scripts/compare_metrics.py REFERENCE/metrics.jsonl RESUMED/metrics.jsonl
+    python scripts/compare_metrics.py REFERENCE/metrics.jsonl RESUMED/metrics.jsonl [MAX_REL]
 
 Prints, per step both logged, the largest relative difference over the keys they share
-(times and perf/* left out) and the key where it is; the exit code is 0 either way."""
+(times and perf/* left out) and the key where it is; with MAX_REL, exits 1 when a step's
+largest difference is above it (else 0)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def by_step(path: str) -> dict[int, dict]:
     return rows
 
 
-def main(reference: str, resumed: str) -> None:
+def main(reference: str, resumed: str, max_rel: str | None = None) -> int:
     ref, got = by_step(reference), by_step(resumed)
+    largest = 0.0
     print(f"steps: reference {sorted(ref)}, resumed {sorted(got)}")
     for step in sorted(set(ref) & set(got)):
         keys = [k for k in ref[step] if k in got[step] and k != "time" and not
@@ -34,7 +36,9 @@ def main(reference: str, resumed: str) -> None:
                 worst, where = rel, k
         print(f"step {step}: {len(keys)} keys, largest relative difference {worst:.2e}"
               + (f" ({where}: {ref[step][where]} vs {got[step][where]})" if where else ""))
+        largest = max(largest, worst)
+    return int(max_rel is not None and largest > float(max_rel))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    sys.exit(main(*sys.argv[1:4]))

@@ -11,7 +11,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-runs/multi_gpu_check}"
-n=$(nvidia-smi -L | wc -l)
+n=$(nvidia-smi -L | grep -c '^GPU ')
+[ "$n" -ge 2 ] || { echo "needs 2 GPUs or more; this host has $n"; exit 1; }
 half=$(( n / 2 ))
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -50,10 +51,15 @@ for _ in $(seq 600); do
   kill -0 $pid 2>/dev/null || break
   sleep 0.5
 done
+[ -d "$out/fsdp_kill/checkpoints/step_00000002" ] || { echo "no checkpoint of step 2"; exit 1; }
 sleep 2
-kill -KILL -- -"$pid" 2>/dev/null
-wait $pid 2>/dev/null
-echo "killed; metrics rows: $(grep -c '"step"' "$out/fsdp_kill/metrics.jsonl")"
+# the ranks run in sessions of their own (torchrun starts them so): kill them, as a crash
+launcher=$(pgrep -f "memrl.distributed.torchrun .*trainer.out_dir=$out/fsdp_kill" | head -1)
+ranks=$(pgrep -P "$launcher")
+echo "killing ranks $ranks (SIGKILL)"
+kill -KILL $ranks
+wait $pid
+echo "exit $?; metrics rows: $(grep -c '"step"' "$out/fsdp_kill/metrics.jsonl")"
 
 step "fsdp, resumed on $half GPU(s)"
 if [ "$half" -gt 1 ]; then launch=(--nproc-per-node "$half"); else launch=(); fi

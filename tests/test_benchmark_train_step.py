@@ -81,7 +81,7 @@ def test_update_only_on_two_ranks_is_data_parallel(tmp_path):
 
 def test_gpu_seconds_per_trajectory_hand_computed():
     bench = load_benchmark()
-    mean = {"trajectories": 64.0, "perf/step_time_s": 20.0, "generate_s": 8.0, "sleep_s": 0.5,
+    mean = {"trajectories_all_ranks": 64.0, "perf/step_time_s": 20.0, "generate_s": 8.0, "sleep_s": 0.5,
             "weight_sync_s": 0.5, "logprob_s": 3.0, "update_s": 6.0, "other_s": 2.0}
     cost = bench.gpu_seconds_per_trajectory(mean, world_size=4)
     assert cost["total"] == pytest.approx(20.0 * 4 / 64)  # 1.25 GPU-s
@@ -103,7 +103,8 @@ def test_scaling_report_efficiencies(tmp_path):
             {"error": "out of memory"}]}))
     for n, step_s in ((1, 10.0), (2, 12.5)):  # 32 trajectories per GPU each
         (tmp_path / f"step_0.5b_gpus{n}.json").write_text(json.dumps({
-            "mean_excluding_warmup": {"trajectories": 32.0 * n, "perf/step_time_s": step_s},
+            "mean_excluding_warmup": {"trajectories_all_ranks": 32.0 * n,
+                                      "perf/step_time_s": step_s},
             "gpu_seconds_per_trajectory": {"total": step_s * n / (32.0 * n)}}))
     rows = {(r["kind"], r["world_size"]): r for r in report.main([str(tmp_path)])}
     assert rows[("update", 2)]["scaling_efficiency"] == pytest.approx(0.9)

@@ -155,6 +155,7 @@ def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
     cost = out["gpu_seconds_per_trajectory"]  # one process: the step's seconds / trajectories
     mean = out["mean_excluding_warmup"]
     assert out["world_size"] == 1
+    assert mean["trajectories_all_ranks"] == mean["trajectories"]
     assert cost["total"] == pytest.approx(mean["perf/step_time_s"] / mean["trajectories"])
 
 

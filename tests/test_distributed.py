@@ -353,20 +353,27 @@ def test_the_launcher_speaks_only_when_no_rank_could():
 
     from memrl.distributed.torchrun import exit_code
 
-    def failure(code, local_rank=0, pid=7):
-        return SimpleNamespace(exitcode=code, local_rank=local_rank, pid=pid,
-                               signal_name=lambda: {-9: "SIGKILL", -15: "SIGTERM"}[code])
+    def failure(code, local_rank=0, pid=7, at=100):
+        names = {-9: "SIGKILL", -15: "SIGTERM", -11: "SIGSEGV"}
+        return SimpleNamespace(exitcode=code, local_rank=local_rank, pid=pid, timestamp=at,
+                               signal_name=lambda: names[code])
 
-    # a rank exited with an error (Python printed why): torchrun's code, no line
-    assert exit_code({1: failure(-9, 1), 0: failure(1)}, reported=False) == (1, None)
-    assert exit_code({0: failure(-15), 1: failure(2, 1)}, reported=False) == (2, None)
-    # killed by signals after one of them printed its line (torchrun SIGTERMs the others)
-    assert exit_code({1: failure(-9, 1), 0: failure(-15)}, reported=True) == (143, None)
-    # nobody could speak: one line naming the lowest failed rank, 128 + its signal
-    code, line = exit_code({1: failure(-9, 1, 42), 2: failure(-15, 0)}, reported=False)
-    assert code == 137
-    assert line.startswith("error: rank 1 (local rank 1, pid 42) was killed by SIGKILL ")
+    # rank 1 failed with an error and printed it; torchrun then stopped rank 0, which exited
+    # 143 by itself (memrl's SIGTERM handling): rank 1's code, no line
+    assert exit_code({0: failure(143, at=101), 1: failure(2, 1)}, reported=True) == (2, None)
+    assert exit_code({0: failure(-15, at=101), 1: failure(1, 1)}, reported=False) == (1, None)
+    # rank 1 killed from outside, the survivor said so (reported) and was stopped
+    assert exit_code({1: failure(-9, 1), 0: failure(143, at=102)}, reported=True) == (137, None)
+    # nobody could speak: one line naming the root cause (not the ranks torchrun stopped)
+    code, line = exit_code({0: failure(-15, 0, 41, at=100), 1: failure(-11, 1, 42, at=100)},
+                           reported=False)
+    assert code == 139
+    assert line.startswith("error: rank 1 (local rank 1, pid 42) was killed by SIGSEGV ")
     assert "\n" not in line
+    # the earliest of two causes
+    code, line = exit_code({0: failure(-9, 0, 41, at=105), 1: failure(-9, 1, 42, at=100)},
+                           reported=False)
+    assert (code, line.split(" (")[0]) == (137, "error: rank 1")
 
 
 def test_the_commands_options_are_never_taken_for_torchruns():

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_eval_ruler_hqa import write_ruler_dir
 
 from memrl.eval.resume import read_episodes
@@ -60,6 +61,27 @@ def test_two_ranks_give_one_process_results(tmp_path, tiny_model_dir, engine):
 
 
 @pytest.mark.slow
+def test_a_one_process_evaluation_continues_on_two(tmp_path, tiny_model_dir):
+    """N=2 finished on one process; the same directory with N=2 and 4 on two: N=2's episodes
+    are kept, N=4's are those one process would sample."""
+    data = write_ruler_dir(tmp_path / "data", [2, 4], words_per_doc=4)
+    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
+            *ARGS[3:]]  # ARGS without its --num-docs
+    part = memrl(*base, "--num-docs", "2", "--out", str(tmp_path / "two"))
+    assert part.returncode == 0, part.stderr[-3000:]
+    kept = episodes(tmp_path / "two", 2)
+    rest = memrl(*base, "--num-docs", "2", "4", "--out", str(tmp_path / "two"),
+                 "--data-parallel", "2")
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert "6 of 6 episodes already in trajectories_2.jsonl" in " ".join(rest.stdout.split())
+    one = memrl(*base, "--num-docs", "2", "4", "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert episodes(tmp_path / "two", 2) == kept == episodes(tmp_path / "one", 2)
+    assert episodes(tmp_path / "two", 4) == episodes(tmp_path / "one", 4)
+    assert scores(tmp_path / "two") == scores(tmp_path / "one")
+
+
+@pytest.mark.slow
 def test_a_slice_too_large_for_every_rank_is_said(tmp_path, tiny_model_dir):
     data = write_ruler_dir(tmp_path / "data", [2], words_per_doc=4)
     done = memrl("eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
@@ -67,7 +89,8 @@ def test_a_slice_too_large_for_every_rank_is_said(tmp_path, tiny_model_dir):
                  "--chunk-size", "48", "--max-memory-tokens", "6", "--max-final-tokens", "6",
                  "--data-parallel", "2", "--out", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert ("N=2: 3 records in slices of 8 for 2 processes: 1 of them has nothing to do"
+    assert ("N=2: 1 slice(s) of up to 8 records to run on 2 processes: 1 of them has nothing "
+            "to do"
             in " ".join(done.stdout.split()))
     assert json.loads((tmp_path / "run" / "results.json").read_text())["results"]["2"]["n"] == 3
 
@@ -81,3 +104,16 @@ def test_data_parallel_is_refused_with_a_server_pool(tmp_path, tiny_model_dir):
     assert done.stderr.strip().splitlines() == [
         "error: --data-parallel: runs an engine per process: with --engine openai the server "
         "pool already spreads the episodes (give more --base-url)"]
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    from memrl.cli.common import check_gpus_for
+    from memrl.errors import MemrlInputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_gpus_for(2, None)
+    check_gpus_for(4, "cpu")  # processes on the CPU need no GPU
+    with pytest.raises(MemrlInputError, match=r"--data-parallel: 4 processes, one GPU each, "
+                       r"but this machine has 2"):
+        check_gpus_for(4, "cuda")

@@ -301,6 +301,7 @@ def evaluation_ranks(serving: EngineChoice) -> Iterator[Any]:
                 raise MemrlInputError(
                     "runs an engine per process: with --engine openai the server pool already "
                     "spreads the episodes (give more --base-url)", location="--data-parallel")
+            check_gpus_for(serving.data_parallel, serving.device)
             raise typer.Exit(relaunch(serving.data_parallel, list(_invocation)))
         yield Dist()
         return
@@ -310,6 +311,18 @@ def evaluation_ranks(serving: EngineChoice) -> Iterator[Any]:
     finally:
         serving.close_engines()
         destroy_process_group()
+
+
+def check_gpus_for(processes: int, device: str | None) -> None:
+    """On a CUDA machine (device unset or cuda), one GPU per process: refuse more processes
+    than GPUs before any starts."""
+    import torch
+
+    if torch.cuda.is_available() and (device is None or device.startswith("cuda")):
+        gpus = torch.cuda.device_count()
+        if processes > gpus:
+            raise MemrlInputError(f"{processes} processes, one GPU each, but this machine has "
+                                  f"{gpus} (or --device cpu)", location="--data-parallel")
 
 
 LOCAL = ["generation_batch_size", "engine", "device", "dtype"]

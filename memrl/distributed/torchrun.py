@@ -26,23 +26,33 @@ from typing import Any
 __all__ = ["exit_code", "main", "parse_args"]
 
 
+LAUNCHER_STOPPED = {130, 143}
+"""Exit codes of a memrl rank that torchrun stopped with SIGINT / SIGTERM once another rank
+had failed (`memrl.interrupt`: 128 + the signal): a consequence, not a cause."""
+
+
 def exit_code(failures: dict[int, Any], reported: bool) -> tuple[int, str | None]:
     """torchrun's exit code for the failed ranks (`ProcessFailure` by global rank) and the line
-    to print (None where a rank said why it ended: `reported`, or a rank exited by itself)."""
+    to print (None where a rank said why it ended: `reported`, or a rank exited by itself).
+
+    The root cause is the earliest failure that torchrun did not cause itself (ranks it
+    stopped after the first failure exit 130 / 143, or die of SIGTERM), the lowest rank
+    among equals."""
     if not failures:
         return 1, None
-    ranked = sorted(failures.items())
-    codes = [f.exitcode for _, f in ranked if f.exitcode > 0]
-    rank, first = ranked[0]
-    if codes:
-        return codes[0], None
-    code = 128 - first.exitcode if first.exitcode < 0 else 1
-    if reported:
+
+    def stopped_by_launcher(f: Any) -> bool:
+        return f.exitcode in LAUNCHER_STOPPED or (f.exitcode < 0 and
+                                                   f.signal_name() in ("SIGTERM", "SIGINT"))
+
+    rank, first = min(failures.items(), key=lambda kv: (
+        stopped_by_launcher(kv[1]), getattr(kv[1], "timestamp", 0), kv[0]))
+    code = first.exitcode if first.exitcode > 0 else 128 - first.exitcode
+    if reported or first.exitcode > 0:
         return code, None
-    how = first.signal_name() if first.exitcode < 0 else f"exit code {first.exitcode}"
     return code, (f"error: rank {rank} (local rank {first.local_rank}, pid {first.pid}) was "
-                  f"killed by {how} before it could report anything (out of memory, killed "
-                  "from outside, or a crash in native code)")
+                  f"killed by {first.signal_name()} before it could report anything (out of "
+                  "memory, killed from outside, or a crash in native code)")
 
 
 def parse_args(argv: Sequence[str]) -> Any:
@@ -77,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         except SignalException as exc:  # SIGINT / SIGTERM to the launcher: ranks report it
             return 128 + int(exc.sigval)
+        finally:
+            os.environ.pop(REPORTED_ENV, None)
     return 0
 
 

@@ -17,10 +17,10 @@ seeded from its start, so a resumed run samples exactly what an uninterrupted on
 
 Data parallel (`memrl eval ... --data-parallel N`, or the command under torchrun): every
 rank runs the same benchmark code with an engine of its own (one GPU each on CUDA); the
-main rank claims the directory and writes results.json and the reports, every rank rolls
-out its share of the slices (slice k on rank k mod N) and appends them to the same
-trajectories file (one `write` per slice, O_APPEND), and the ranks meet before the rows are
-read back, so the results are those of one process with the same seeds.
+main rank claims the directory and writes results.json and the reports; the slices still to
+run are dealt out in rounds (one a rank), and after each round the main rank gathers the
+rows and appends them, so the file has one writer and the results are those of one process
+with the same seeds. A round waits for its slowest slice.
 """
 
 from __future__ import annotations
@@ -131,46 +131,51 @@ def run_episodes(
     seeded with `seed_of(i)`, no token ids kept) and appended to `path` after each slice.
     `add_to_rows` may add fields to a slice's rows before they are written. Returns the
     rows, the seconds spent rolling out, and whether any episode was already there.
-    With `dist` of several ranks each rolls out every world_size-th slice (module docstring)
-    and every rank returns all the rows."""
+    With `dist` of several ranks the unfinished slices are dealt out in rounds, one slice
+    per rank a round; the main rank gathers each round's rows and alone reads and appends
+    `path`; every rank returns all the rows (no directory shared between machines needed)."""
     dist = dist or Dist()
-    if dist.is_main:  # drops a torn last line (a killed run) before anyone appends
-        read_episodes(path)
-    dist.barrier()
-    finished = read_episodes(path)
+    # the main rank's reading (a torn last line of a killed run dropped), on every rank
+    finished = read_episodes(path) if dist.is_main else {}
+    if dist.world_size > 1:
+        finished = dist.all_gather(finished)[0]
     wanted = [(r.id, s) for r in records for s in range(num_samples)]
     todo = sum(key not in finished for key in wanted)
     if todo < len(wanted) and console is not None:
         console.print(f"{label}{len(wanted) - todo} of {len(wanted)} episodes already in "
                       f"{path.name}, running the other {todo}", soft_wrap=True)
     t0 = time.perf_counter()
-    starts = range(0, len(records), per_run)
-    if 0 < len(starts) < dist.world_size and todo and console is not None:
+    # the slices with an episode to run (fixed starts, so a slice's seed never changes)
+    starts = [i for i in range(0, len(records), per_run)
+              if any((r.id, s) not in finished for r in records[i : i + per_run]
+                     for s in range(num_samples))]
+    if 0 < len(starts) < dist.world_size and console is not None:
         idle = dist.world_size - len(starts)
-        console.print(f"{label}{len(records)} records in slices of {per_run} for "
+        console.print(f"{label}{len(starts)} slice(s) of up to {per_run} records to run on "
                       f"{dist.world_size} processes: {idle} of them "
                       f"{'has' if idle == 1 else 'have'} nothing to do (a smaller slice "
                       "spreads the work: --records-per-run / --episodes-per-run)",
                       soft_wrap=True)
-    for i in starts[dist.rank :: dist.world_size]:
-        batch = [r for r in records[i : i + per_run]
-                 if any((r.id, s) not in finished for s in range(num_samples))]
-        if not batch:
-            continue
-        trajectories = task.rollout(engine, batch, num_samples=num_samples, seed=seed_of(i),
-                                    keep_token_ids=False, progress=progress)
-        by_id = {r.id: r for r in batch}
-        rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
-                if (t.record_id, t.sample_index) not in finished]
-        if add_to_rows is not None:
-            add_to_rows(rows)
-        append_episodes(path, rows)
+    for first in range(0, len(starts), dist.world_size):  # a round: a slice per rank
+        mine = starts[first + dist.rank] if first + dist.rank < len(starts) else None
+        rows: list[dict[str, Any]] = []
+        if mine is not None:
+            batch = [r for r in records[mine : mine + per_run]
+                     if any((r.id, s) not in finished for s in range(num_samples))]
+            trajectories = task.rollout(engine, batch, num_samples=num_samples,
+                                        seed=seed_of(mine), keep_token_ids=False,
+                                        progress=progress)
+            by_id = {r.id: r for r in batch}
+            rows = [task.log_row(t, by_id[t.record_id]) for t in trajectories
+                    if (t.record_id, t.sample_index) not in finished]
+            if add_to_rows is not None:
+                add_to_rows(rows)
+        if dist.world_size > 1:  # the round's rows, in slice order, on every rank
+            rows = [row for part in dist.all_gather(rows) for row in part]
+        if dist.is_main:
+            append_episodes(path, rows)
         finished.update(((row["id"], row["sample_index"]), row) for row in rows)
-    elapsed = time.perf_counter() - t0
-    if dist.world_size > 1:  # every rank's slices are in the file once all have arrived
-        dist.barrier()
-        finished = read_episodes(path)
-        elapsed = max(dist.all_gather(elapsed))
+    elapsed = max(dist.all_gather(time.perf_counter() - t0))
     return [finished[key] for key in wanted], elapsed, todo < len(wanted)
 
 
