@@ -77,13 +77,31 @@ def ask(
         write_text_atomic(trace, json.dumps(result.trace_row(), ensure_ascii=False) + "\n")
     typer.echo(result.text)
     if not quiet:
-        print(summary(result) + (f"; trace in {trace}" if trace is not None else ""),
-              file=sys.stderr)
+        print(summary(result, placement(generator))
+              + (f"; trace in {trace}" if trace is not None else ""), file=sys.stderr)
 
 
-def summary(result: Any) -> str:
+def placement(generator: Any) -> str | None:
+    """Where an in-process engine's model runs, e.g. "cpu, float32, 2 threads" (None for an
+    engine in another process: vLLM, a server)."""
+    import torch
+
+    from memrl.inference.hf import HFEngine
+
+    if not isinstance(generator, HFEngine):
+        return None
+    weight = next(generator.model.parameters())
+    where = f"{weight.device.type}, {str(weight.dtype).removeprefix('torch.')}"
+    if weight.device.type == "cpu":
+        threads = torch.get_num_threads()
+        where += f", {threads} thread{'s' if threads > 1 else ''}"
+    return where
+
+
+def summary(result: Any, where: str | None = None) -> str:
     """The line `memrl ask` ends with: what was read (of how much, when --max-chunks cut
-    the documents), how fast, the memory's largest size, the tokens processed."""
+    the documents), how fast (and `where`: device and dtype), the memory's largest size,
+    the tokens processed."""
     read, total = result.document_tokens_read, result.context_tokens
     rate = read / result.elapsed_s if result.elapsed_s > 0 else 0.0
     longest = max((t.response_tokens for t in result.trajectory.turns[:-1]), default=0)
@@ -94,7 +112,8 @@ def summary(result: Any) -> str:
                 f"{all_chunks:,} chunks")
     else:
         what = f"read {total:,} tokens of {docs} in {result.num_chunks:,} chunks"
-    return (f"{what} in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s); memory at most "
+    on = f" on {where}" if where else ""
+    return (f"{what} in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s{on}); memory at most "
             f"{longest:,} tokens; {result.usage.total_tokens:,} tokens processed")
 
 

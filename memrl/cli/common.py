@@ -249,13 +249,22 @@ class EngineChoice(BaseModel):
         "How often (seconds) the pool checks on its servers, and how long a server's "
         "/health may take (--engine openai; rollout.openai.health_check_s)."))
     device: str | None = Field(None, description="torch device, e.g. cuda, cpu.")
-    dtype: str | None = Field(None, description="Model dtype, e.g. bfloat16.")
+    dtype: str | None = Field(None, description=(
+        "Model dtype, e.g. bfloat16; default: bfloat16 on CUDA, on a CPU bfloat16 where it "
+        "has bfloat16 instructions, else float32."))
+    threads: int | None = Field(None, ge=1, description=(
+        "torch's CPU threads for the hf engine; default: torch's (one per core). 1 is "
+        "faster on a CPU busy with other work."))
     gpu_memory_utilization: float | None = Field(None, description=(
         "--engine vllm on a GPU: share of its memory the engine may take "
         "(verl rollout.gpu_memory_utilization; default 0.5)."))
 
     def load(self, model: Path, *, seed: int | None) -> Any:
         """The engine for `model` (`load_engine`)."""
+        if self.threads is not None and self.engine == "hf":
+            import torch
+
+            torch.set_num_threads(self.threads)
         return load_engine(
             model, device=self.device, dtype=self.dtype,
             generation_batch_size=self.generation_batch_size, seed=seed, engine=self.engine,
@@ -263,7 +272,7 @@ class EngineChoice(BaseModel):
             request_timeout=self.request_timeout, health_check=self.health_check)
 
 
-LOCAL = ["generation_batch_size", "engine", "device", "dtype"]
+LOCAL = ["generation_batch_size", "engine", "device", "dtype", "threads"]
 """The `EngineChoice` options of an in-process engine (hf, or vllm without its memory share)."""
 POOL = ["base_url", "request_timeout", "health_check"]
 """The `EngineChoice` options of the server pool (`--engine openai`)."""
