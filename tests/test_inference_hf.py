@@ -15,6 +15,7 @@ from memrl.inference import (
     load_pretrained,
 )
 from memrl.inference.hf import first_stop_end, top_p_filter
+from memrl.inference.loader import cpu_compute_dtype
 
 QUESTIONS = [
     "hi",
@@ -245,7 +246,8 @@ def test_loader_on_cpu(tiny_model_dir) -> None:
     generator = HFEngine(model, tokenizer, generation_batch_size=4)
     if not torch.cuda.is_available():
         assert generator.device.type == "cpu"
-        assert next(generator.model.parameters()).dtype == torch.float32
+        # auto: bfloat16 on a CPU with bfloat16 instructions, else float32
+        assert next(generator.model.parameters()).dtype == cpu_compute_dtype()
     assert not generator.model.training
     assert generator.generation_batch_size == 4
     ids = generator.tokenizer.encode("hello", add_special_tokens=False)

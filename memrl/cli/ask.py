@@ -16,11 +16,14 @@ AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tok
                  "temperature", "top_p", "seed", "prompts"]
 """The agent settings `ask` and `serve` take as options (over those stored with the model)."""
 ASK_DEFAULTS = {"temperature": 0.0}
-"""`memrl ask` answers greedily unless sampling is asked for: the same answer every run."""
+"""`memrl ask` answers greedily unless sampling is asked for: the same answer every run.
+It runs on one torch thread unless --threads says otherwise: reading one document decodes
+one token at a time, which a second thread does not speed up, and on a CPU busy with other
+work each step waits for it (docs/lab/benchmarks.md, SmolLM2 MemAgent reading)."""
 
 
 @app.command("ask")
-@common.engine_options([*common.LOCAL, "base_url"])
+@common.engine_options([*common.LOCAL, "base_url"], threads=1)
 @common.config_options(MemAgentConfig, AGENT_OPTIONS, overrides=True)
 def ask(
     model: common.ModelOption,

@@ -253,7 +253,7 @@ class EngineChoice(BaseModel):
         "Model dtype, e.g. bfloat16; default: bfloat16 on CUDA, on a CPU bfloat16 where it "
         "has bfloat16 instructions, else float32."))
     threads: int | None = Field(None, ge=1, description=(
-        "torch's CPU threads for the hf engine; default: torch's (one per core). 1 is "
+        "torch's CPU threads for the hf engine; none: torch's (one per core). 1 is far "
         "faster on a CPU busy with other work."))
     gpu_memory_utilization: float | None = Field(None, description=(
         "--engine vllm on a GPU: share of its memory the engine may take "

@@ -39,12 +39,12 @@ def resolve_device(device: Any = None) -> Any:
     return resolved
 
 
-FAST_BF16_FLAGS = frozenset({"amx_bf16"})
+FAST_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 """/proc/cpuinfo flags of a CPU that runs a model faster in bfloat16 than in float32: Intel's
-AMX-BF16 matrix tiles (Xeon Sapphire Rapids and later). Not AVX512-BF16 alone (AMD Zen 4,
-Intel Cooper Lake): its dot-product instructions made a SmolLM2-135M prefill 1.7x faster
-but decoding, which bounds MemAgent reading, 1.2x slower than float32 (docs/lab/
-benchmarks.md, 2026-11-28). Not Arm's BF16 (unmeasured)."""
+AMX-BF16 tiles (Xeon Sapphire Rapids and later) and AVX512-BF16 (AMD Zen 4 and later, Intel
+Cooper Lake): on a Zen 4, SmolLM2-135M prefilled 1.7x faster in bfloat16 and decoded 1.3x
+faster (docs/lab/benchmarks.md, 2026-11-28). Without them bfloat16 matrix products are
+converted to float32 on the fly: prefill 3.7x slower. Not Arm's BF16 (unmeasured)."""
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
@@ -62,10 +62,8 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
 
 
 def cpu_compute_dtype(flags: frozenset[str] | None = None) -> Any:
-    """The dtype this CPU runs a model fastest in: bfloat16 where it has AMX-BF16
-    (`FAST_BF16_FLAGS`), else float32 (without bfloat16 instructions every bfloat16 matmul is
-    converted to float32 on the fly, slower than float32 itself). `flags`: `cpu_flags()`
-    unless given."""
+    """The dtype this CPU runs a model fastest in: bfloat16 where it has bfloat16 matrix
+    instructions (`FAST_BF16_FLAGS`), else float32. `flags`: `cpu_flags()` unless given."""
     import torch
 
     flags = cpu_flags() if flags is None else flags
