@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"read ([\d,]+) tokens of \d+ document\(s\) in ([\d,]+) chunks in "
-                     r"([\d.]+) s \(([\d,]+) tokens/s\)")
+                     r"([\d.]+) s \(([\d,]+) tokens/s[^)]*\)")
 WORDS = ("river city mountain born capital president album film writer singer university "
          "founded located between during after before team club war battle company married "
          "daughter father mother American British French German Italian Spanish").split()

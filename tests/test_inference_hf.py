@@ -245,6 +245,7 @@ def test_loader_on_cpu(tiny_model_dir) -> None:
     generator = HFEngine(model, tokenizer, generation_batch_size=4)
     if not torch.cuda.is_available():
         assert generator.device.type == "cpu"
+        # auto: float32 on a CPU, whatever its instructions (evaluations do not depend on it)
         assert next(generator.model.parameters()).dtype == torch.float32
     assert not generator.model.training
     assert generator.generation_batch_size == 4

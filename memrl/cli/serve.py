@@ -44,6 +44,7 @@ def serve(
     common.check_model_dir(model)
     agent = model_agent_config(model, config, "serve")
     api_key = os.environ.get(server.api_key_env) or None
+    serving = common.reading_dtype(serving)
     generator = serving.load(model, seed=agent.seed)
     if not getattr(generator, "continuous_batching", False):
         generator = BatchingEngine(generator)

@@ -162,6 +162,15 @@ class HFEngine:
             use_cache=True,
             logits_to_keep=1,
         )
+        with decode_matmuls(self.model, batch):
+            return self._decode(prompts, params, rng, out, mask, next_position)
+
+    def _decode(self, prompts: list[list[int]], params: SamplingParams, rng: Any, out: Any,
+                mask: Any, next_position: Any) -> list[Generation]:
+        import torch
+
+        device = mask.device
+        batch = len(prompts)
         cache = kv_cache(out)  # grows in place with every step below
         cache_argument = kv_cache_argument(self.model)
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -212,6 +221,27 @@ class HFEngine:
         """Whether the newest token completed a stop string (only the tail is decoded)."""
         tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+@contextlib.contextmanager
+def decode_matmuls(model: Any, rows: int) -> Any:
+    """Decoding steps of one row (`rows` == 1) of a bfloat16 model on a CPU without oneDNN:
+    torch's own bfloat16 matrix-vector kernel read SmolLM2-135M's weights in 55 ms a token
+    where oneDNN took 83 (float32: 72; AMD Zen 4, one thread, docs/lab/benchmarks.md
+    2026-11-28). The prefill, a matrix-matrix product, keeps oneDNN (6x faster there), and so
+    do batches (unmeasured). Nothing changes elsewhere."""
+    import torch
+
+    weight = next(_unwrap(model).parameters(), None)
+    if (rows != 1 or weight is None or weight.device.type != "cpu"
+            or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.enabled):
+        yield
+        return
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = True
 
 
 def eager() -> contextlib.AbstractContextManager:

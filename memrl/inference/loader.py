@@ -39,12 +39,48 @@ def resolve_device(device: Any = None) -> Any:
     return resolved
 
 
-def resolve_dtype(dtype: Any, device: Any) -> Any:
-    """A torch.dtype: the given one (a name or dtype), else bfloat16 on CUDA, float32 on CPU."""
+FAST_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+"""/proc/cpuinfo flags of a CPU that runs a model faster in bfloat16 than in float32: Intel's
+AMX-BF16 tiles (Xeon Sapphire Rapids and later) and AVX512-BF16 (AMD Zen 4 and later, Intel
+Cooper Lake): on a Zen 4, SmolLM2-135M prefilled 1.7x faster in bfloat16 and decoded 1.3x
+faster (docs/lab/benchmarks.md, 2026-11-28). Without them bfloat16 matrix products are
+converted to float32 on the fly: prefill 3.7x slower. Not Arm's BF16 (unmeasured)."""
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The instruction-set flags of the first CPU listed in `cpuinfo` (its `flags` line on
+    x86, `Features` on Arm); empty where the file is missing or unreadable (not Linux)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip().lower() in ("flags", "features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_compute_dtype(flags: frozenset[str] | None = None) -> Any:
+    """The dtype this CPU runs a model fastest in: bfloat16 where it has bfloat16 matrix
+    instructions (`FAST_BF16_FLAGS`), else float32. `flags`: `cpu_flags()` unless given."""
     import torch
 
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    flags = cpu_flags() if flags is None else flags
+    return torch.bfloat16 if flags & FAST_BF16_FLAGS else torch.float32
+
+
+def resolve_dtype(dtype: Any, device: Any) -> Any:
+    """A torch.dtype: the given one (a name or dtype), else (None or "auto") bfloat16 on CUDA,
+    float32 elsewhere: an evaluation's numbers do not depend on the CPU's instruction set.
+    ("fast": on a CPU `cpu_compute_dtype()`, what `memrl ask` and `memrl serve` use.)"""
+    import torch
+
+    if dtype is None or dtype in ("auto", "fast"):
+        kind = torch.device(device).type
+        if kind == "cuda":
+            return torch.bfloat16
+        return cpu_compute_dtype() if kind == "cpu" and dtype == "fast" else torch.float32
     if isinstance(dtype, str):
         resolved = getattr(torch, dtype, None)
         if not isinstance(resolved, torch.dtype):
