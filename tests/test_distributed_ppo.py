@@ -211,7 +211,7 @@ def ppo_runs(tiny_model_dir, data_dir, tmp_path_factory) -> dict[str, Path]:
     return {"one": base / "one", "two": base / "two"}
 
 
-def _assert_same_step(one: Path, two: Path, step: int) -> None:
+def _assert_same_step(one: Path, two: Path, step: int, policy_atol: float = 2e-6) -> None:
     """The policy and the critic after `step`, its metrics (critic/* included) and its
     per-token advantages (the trajectory log's per-trajectory means) are one process's."""
     policy = [load_file(_checkpoint(r, step) / "model" / "model.safetensors") for r in (one, two)]
@@ -220,7 +220,7 @@ def _assert_same_step(one: Path, two: Path, step: int) -> None:
     # steps turn float noise in gradients near its eps (1e-8) into weight differences of a
     # few % of lr: measured 1.2e-7 (policy) and 2e-5 (critic) between 1 and 2 ranks, and
     # 2e-5 (critic) on one process between critic micro-batches of 1 and of 16 samples.
-    assert _max_diff(policy[0], policy[1]) < 2e-6
+    assert _max_diff(policy[0], policy[1]) < policy_atol
     assert _max_diff(critic[0], critic[1]) < 1e-4
     a = read_metrics(two / "metrics.jsonl")[step - 1]
     b = read_metrics(one / "metrics.jsonl")[step - 1]
@@ -323,7 +323,11 @@ def test_ppo_with_a_value_head_on_the_policy_on_two_ranks(tiny_model_dir, data_d
                                "critic.value_model=policy_head"))
     head = load_file(_checkpoint(runs[1], 1) / "critic" / "model.safetensors")
     assert set(head) == {"weight", "bias"}
-    _assert_same_step(runs[1], runs[2], 1)
+    # The value loss reaches the policy's trunk too, with gradients near AdamW's eps where
+    # float noise between 1 and 2 ranks becomes a weight difference of a fraction of lr
+    # (1e-5): measured 5.1e-6 with torch 2.13.0 / transformers 5.19.0 on the 2-core machine
+    # (2026-11-28; the same at the commit before this session's), within one step's move.
+    _assert_same_step(runs[1], runs[2], 1, policy_atol=1e-5)
 
 
 @pytest.mark.pipeline
