@@ -327,6 +327,7 @@ def evaluation_ranks(serving: EngineChoice) -> Iterator[Any]:
     dist = init_process_group(EVAL_DIST_TIMEOUT_S, device=serving.device, always=True)
     try:
         yield dist
+        dist.barrier()  # every rank done before any leaves the group (after an error: not)
     finally:
         serving.close_engines()
         destroy_process_group()
