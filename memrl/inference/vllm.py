@@ -62,6 +62,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.distributed import Dist
 from memrl.errors import MemrlInputError, require
 from memrl.inference.base import Generation, SamplingParams, check_prompts, checked_requests
 from memrl.inference.config import VLLMConfig
@@ -183,7 +184,7 @@ class VLLMEngine:
             kw["kv_cache_memory_bytes"] = kv
         if self.on_gpu and cfg.free_cache_engine:
             kw["enable_sleep_mode"] = True
-        if cfg.tensor_model_parallel_size > 1 or _launched_world_size() > 1:
+        if cfg.tensor_model_parallel_size > 1 or Dist.from_environment().world_size > 1:
             # One engine per rank of the trainer's process group, on that rank's device
             # (vLLM's torchrun mode): vLLM's own single-process executor would put every
             # rank's engine on GPU 0 and take part in the group as rank 0.
@@ -388,13 +389,6 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _launched_world_size() -> int:
-    """The size of the trainer's joined process group (1 when there is none)."""
-    import torch.distributed as tdist
-
-    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-
-
 @contextlib.contextmanager
 def _launcher_environment(kwargs: dict[str, Any]) -> Iterator[None]:
     """While vLLM builds an engine in torchrun mode (`external_launcher`): RANK as the
@@ -405,11 +399,11 @@ def _launcher_environment(kwargs: dict[str, Any]) -> Iterator[None]:
         yield
         return
     import torch
-    import torch.distributed as tdist
 
     saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
-    if tdist.is_available() and tdist.is_initialized():
-        os.environ["RANK"] = str(tdist.get_rank())
+    group = Dist.from_environment()
+    if group.world_size > 1:
+        os.environ["RANK"] = str(group.rank)
     os.environ.setdefault("RANK", "0")
     if torch.cuda.is_available():
         os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
