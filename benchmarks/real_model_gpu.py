@@ -266,8 +266,17 @@ validated every 20 steps at 1x and at 16x (`val_long/score`); two seeds (warm st
 each: data order and sampling), evaluated at 1x-64x (biographies) and 1x-8x (RULER-HQA) under
 the published protocol, evaluations spread over the 4 GPUs; the seed report with mean and
 spread (`seed_report.py`). `--seeds 0` / `--seeds 1`: one seed per hold, into one --out."""
+ADAPTER = Plan(bio=Suite("biographies", 24, (1, 16), 128, rows=("warm_start",),
+                         groups=((16,),)),
+               hqa=Suite("ruler_hqa", 20, (1,), 90, rows=("warm_start",)),
+               sft_overrides=PUBLISHED.sft_overrides, rl_overrides=PUBLISHED.rl_overrides,
+               ppo=False, gpus=2)
+"""The published plan's warm start (the model `memrl init-model smollm2-135m-memagent` ships)
+evaluated where its adapter is measured (`memagent_adapter_gpu.py`): biographies 1x and 16x,
+RULER-HQA 1x, published protocol; evaluations over 2 GPUs."""
 PLANS = {"full": Plan(), "published": PUBLISHED, "smoke": SMOKE, "tiny": TINY,
-         "ppo-vs-grpo": PPO_VS_GRPO, "scaled": SCALED}
+         "ppo-vs-grpo": PPO_VS_GRPO, "scaled": SCALED,
+         "adapter": ADAPTER}
 
 
 class Runner:
@@ -287,20 +296,22 @@ class Runner:
         self.engine_start_retries = engine_start_retries
         self.program = program or (sys.executable, "-m", "memrl")
         """The command that runs `memrl ARGS` (tests give another)."""
-        self._engine_start = threading.Lock()
+        self._engine_start: dict[int | None, threading.Lock] = {}
+        """One start at a time on each GPU (engines on other GPUs start meanwhile)."""
 
     def start(self, name: str, *args: str, engine: bool = False, gpu: int | None = None
               ) -> tuple[str, subprocess.Popen]:
         """Start `memrl ARGS`. engine=True: the command builds a vLLM engine on the GPU; it
-        starts once every engine started before it is up (or its process has ended), and
-        returns once its own is: vLLM profiles the GPU's free memory while it starts, and a
-        start-up beside another one fails ("Error in memory profiling", or no memory left
+        starts once every engine started before it on the same GPU is up (or its process has
+        ended), and returns once its own is: vLLM profiles the GPU's free memory while it
+        starts, and a start-up beside another one fails ("Error in memory profiling", or no memory left
         for the KV cache: both happened on the first device run of this pipeline). An engine
         whose start is still disturbed (another process's engine ended or slept meanwhile:
         `PROFILING_ERROR` in its log before it was up) is started again, up to
         `engine_start_retries` times. `gpu`: the only GPU the command sees."""
         env = self.env if gpu is None else {**self.env, "CUDA_VISIBLE_DEVICES": str(gpu)}
-        with self._engine_start if engine else contextlib.nullcontext():
+        lock = self._engine_start.setdefault(gpu, threading.Lock())  # (atomic)
+        with lock if engine else contextlib.nullcontext():
             for attempt in range(self.engine_start_retries + 1 if engine else 1):
                 cmd = [*self.program, *args]
                 print(f"[{time.strftime('%H:%M:%S')}] {name}: memrl {shlex.join(args)}",
@@ -449,9 +460,13 @@ def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]], gpu
     """Every evaluation side by side, each its own engine (a 135M model leaves the GPU mostly
     idle: the longest length alone sets the wall time); vLLM engines start one after the
     other (`Runner.start`); with `gpus` > 1 each on the next GPU in turn."""
-    return [runner.start(name, *command, engine=command[command.index("--engine") + 1] == "vllm",
-                         gpu=i % gpus if gpus > 1 else None)
-            for i, (name, command) in enumerate(commands)]
+    def start(i: int, name: str, command: list[str]) -> tuple[str, subprocess.Popen]:
+        return runner.start(name, *command,
+                            engine=command[command.index("--engine") + 1] == "vllm",
+                            gpu=i % gpus if gpus > 1 else None)
+
+    with ThreadPoolExecutor(max(1, min(gpus, len(commands)))) as pool:
+        return list(pool.map(lambda job: start(job[0], *job[1]), enumerate(commands)))
 
 
 def split_hotpotqa(source: Path, out: Path) -> tuple[Path, Path]:

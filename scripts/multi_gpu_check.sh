@@ -11,7 +11,9 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-runs/multi_gpu_check}"
-n=$(nvidia-smi -L | grep -c '^GPU ')
+# the GPUs this process may use: CUDA_VISIBLE_DEVICES when set (a host shared with other runs)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then n=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
+else n=$(nvidia-smi -L | grep -c '^GPU '); fi
 [ "$n" -ge 2 ] || { echo "needs 2 GPUs or more; this host has $n"; exit 1; }
 half=$(( n / 2 ))
 mkdir -p "$out"

@@ -22,6 +22,7 @@ import importlib.util
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memrl.errors import MemrlInputError
 
@@ -163,8 +164,27 @@ def convert_pretrained(name: str, out_dir: str | Path, *, dtype: str = "bfloat16
     own chat template, `generation_config.json` and a model card (README.md) naming the
     package, version, file and sha256 it came from, the licence and the quantization.
     """
-    source = pretrained_source(name)
     check_dtype(dtype)
+    loaded = load_pretrained(name, dtype)
+    card = model_card(loaded.source, loaded.gguf_path, loaded.model, loaded.tokenizer, dtype)
+    return save_model_dir(loaded.model, loaded.tokenizer, out_dir, card)
+
+
+@dataclass
+class LoadedPretrained:
+    """A pretrained model de-quantized in memory, with where it came from."""
+
+    model: Any
+    tokenizer: Any
+    source: GGUFSource
+    gguf_path: Path
+
+
+def load_pretrained(name: str, dtype: str = "bfloat16") -> LoadedPretrained:
+    """Pretrained model `name` de-quantized from its GGUF file into a fresh model whose config
+    has no quantization settings (one loaded from GGUF refuses `save_pretrained`), in `dtype`.
+    Missing packages are one MemrlInputError naming the pip commands that install them."""
+    source = pretrained_source(name)
     commands = missing_install_commands(source)
     if commands:
         raise MemrlInputError(
@@ -191,14 +211,17 @@ def convert_pretrained(name: str, out_dir: str | Path, *, dtype: str = "bfloat16
     del loaded
     model.to(getattr(torch, dtype))
     _check_tied_embeddings(model)
+    return LoadedPretrained(model, tokenizer, source, gguf_path)
+
+
+def save_model_dir(model: Any, tokenizer: Any, out_dir: str | Path, card: str) -> Path:
+    """`model` and `tokenizer` saved in `out_dir` (created) with `card` as its README.md."""
+    from memrl.fileio import write_text_atomic
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    card = model_card(source, gguf_path, model, tokenizer, dtype)
-    from memrl.fileio import write_text_atomic
-
     write_text_atomic(out / "README.md", card)
     return out
 
