@@ -13,8 +13,8 @@ import torch
 
 from memrl.cli import main
 from memrl.errors import MemrlInputError
-from memrl.rl.checkpoint import save as ckpt_save
-from memrl.rl.checkpoint import (
+from memrl.run.checkpoint import save as ckpt_save
+from memrl.run.checkpoint import (
     export_checkpoint,
     latest_checkpoint,
     load_checkpoint,

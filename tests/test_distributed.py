@@ -27,10 +27,10 @@ from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
 from memrl.distributed import torchrun_command
-from memrl.metrics import read_metrics
-from memrl.runrecord import read_record
-from memrl.rl.losses import loss_norm
-from memrl.rl.rollout import QuestionStream, TrainState, collect_groups
+from memrl.run.metrics import read_metrics
+from memrl.run.record import read_record
+from memrl.rl.maths.losses import loss_norm
+from memrl.rl.trainer.rollout import QuestionStream, TrainState, collect_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "tests" / "dist_train.py"
@@ -161,7 +161,7 @@ def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
 def test_two_ranks_log_the_single_process_trajectories(runs):
     """Each rank's trajectory records are gathered on the main rank, in the order one
     process holds them (trainer.log_trajectories: on for this small run)."""
-    from memrl.recipes.trajectory_log import read_step_files
+    from memrl.run.trajectory_log import read_step_files
 
     single, two = read_step_files(runs["single"])[1], read_step_files(runs["two"])[1]
     assert len(two) == 3 * 2

@@ -249,7 +249,7 @@ def test_grpo_on_a_server_samples_the_policy_after_every_update(server, tiny_mod
     from memrl.config import load_config
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.synthetic import make_synthetic_records
-    from memrl.metrics import read_metrics
+    from memrl.run.metrics import read_metrics
     from memrl.recipes import grpo
     from memrl.recipes.config import TrainConfig
 

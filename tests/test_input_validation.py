@@ -17,7 +17,7 @@ from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic, write_text_atomic
 from memrl.memory.embedder import HashingEmbedder
 from memrl.memory.store import MemoryStore, validate_namespace
-from memrl.metrics import (
+from memrl.run.metrics import (
     REDACTED,
     _read_run_id,
     env_secret_values,

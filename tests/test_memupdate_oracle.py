@@ -33,7 +33,7 @@ from memrl.data.locomo import (
 from memrl.errors import MemrlInputError
 from memrl.memory.embedder import HashingEmbedder
 from memrl.memory.tools import parse_tool_calls
-from memrl.metrics import read_metrics
+from memrl.run.metrics import read_metrics
 from memrl.recipes import sft
 from memrl.recipes.sft_config import SFTConfig
 from memrl.rewards.memory_delta import evidence_recall_at_k

@@ -14,7 +14,7 @@ from memrl.config import load_config
 from memrl.recipes import sft
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
+from memrl.run.checkpoint import export_checkpoint, latest_checkpoint
 
 
 def quickstart_config(tmp_path):

@@ -13,7 +13,7 @@ from memrl.config import load_config
 from memrl.data.biographies import make_biography_records
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.errors import MemrlInputError
-from memrl.metrics import read_metrics
+from memrl.run.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import DataConfig, TrainConfig
 

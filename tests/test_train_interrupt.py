@@ -24,8 +24,8 @@ import yaml
 from memrl.cli import main as cli_main
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.metrics import read_metrics
-from memrl.rl.checkpoint import is_complete_checkpoint
+from memrl.run.metrics import read_metrics
+from memrl.run.checkpoint import is_complete_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")

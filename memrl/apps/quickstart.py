@@ -155,7 +155,7 @@ def train_and_export(train: Any, run_dir: Path, model_dir: Path, console: Any) -
     """One training stage: nothing when `model_dir` exists (the stage finished: its export
     is renamed into place only when complete); else `train()` (which resumes from the
     stage's latest checkpoint, `trainer.resume=auto`) and the export of its last checkpoint."""
-    from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
+    from memrl.run.checkpoint import export_checkpoint, latest_checkpoint
 
     if model_dir.is_dir():
         console.print(f"done before: {model_dir}")
@@ -193,7 +193,7 @@ def run_quickstart(
     from memrl.eval.report import plot_scores, write_json
     from memrl.recipes import grpo, sft
     from memrl.recipes.sft_config import SFTConfig
-    from memrl.runrecord import recorded
+    from memrl.run.record import recorded
 
     console = console or Console()
     if plan.threads is not None:

@@ -172,7 +172,7 @@ def one_line(text: str) -> str:
 
 
 def _scrub(text: str) -> str:
-    from memrl.metrics import scrub_env_secrets
+    from memrl.run.metrics import scrub_env_secrets
 
     return scrub_env_secrets(text)
 

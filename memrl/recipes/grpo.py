@@ -7,7 +7,7 @@
         batch  = with_logprobs(run, batch, source)   old (actor; on-policy: none, below) and
                                                      reference log-probs (+ critic's values)
         batch  = with_advantages(batch, rl, dist)    one advantage per trajectory (GAE:
-                                                     per token, memrl.rl.gae)
+                                                     per token, memrl.rl.maths.gae)
         stats  = actor.update(batch, dist, guard)    PPO over mini/micro-batches; on-policy
                                                      its forward gives the old log-probs
         critic = run.critic.update(batch, dist)      PPO: the value model (else None; a
@@ -36,7 +36,7 @@ from memrl.distributed import Dist, note
 from memrl.inference.base import derive_seed
 from memrl.recipes import models
 from memrl.recipes.config import TrainConfig
-from memrl.recipes.scaffold import (
+from memrl.run.scaffold import (
     planned_steps,
     resume_or_start,
     run_loop,
@@ -45,15 +45,15 @@ from memrl.recipes.scaffold import (
     warn_on_stderr,
 )
 from memrl.recipes.step_metrics import Phases, StepView, step_metrics
-from memrl.recipes.trajectory_log import TrajectoryLog
-from memrl.rl.actor import Actor, Reference
-from memrl.rl.advantages import compute_advantages
-from memrl.rl.batch import RolloutBatch
+from memrl.run.trajectory_log import TrajectoryLog
+from memrl.rl.trainer.actor import Actor, Reference
+from memrl.rl.maths.advantages import compute_advantages
+from memrl.rl.maths.batch import RolloutBatch
 from memrl.rl.config import RLConfig
-from memrl.rl.critic import Critic
-from memrl.rl.gae import gae_batch
-from memrl.rl.correction import LogprobGuard
-from memrl.rl.rollout import Groups, QuestionStream, TrainState, collect_groups
+from memrl.rl.trainer.critic import Critic
+from memrl.rl.maths.gae import gae_batch
+from memrl.rl.maths.correction import LogprobGuard
+from memrl.rl.trainer.rollout import Groups, QuestionStream, TrainState, collect_groups
 from memrl.tasks import Task, build_task
 
 

@@ -16,7 +16,7 @@ import torch
 from memrl.distributed import Dist
 from memrl.trajectory import Trajectory
 from memrl.errors import MemrlInputError
-from memrl.rl.advantages import dynamic_sampling_keep
+from memrl.rl.maths.advantages import dynamic_sampling_keep
 
 __all__ = ["Groups", "QuestionStream", "TrainState", "collect_groups", "informative_groups"]
 

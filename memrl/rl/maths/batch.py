@@ -33,7 +33,7 @@ from torch import Tensor
 
 from memrl.trajectory import Trajectory
 from memrl.errors import MemrlInputError
-from memrl.rl.losses import LossNorm, kl_penalty, loss_norm
+from memrl.rl.maths.losses import LossNorm, kl_penalty, loss_norm
 
 __all__ = [
     "OVERLONG_MODES",

@@ -12,16 +12,16 @@ PPO update. Neither knows which agent or engine produced the batch.
                                without old log-probs (on-policy) takes them from the
                                update's own forward, detached (ratio 1: no separate pass)
 
-The forward of both is `memrl.rl.logprobs.response_pass`: the final hidden states are
+The forward of both is `memrl.rl.trainer.logprobs.response_pass`: the final hidden states are
 projected to the vocabulary only at response positions, fused with the log-prob for a plain
 linear head; with a value head on the policy (critic.value_model: policy_head) the same
 forward gives the values, and the actor's loss adds critic.vf_coef · vf_loss to the policy
 loss (one backward through the shared body).
 
 Padding: with rl.remove_padding each micro-batch runs as one packed row of its real tokens
-(`memrl.rl.packing`), and token-budget micro-batches count real tokens; otherwise rows are
+(`memrl.rl.trainer.packing`), and token-budget micro-batches count real tokens; otherwise rows are
 right-padded to the longest. `update` reports the padding waste, the tokens per micro-batch
-and, given the accelerator's peak, the MFU (`memrl.rl.flops`).
+and, given the accelerator's peak, the MFU (`memrl.rl.maths.flops`).
 """
 
 from __future__ import annotations
@@ -37,25 +37,25 @@ import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
-from memrl.rl.averages import RunningAverages
-from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget, response_rows
+from memrl.rl.trainer.averages import RunningAverages
+from memrl.rl.maths.batch import RolloutBatch, on_device, pack_token_budget, response_rows
 from memrl.rl.config import RLConfig
-from memrl.rl.correction import LogprobGuard, rollout_is_weights
-from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
-from memrl.rl.gae import value_loss
-from memrl.rl.losses import (
+from memrl.rl.maths.correction import LogprobGuard, rollout_is_weights
+from memrl.rl.maths.flops import ModelShape, mfu, padding_waste, train_flops
+from memrl.rl.maths.gae import value_loss
+from memrl.rl.maths.losses import (
     LossNorm,
     agg_loss,
     kl_penalty,
     masked_mean,
     policy_loss,
 )
-from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
-from memrl.rl.packing import check_packed_attention
+from memrl.rl.trainer.optim import build_optimizer, optimizer_step, warmup_schedule
+from memrl.rl.trainer.packing import check_packed_attention
 from memrl.models.attention import uses_varlen
-from memrl.rl.logprobs import policy_hidden_states_error, response_logprobs, response_pass
-from memrl.rl.sharding import padding_micro_batch, padding_passes, run_as_forward
-from memrl.rl.values import CriticStats, PolicyValueHead, batch_value_statistics
+from memrl.rl.trainer.logprobs import policy_hidden_states_error, response_logprobs, response_pass
+from memrl.rl.trainer.sharding import padding_micro_batch, padding_passes, run_as_forward
+from memrl.rl.trainer.values import CriticStats, PolicyValueHead, batch_value_statistics
 
 __all__ = ["Actor", "OldPass", "Reference", "UpdateStats", "build_optimizer",
            "policy_hidden_states_error", "response_logprobs", "response_pass",
@@ -240,7 +240,7 @@ class UpdateStats:
     loss, no rollout IS, no loss token, no micro-batch, an unknown model shape or peak)."""
 
     padding_waste: float | None = None
-    """Padded tokens / computed tokens of the forward passes (`memrl.rl.flops`)."""
+    """Padded tokens / computed tokens of the forward passes (`memrl.rl.maths.flops`)."""
     tokens_per_micro_batch: float | None = None
     """Computed tokens (with padding, unless packed) per micro-batch."""
     rollout_is_weight: float | None = None
@@ -260,7 +260,7 @@ class UpdateStats:
     skipped_nonfinite_steps: float
     """Fraction of optimizer steps skipped for a NaN/inf gradient norm."""
     update_tflops_per_s: float | None = None
-    """Model FLOPs of the update per second of it (`memrl.rl.flops`), in TFLOP/s."""
+    """Model FLOPs of the update per second of it (`memrl.rl.maths.flops`), in TFLOP/s."""
     mfu: float | None = None
     """Model FLOPs utilisation, given the accelerator's peak."""
     old_pass: OldPass | None = field(default=None, compare=False, repr=False)
