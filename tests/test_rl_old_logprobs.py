@@ -346,7 +346,7 @@ def test_read_scalars_reads_the_values_exactly():
 
 
 def test_old_pass_keeps_rows_and_reads_their_response_tokens():
-    from memrl.rl.trainer.actor import OldPass
+    from memrl.rl.trainer.update_log import OldPass
 
     old = OldPass([torch.empty(0)] * 3, [torch.empty(0)] * 3, {})
     lp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)

@@ -11,7 +11,13 @@ import torch
 from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.inference.loader import load_model
-from memrl.rl.trainer.actor import Actor, Reference, build_optimizer, response_logprobs, warmup_schedule
+from memrl.rl.trainer.actor import (
+    Actor,
+    Reference,
+    build_optimizer,
+    response_logprobs,
+    warmup_schedule,
+)
 from memrl.rl.maths.batch import Conversation, RolloutBatch, collate
 from memrl.rl.config import RLConfig
 from memrl.models.attention import VARLEN_NAME, register

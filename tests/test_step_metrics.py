@@ -25,7 +25,7 @@ from memrl.recipes.step_metrics import (
     step_metrics,
     throughput_metrics,
 )
-from memrl.rl.trainer.actor import UpdateStats
+from memrl.rl.trainer.update_log import UpdateStats
 from memrl.rl.trainer.optim import optimizer_step, warmup_schedule
 from memrl.rl.trainer.rollout import TrainState
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from memrl.distributed import Dist, note
-from memrl.rl.trainer.actor import UpdateStats
+from memrl.rl.trainer.update_log import UpdateStats
 from memrl.rl.maths.batch import RolloutBatch
 from memrl.rl.trainer.critic import CriticStats
 from memrl.rl.trainer.rollout import informative_groups

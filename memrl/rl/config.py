@@ -79,7 +79,8 @@ class RLConfig(StrictModel):
     """KL estimator of the KL loss (verl actor.kl_loss_type)."""
     overlong: Literal["mask", "keep"] = "mask"
     """Responses cut at max tokens: "mask" gives them zero loss weight, "keep" trains them."""
-    # ---- training–inference mismatch (verl algorithm.rollout_correction; memrl.rl.maths.correction)
+    # ---- training–inference mismatch (verl algorithm.rollout_correction;
+    # memrl.rl.maths.correction)
     use_rollout_logprobs: bool = False
     """Use the rollout engine's log-probs as the old log-probs and skip the recompute pass
     (verl rollout_correction.bypass_mode): the PPO ratio is then π_θ / π_rollout."""

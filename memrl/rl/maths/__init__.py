@@ -24,7 +24,13 @@ from memrl.rl.maths.advantages import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from memrl.rl.maths.batch import OVERLONG_MODES, Conversation, RolloutBatch, collate, pack_token_budget
+from memrl.rl.maths.batch import (
+    OVERLONG_MODES,
+    Conversation,
+    RolloutBatch,
+    collate,
+    pack_token_budget,
+)
 from memrl.rl.maths.flops import ModelShape, mfu, padding_waste, train_flops
 from memrl.rl.maths.losses import (
     KL_KINDS,

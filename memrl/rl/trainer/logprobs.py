@@ -59,7 +59,8 @@ def response_logprobs(
     Logits are computed at response positions only. ``temperature`` is the sampling
     temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
     forward runs (None: the device of the model's parameters). ``remove_padding``: the
-    forward pass runs on the conversations packed into one row (`memrl.rl.trainer.packing`); the result
+    forward pass runs on the conversations packed into one row
+    (`memrl.rl.trainer.packing`); the result
     has the same layout.
     """
     logprobs, entropy, _ = response_pass(
