@@ -135,7 +135,7 @@ def step_function(config: TrainConfig) -> Callable[[Run], dict[str, float]]:
 
 
 def train_step(run: Run) -> dict[str, float]:
-    """One step of the algorithm; returns its metrics."""
+    """One step of GRPO (or RLOO, REINFORCE++ baseline: rl.adv_estimator); its metrics."""
     rl = run.config.rl
     phases = Phases(run.state.step + 1)  # heartbeat (what this rank is doing) and timings
 
