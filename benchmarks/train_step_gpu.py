@@ -516,8 +516,8 @@ def synthetic_batch(args: argparse.Namespace, vocab: int, rank: int = 0):
     Each rank of a data-parallel run draws its own (seeded with the seed and its rank)."""
     import torch
 
-    from memrl.trajectory import Trajectory, Turn
     from memrl.rl.maths.batch import RolloutBatch
+    from memrl.trajectory import Trajectory, Turn
 
     rng = random.Random(args.seed if rank == 0 else f"{args.seed}/rank{rank}")
     trajs = []
@@ -540,8 +540,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     import torch
 
     from memrl.distributed import destroy_process_group, init_process_group
-    from memrl.rl.trainer.actor import build_optimizer
     from memrl.rl.maths.flops import ModelShape, device_peak_flops, train_flops
+    from memrl.rl.trainer.actor import build_optimizer
 
     fsdp = args.strategy == "fsdp"
     # Under torchrun: one rank per GPU (cuda:LOCAL_RANK), each with its own `--samples`
@@ -667,9 +667,9 @@ def measure_budget(args: argparse.Namespace, budget: int, model: Any, optimizer:
     all ranks); a budget too large for the GPU is a row with its error."""
     import torch
 
-    from memrl.rl.trainer.actor import Actor, warmup_schedule
     from memrl.rl.config import RLConfig
     from memrl.rl.maths.flops import mfu
+    from memrl.rl.trainer.actor import Actor, warmup_schedule
 
     def sync() -> None:
         if cuda:

@@ -31,8 +31,8 @@ from torch._inductor.compile_fx import compile_fx
 from memrl.errors import MemrlInputError
 from memrl.recipes.config import ModelConfig
 from memrl.recipes.models import load_policy
-from memrl.rl.trainer.actor import response_logprobs
 from memrl.rl.maths.batch import Conversation, collate
+from memrl.rl.trainer.actor import response_logprobs
 from memrl.rl.trainer.packing import check_packed_attention
 
 TRACED: list[str] = []

@@ -13,7 +13,6 @@ import torch
 
 from memrl.cli import main
 from memrl.errors import MemrlInputError
-from memrl.run.checkpoint import save as ckpt_save
 from memrl.run.checkpoint import (
     export_checkpoint,
     latest_checkpoint,
@@ -21,6 +20,7 @@ from memrl.run.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from memrl.run.checkpoint import save as ckpt_save
 
 
 def _model(path):

@@ -27,10 +27,10 @@ from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
 from memrl.distributed import torchrun_command
-from memrl.run.metrics import read_metrics
-from memrl.run.record import read_record
 from memrl.rl.maths.losses import loss_norm
 from memrl.rl.trainer.rollout import QuestionStream, TrainState, collect_groups
+from memrl.run.metrics import read_metrics
+from memrl.run.record import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "tests" / "dist_train.py"
@@ -405,8 +405,8 @@ def test_bad_timeout_is_a_config_error(tiny_model_dir, data_dir, tmp_path):
 def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
     import pickle
 
-    from memrl.errors import MemrlInputError, MissingDependencyError
     from memrl.distributed import RankFailedError, rank_error
+    from memrl.errors import MemrlInputError, MissingDependencyError
 
     err = rank_error({3: KeyError("k"), 1: ValueError("bad value\nmore detail"), 2: OSError()})
     assert isinstance(err, RankFailedError) and err.rank == 1
@@ -446,8 +446,8 @@ def test_ray_launcher_errors_are_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_a_local_ray_cluster_never_waits_for_gpus_it_lacks(monkeypatch):
-    from memrl.errors import MemrlInputError
     from memrl.distributed.ray import check_local_gpus
+    from memrl.errors import MemrlInputError
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -23,10 +23,10 @@ from test_distributed import assert_same_metrics, overrides, run_helper
 
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.run.metrics import read_metrics
 from memrl.rl.maths.advantages import reinforce_pp_baseline_advantages
 from memrl.rl.maths.batch import RolloutBatch
 from memrl.rl.maths.gae import gae_batch, masked_whiten, value_statistics, whitening_stats
+from memrl.run.metrics import read_metrics
 from memrl.trajectory import Trajectory, Turn
 
 PPO = ["rl.adv_estimator=gae", "rl.lam=0.95", "critic.optim.lr=1e-3"]

@@ -22,7 +22,6 @@ from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
-from memrl.run.metrics import read_metrics
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
 from memrl.run.checkpoint import (
@@ -31,6 +30,7 @@ from memrl.run.checkpoint import (
     read_checkpoint_marker,
     save_checkpoint,
 )
+from memrl.run.metrics import read_metrics
 
 PACKED = ["model.attn_implementation=varlen", "rl.remove_padding=true"]
 """The runs take the GPU's default path: packed rows, varlen attention (sample by sample on
@@ -242,8 +242,8 @@ def test_a_sharded_critic_takes_the_replicated_step_and_resumes(tiny_model_dir, 
 
     from memrl.recipes import models
     from memrl.rl.maths.batch import RolloutBatch
-    from memrl.run.checkpoint.critic import load_critic
     from memrl.rl.maths.gae import gae_batch
+    from memrl.run.checkpoint.critic import load_critic
     from memrl.trajectory import Trajectory, Turn
 
     def turn(prompt, response):

@@ -12,12 +12,12 @@ from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
 from memrl.inference.base import batch_params, request_params
 from memrl.inference.loader import load_model
-from memrl.run.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
-from memrl.rl.trainer.actor import build_optimizer, response_logprobs, warmup_schedule
 from memrl.rl.maths.batch import Conversation, collate
 from memrl.rl.maths.losses import logprobs_from_logits
+from memrl.rl.trainer.actor import build_optimizer, response_logprobs, warmup_schedule
+from memrl.run.metrics import read_metrics
 
 
 def config(tmp_path, *extra):

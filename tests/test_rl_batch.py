@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.rl.maths.batch import Conversation, RolloutBatch, collate, pack_token_budget
 from memrl.rl.maths.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
+from memrl.trajectory import Trajectory, Turn
 
 
 def turn(prompt, response, kind="memory_update", finish="stop"):

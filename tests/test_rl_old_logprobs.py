@@ -22,13 +22,13 @@ from test_recipe_grpo import make_config as recipe_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
-from memrl.run.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
-from memrl.rl.trainer.actor import Actor
-from memrl.rl.maths.batch import RolloutBatch
 from memrl.rl.config import RLConfig
+from memrl.rl.maths.batch import RolloutBatch
 from memrl.rl.maths.correction import LogprobGuard, RolloutMismatchError
+from memrl.rl.trainer.actor import Actor
+from memrl.run.metrics import read_metrics
 
 ATOL = 1e-6
 """Float32 on CPU: the separate pass and the update's forward are the same computation."""

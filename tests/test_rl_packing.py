@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.inference.loader import load_model
+from memrl.models.attention import VARLEN_NAME, register
+from memrl.rl.config import RLConfig
+from memrl.rl.maths.batch import Conversation, RolloutBatch, collate
 from memrl.rl.trainer.actor import (
     Actor,
     Reference,
@@ -18,10 +20,8 @@ from memrl.rl.trainer.actor import (
     response_logprobs,
     warmup_schedule,
 )
-from memrl.rl.maths.batch import Conversation, RolloutBatch, collate
-from memrl.rl.config import RLConfig
-from memrl.models.attention import VARLEN_NAME, register
 from memrl.rl.trainer.packing import check_packed_attention, packed_inputs, varlen_kwargs
+from memrl.trajectory import Trajectory, Turn
 
 
 def sample(prompt, response, traj=0):

@@ -13,13 +13,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from memrl.trajectory import Trajectory, Turn
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig, TrajectoryLogConfig
+from memrl.rl.maths.advantages import compute_advantages
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.trainer.actor import Actor
 from memrl.run.trajectory_log import (
     TRAJECTORY_DIR,
     TrajectoryLog,
@@ -29,9 +31,7 @@ from memrl.run.trajectory_log import (
     take_whole_groups,
     trajectory_rows,
 )
-from memrl.rl.trainer.actor import Actor
-from memrl.rl.maths.advantages import compute_advantages
-from memrl.rl.maths.batch import RolloutBatch
+from memrl.trajectory import Trajectory, Turn
 
 
 def turn(kind: str, prompt: int, logprobs: list[float], truncated: bool = False) -> Turn:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.cli import main as cli_main
 from memrl.apps.view import gold_events, holds_gold, render_page, word_diff, write_view
+from memrl.cli import main as cli_main
 
 
 def test_word_diff_by_hand():

@@ -39,9 +39,9 @@ from typing import Any
 
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.errors import MemrlInputError
-from memrl.run.trajectory_files import TRAJECTORY_DIR, read_step_files
 from memrl.rewards.evidence import answer_in_text, evidence_chunk
 from memrl.run.record import RUN_FILE, read_record, summary_line
+from memrl.run.trajectory_files import TRAJECTORY_DIR, read_step_files
 
 Renderer = Callable[[dict[str, Any], str], str]
 """(log row, its file relative to RUN_DIR) → the row's section of the page (HTML)."""

@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from memrl.cli.app import app
-from memrl.errors import InfrastructureError, MemrlInputError, MissingDependencyError
 from memrl.distributed import RankFailedError
+from memrl.errors import InfrastructureError, MemrlInputError, MissingDependencyError
 
 
 def _quiet_library_progress_bars() -> None:

@@ -23,6 +23,8 @@ from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.models.attention import register as register_varlen
 from memrl.models.attention import varlen_available
 from memrl.recipes.config import ModelConfig, TrainConfig
+from memrl.rl.config import OptimConfig
+from memrl.rl.maths.flops import device_peak_flops
 from memrl.rl.trainer.actor import (
     Actor,
     Reference,
@@ -31,11 +33,9 @@ from memrl.rl.trainer.actor import (
     policy_hidden_states_error,
     warmup_schedule,
 )
-from memrl.rl.config import OptimConfig
 from memrl.rl.trainer.critic import Critic, ValueModel
-from memrl.rl.trainer.values import PolicyValueHead, value_head
 from memrl.rl.trainer.sharding import decoder_layers, shard
-from memrl.rl.maths.flops import device_peak_flops
+from memrl.rl.trainer.values import PolicyValueHead, value_head
 
 log = logging.getLogger(__name__)
 

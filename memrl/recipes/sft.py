@@ -25,11 +25,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.trajectory import Trajectory
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.recipes import models
+from memrl.recipes.sft_config import SFTConfig
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.trainer.actor import response_logprobs
+from memrl.rl.trainer.optim import build_optimizer, optimizer_step
+from memrl.rl.trainer.rollout import QuestionStream, TrainState
 from memrl.run.scaffold import (
     planned_steps,
     resume_or_start,
@@ -37,12 +41,8 @@ from memrl.run.scaffold import (
     save_run,
     seed_everything,
 )
-from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.trainer.actor import response_logprobs
-from memrl.rl.maths.batch import RolloutBatch
-from memrl.rl.trainer.optim import build_optimizer, optimizer_step
-from memrl.rl.trainer.rollout import QuestionStream, TrainState
 from memrl.tasks import Task, build_task
+from memrl.trajectory import Trajectory
 
 
 def sft_loss(logprobs: Tensor, mask: Tensor, num_tokens: float | Tensor) -> Tensor:

@@ -26,6 +26,8 @@ from memrl.config import config_to_yaml
 from memrl.distributed import Dist, note
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
+from memrl.rl.trainer.rollout import TrainState
+from memrl.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from memrl.run.metrics import (
     MetricsLogger,
     plot_training_curves,
@@ -33,8 +35,6 @@ from memrl.run.metrics import (
     truncate_metrics,
 )
 from memrl.run.trajectory_files import remove_steps_after
-from memrl.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from memrl.rl.trainer.rollout import TrainState
 
 
 def seed_everything(seed: int) -> None:

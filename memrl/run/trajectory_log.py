@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
+from memrl.rl.maths.batch import RolloutBatch
 from memrl.run.trajectory_files import (
     TRAJECTORY_DIR,
     read_step_files,
@@ -45,7 +46,6 @@ from memrl.run.trajectory_files import (
     step_file,
     step_files,
 )
-from memrl.rl.maths.batch import RolloutBatch
 
 __all__ = [
     "TRAJECTORY_DIR",

@@ -40,7 +40,6 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.apps.ask.api import AskProgress, document_chunks, read
 from memrl.apps.ask.chunking import DocumentChunks, TooManyTokens
 from memrl.apps.ask.documents import open_document
-from memrl.errors import MemrlInputError, require
 from memrl.apps.serve.config import ServeConfig
 from memrl.apps.serve.protocol import (
     ApiError,
@@ -52,6 +51,7 @@ from memrl.apps.serve.protocol import (
     split_messages,
     sse,
 )
+from memrl.errors import MemrlInputError, require
 
 log = logging.getLogger("memrl.apps.serve")
 

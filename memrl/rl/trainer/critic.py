@@ -44,11 +44,11 @@ import torch
 from torch import Tensor, nn
 
 from memrl.distributed import Dist
-from memrl.rl.trainer.actor import mixed_precision
-from memrl.rl.maths.batch import RolloutBatch, on_device, pack_token_budget, response_rows
 from memrl.rl.config import RLConfig
+from memrl.rl.maths.batch import RolloutBatch, on_device, pack_token_budget, response_rows
 from memrl.rl.maths.gae import value_loss
 from memrl.rl.maths.losses import agg_loss, masked_mean
+from memrl.rl.trainer.actor import mixed_precision
 from memrl.rl.trainer.optim import optimizer_step
 from memrl.rl.trainer.sharding import padding_micro_batch, padding_passes
 from memrl.rl.trainer.values import CriticStats, batch_value_statistics, head_values, value_head

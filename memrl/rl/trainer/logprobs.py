@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.rl.maths.losses import entropy_from_logits, linear_logprobs, logprobs_from_logits
 from memrl.models.attention import packed_forward, packed_masks, uses_varlen
+from memrl.rl.maths.losses import entropy_from_logits, linear_logprobs, logprobs_from_logits
 from memrl.rl.trainer.packing import packed_inputs, varlen_kwargs
 from memrl.rl.trainer.values import head_values
 

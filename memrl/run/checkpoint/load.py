@@ -9,6 +9,8 @@ import torch
 
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError, require
+from memrl.rl.trainer.sharding import is_sharded
+from memrl.run.checkpoint.critic import load_critic
 from memrl.run.checkpoint.layout import (
     MODEL_DIR,
     OPTIMIZER_FILE,
@@ -22,10 +24,8 @@ from memrl.run.checkpoint.layout import (
     read_json,
     unwrap,
 )
-from memrl.run.checkpoint.critic import load_critic
 from memrl.run.checkpoint.rng import set_rng_state
 from memrl.run.checkpoint.shards import read_shards
-from memrl.rl.trainer.sharding import is_sharded
 
 
 def load_checkpoint(

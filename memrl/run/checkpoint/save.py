@@ -16,6 +16,8 @@ import torch
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import MIN_FREE_BYTES, fsync_dir, write_atomic
+from memrl.rl.trainer.sharding import is_sharded
+from memrl.run.checkpoint.critic import save_critic, save_critic_shards
 from memrl.run.checkpoint.layout import (
     CONFIG_FILE,
     CRITIC_DIR,
@@ -36,10 +38,8 @@ from memrl.run.checkpoint.layout import (
     step_dir_name,
     unwrap,
 )
-from memrl.run.checkpoint.critic import save_critic, save_critic_shards
 from memrl.run.checkpoint.rng import get_rng_state, set_rng_state
 from memrl.run.checkpoint.shards import write_shards
-from memrl.rl.trainer.sharding import is_sharded
 
 
 def save_checkpoint(
