@@ -4,10 +4,10 @@ The update's forward ends with log p(label) of every response token under
 softmax(h W^T / T) (and the entropy, as a metric). Four implementations, each timed forward +
 backward (the update) and forward under no_grad (the old and reference log-prob passes):
 
-- `memrl`: `memrl.rl.losses.linear_logprobs`, memrl's own fused projection (chunks of rows in
+- `memrl`: `memrl.rl.maths.losses.linear_logprobs`, memrl's own fused projection (chunks of rows in
   PyTorch, its own backward; no (rows, vocab) tensor kept), timed with the entropy, as the
   update and the old log-prob pass compute it (the others compute none);
-- `plain`: h @ W^T, then `memrl.rl.losses.logprobs_from_logits` (the (rows, vocab) logits
+- `plain`: h @ W^T, then `memrl.rl.maths.losses.logprobs_from_logits` (the (rows, vocab) logits
   kept for backward; memrl's path when the entropy needs a gradient);
 - `liger`: Liger Kernel's fused linear cross-entropy (`reduction="none"`, Triton);
 - `cce`: Cut Cross-Entropy's `linear_cross_entropy` (`reduction="none"`, Triton), exact
@@ -81,7 +81,7 @@ def implementation(name: str) -> Any:
     """fn(h, W, labels, T) -> log p per row (float32), differentiable in h and W."""
     import torch
 
-    from memrl.rl.losses import linear_logprobs, logprobs_from_logits
+    from memrl.rl.maths.losses import linear_logprobs, logprobs_from_logits
 
     if name == "memrl":
         return lambda h, w, y, t: linear_logprobs(h, w, y, temperature=t)[0]
@@ -109,7 +109,7 @@ def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
             args: argparse.Namespace, device: str) -> dict[str, Any]:
     import torch
 
-    from memrl.rl.losses import logprobs_from_logits
+    from memrl.rl.maths.losses import logprobs_from_logits
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     h64 = torch.randn(rows, hidden, generator=gen, dtype=torch.float64)

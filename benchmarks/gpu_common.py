@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memrl.runrecord import package_version, recorded
+from memrl.run.record import package_version, recorded
 
 QWEN25_05B = dict(
     hidden_size=896,
@@ -242,7 +242,7 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 
 
 def run_record(out: str | None, kind: str, args: Any, **facts: Any) -> Any:
-    """The script's run record (`memrl.runrecord`): `<name>.run.json` beside a results file
+    """The script's run record (`memrl.run.record`): `<name>.run.json` beside a results file
     `out` (`x.json` → `x.run.json`), `run.json` inside an output directory, nothing without
     `out`. The config hash covers the parsed arguments; `facts` are `recorded`'s keywords
     (engine, strategy, device)."""

@@ -836,7 +836,7 @@ def compare_runs(path: Path, runs: dict[str, Path]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from memrl.metrics import read_metrics
+    from memrl.run.metrics import read_metrics
 
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.4))
     for row, metrics in runs.items():

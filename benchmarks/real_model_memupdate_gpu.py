@@ -280,7 +280,7 @@ def reward_curve(metrics: Path, out: Path, title: str) -> list[dict[str, float]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from memrl.metrics import read_metrics
+    from memrl.run.metrics import read_metrics
 
     rows = read_metrics(metrics)
     train = [(r["step"], r["train/reward_mean"]) for r in rows if "train/reward_mean" in r]

@@ -150,7 +150,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--padded", dest="remove_padding", action="store_const", const=False,
                    help="right-padded micro-batches (rl.remove_padding false)")
     p.add_argument("--peak-tflops", type=float, default=None,
-                   help="peak TFLOP/s for MFU (default: memrl.rl.flops table, bf16 dense)")
+                   help="peak TFLOP/s for MFU (default: memrl.rl.maths.flops table, bf16 dense)")
 
 
 def add_update_only_arguments(p: argparse.ArgumentParser) -> None:
@@ -386,8 +386,8 @@ def run_steps(run, shapes, pending: dict[str, float], steps: int) -> list[dict[s
     """`steps` recipe steps; per step its perf/* metrics, batch shapes, the engine hooks'
     times (`pending`, from `time_engine_hooks`), the collector's pauses and peak memory.
     With `trainer.gc_freeze` the heap is frozen after the first step, as the recipe's loop
-    (`memrl.recipes.scaffold.run_loop`) does, and `gc_freeze_s` is that collection's time."""
-    from memrl.recipes.scaffold import HeapFreezer
+    (`memrl.run.scaffold.run_loop`) does, and `gc_freeze_s` is that collection's time."""
+    from memrl.run.scaffold import HeapFreezer
 
     rows: list[dict[str, Any]] = []
     with GCPauses() as pauses, HeapFreezer(run.config.trainer.gc_freeze) as heap:
@@ -516,8 +516,8 @@ def synthetic_batch(args: argparse.Namespace, vocab: int, rank: int = 0):
     Each rank of a data-parallel run draws its own (seeded with the seed and its rank)."""
     import torch
 
+    from memrl.rl.maths.batch import RolloutBatch
     from memrl.trajectory import Trajectory, Turn
-    from memrl.rl.batch import RolloutBatch
 
     rng = random.Random(args.seed if rank == 0 else f"{args.seed}/rank{rank}")
     trajs = []
@@ -540,8 +540,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     import torch
 
     from memrl.distributed import destroy_process_group, init_process_group
-    from memrl.rl.actor import build_optimizer
-    from memrl.rl.flops import ModelShape, device_peak_flops, train_flops
+    from memrl.rl.maths.flops import ModelShape, device_peak_flops, train_flops
+    from memrl.rl.trainer.actor import build_optimizer
 
     fsdp = args.strategy == "fsdp"
     # Under torchrun: one rank per GPU (cuda:LOCAL_RANK), each with its own `--samples`
@@ -563,7 +563,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     lens = [s.num_tokens for s in batch.conversations]
     responses = [len(s.response_ids) for s in batch.conversations]
     tokens = sum(lens)
-    # Model FLOPs of the update (memrl.rl.flops, per sequence) and the classic 6·N·T
+    # Model FLOPs of the update (memrl.rl.maths.flops, per sequence) and the classic 6·N·T
     # yardstick (N = every parameter, the vocabulary projection at every token, no attention).
     flops = train_flops(lens, model_shape, logit_tokens=sum(responses))
     flops_6n = 6 * params * tokens
@@ -631,7 +631,7 @@ def build_update_model(args: argparse.Namespace, shape: dict[str, int], dist: An
     from memrl.models.attention import uses_varlen
     from memrl.recipes.config import ModelConfig
     from memrl.recipes.models import attention, checkpoint_layers, compile_layers
-    from memrl.rl.sharding import shard
+    from memrl.rl.trainer.sharding import shard
 
     fsdp = args.strategy == "fsdp"
     config = Qwen2Config(**{"tie_word_embeddings": True, **shape}, rope_theta=1_000_000.0)
@@ -667,9 +667,9 @@ def measure_budget(args: argparse.Namespace, budget: int, model: Any, optimizer:
     all ranks); a budget too large for the GPU is a row with its error."""
     import torch
 
-    from memrl.rl.actor import Actor, warmup_schedule
     from memrl.rl.config import RLConfig
-    from memrl.rl.flops import mfu
+    from memrl.rl.maths.flops import mfu
+    from memrl.rl.trainer.actor import Actor, warmup_schedule
 
     def sync() -> None:
         if cuda:

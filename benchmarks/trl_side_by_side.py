@@ -631,7 +631,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     memory they see in use is their own."""
     import torch
 
-    from memrl.runrecord import memrl_source, package_version
+    from memrl.run.record import memrl_source, package_version
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     print(f"command: {command_line()}\nversions: trl {package_version('trl')}, memrl via "

@@ -23,7 +23,7 @@ interruption), and to let only the main rank say "interrupted".
 
 Signal handlers can only be installed from the main thread; elsewhere the block does nothing.
 `memrl train`, `memrl sft` and `memrl eval ...` run inside such a block (and inside a run
-record, `memrl.runrecord`, which notes the signal); `memrl.cli.main` maps a bare
+record, `memrl.run.record`, which notes the signal); `memrl.cli.main` maps a bare
 KeyboardInterrupt of any other command to the same message and exit code.
 """
 

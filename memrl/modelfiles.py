@@ -8,7 +8,7 @@ checks look at the files first and name the one that is wrong, as a one-line
 `MemrlInputError`. They read headers only (a few KB), never the weights.
 
 Used by `memrl.inference.loader` (every model and tokenizer memrl loads) and
-`memrl.rl.checkpoint` (export, adapters).
+`memrl.run.checkpoint` (export, adapters).
 """
 
 from __future__ import annotations

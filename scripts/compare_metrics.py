@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from memrl.metrics import read_metrics
+from memrl.run.metrics import read_metrics
 
 
 def by_step(path: str) -> dict[int, dict]:

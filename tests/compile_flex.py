@@ -31,9 +31,9 @@ from torch._inductor.compile_fx import compile_fx
 from memrl.errors import MemrlInputError
 from memrl.recipes.config import ModelConfig
 from memrl.recipes.models import load_policy
-from memrl.rl.actor import response_logprobs
-from memrl.rl.batch import Conversation, collate
-from memrl.rl.packing import check_packed_attention
+from memrl.rl.maths.batch import Conversation, collate
+from memrl.rl.trainer.actor import response_logprobs
+from memrl.rl.trainer.packing import check_packed_attention
 
 TRACED: list[str] = []
 """flex_attention operators found in the graphs torch compiled for the decoder layers."""

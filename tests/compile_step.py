@@ -23,7 +23,7 @@ import torch
 from test_rl_old_logprobs import make_config, step
 
 from memrl.recipes import grpo
-from memrl.rl.batch import RolloutBatch
+from memrl.rl.maths.batch import RolloutBatch
 
 # Micro-batches of a small token budget: several shapes, so the compiled layers go dynamic,
 # and the recomputation of a checkpointed layer must find the forward's graph.

@@ -34,3 +34,20 @@ def test_the_package_table_names_every_package_and_app():
     paths = {r: package.joinpath(*r.split(".")[1:]) for r in rows}
     assert sorted(r for r, p in paths.items()
                   if not (p.with_suffix(".py").is_file() or p.is_dir())) == []
+
+
+def test_the_grpo_step_never_branches_on_a_critic():
+    """PPO with a value model is its own step (`memrl.recipes.ppo`): GRPO's step and the
+    helpers it calls never name a critic or a value, and the config picks the step."""
+    from memrl.config import load_config
+    from memrl.recipes import ppo
+    from memrl.recipes.config import TrainConfig
+
+    for helper in (grpo.train_step, grpo.with_logprobs, grpo.with_advantages,
+                   grpo.rollout_batch):
+        assert not re.search(r"critic|value|gae", inspect.getsource(helper)), helper.__name__
+    base = ["model.path=m", "data.train_file=t.jsonl"]
+    for estimator, step in [("grpo", grpo.train_step), ("rloo", grpo.train_step),
+                            ("gae", ppo.train_step)]:
+        config = load_config(TrainConfig, None, [*base, f"rl.adv_estimator={estimator}"])
+        assert grpo.step_function(config) is step

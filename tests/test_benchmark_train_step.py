@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memrl.runrecord import read_record
+from memrl.run.record import read_record
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step_gpu.py"
 

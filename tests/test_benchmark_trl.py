@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memrl.errors import MemrlInputError
-from memrl.runrecord import read_record
+from memrl.run.record import read_record
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -13,14 +13,14 @@ import torch
 
 from memrl.cli import main
 from memrl.errors import MemrlInputError
-from memrl.rl.checkpoint import save as ckpt_save
-from memrl.rl.checkpoint import (
+from memrl.run.checkpoint import (
     export_checkpoint,
     latest_checkpoint,
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
 )
+from memrl.run.checkpoint import save as ckpt_save
 
 
 def _model(path):

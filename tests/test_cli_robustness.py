@@ -359,7 +359,7 @@ def full_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A training run directory with two full-model checkpoints (steps 1 and 2)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memrl.rl.checkpoint import save_checkpoint
+    from memrl.run.checkpoint import save_checkpoint
 
     run_dir = tmp_path_factory.mktemp("full_run")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -377,7 +377,7 @@ def lora_checkpoint(tmp_path_factory, tiny_model_dir) -> Path:
     import peft
     from transformers import AutoModelForCausalLM
 
-    from memrl.rl.checkpoint import save_checkpoint
+    from memrl.run.checkpoint import save_checkpoint
 
     model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
                                 peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))

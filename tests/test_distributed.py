@@ -27,10 +27,10 @@ from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
 from memrl.distributed import torchrun_command
-from memrl.metrics import read_metrics
-from memrl.runrecord import read_record
-from memrl.rl.losses import loss_norm
-from memrl.rl.rollout import QuestionStream, TrainState, collect_groups
+from memrl.rl.maths.losses import loss_norm
+from memrl.rl.trainer.rollout import QuestionStream, TrainState, collect_groups
+from memrl.run.metrics import read_metrics
+from memrl.run.record import read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "tests" / "dist_train.py"
@@ -161,7 +161,7 @@ def test_two_ranks_take_the_single_process_step(runs, tiny_model_dir):
 def test_two_ranks_log_the_single_process_trajectories(runs):
     """Each rank's trajectory records are gathered on the main rank, in the order one
     process holds them (trainer.log_trajectories: on for this small run)."""
-    from memrl.recipes.trajectory_log import read_step_files
+    from memrl.run.trajectory_log import read_step_files
 
     single, two = read_step_files(runs["single"])[1], read_step_files(runs["two"])[1]
     assert len(two) == 3 * 2
@@ -405,8 +405,8 @@ def test_bad_timeout_is_a_config_error(tiny_model_dir, data_dir, tmp_path):
 def test_a_failed_ray_run_is_one_error_naming_the_lowest_failed_rank():
     import pickle
 
-    from memrl.errors import MemrlInputError, MissingDependencyError
     from memrl.distributed import RankFailedError, rank_error
+    from memrl.errors import MemrlInputError, MissingDependencyError
 
     err = rank_error({3: KeyError("k"), 1: ValueError("bad value\nmore detail"), 2: OSError()})
     assert isinstance(err, RankFailedError) and err.rank == 1
@@ -446,8 +446,8 @@ def test_ray_launcher_errors_are_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_a_local_ray_cluster_never_waits_for_gpus_it_lacks(monkeypatch):
-    from memrl.errors import MemrlInputError
     from memrl.distributed.ray import check_local_gpus
+    from memrl.errors import MemrlInputError
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -23,10 +23,10 @@ from test_distributed import assert_same_metrics, overrides, run_helper
 
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.metrics import read_metrics
-from memrl.rl.advantages import reinforce_pp_baseline_advantages
-from memrl.rl.batch import RolloutBatch
-from memrl.rl.gae import gae_batch, masked_whiten, value_statistics, whitening_stats
+from memrl.rl.maths.advantages import reinforce_pp_baseline_advantages
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.maths.gae import gae_batch, masked_whiten, value_statistics, whitening_stats
+from memrl.run.metrics import read_metrics
 from memrl.trajectory import Trajectory, Turn
 
 PPO = ["rl.adv_estimator=gae", "rl.lam=0.95", "critic.optim.lr=1e-3"]
@@ -187,7 +187,7 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 def _trajectory_rows(run: Path, step: int) -> list[dict]:
-    from memrl.recipes.trajectory_log import read_step_files
+    from memrl.run.trajectory_log import read_step_files
 
     return read_step_files(run)[step]
 
@@ -268,7 +268,7 @@ def _sharded_critic_weights(run: Path, step: int, config: list[str], tokenizer) 
     from memrl.config import load_config
     from memrl.recipes import models
     from memrl.recipes.config import TrainConfig
-    from memrl.rl.checkpoint.critic import load_critic
+    from memrl.run.checkpoint.critic import load_critic
 
     critic = models.build_critic(load_config(TrainConfig, None, config), tokenizer,
                                  total_steps=2)
@@ -287,7 +287,7 @@ def test_ppo_sharded_with_fsdp_on_two_ranks_and_resumed(ppo_runs, tiny_model_dir
     of every weight and of its AdamW state), step 1, then step 2 resumed on 2 ranks from the
     sharded checkpoint: each step is still the one-process step (the policy read back by
     export, the critic by loading its shards into a replicated critic; metrics alike)."""
-    from memrl.rl.checkpoint import export_checkpoint
+    from memrl.run.checkpoint import export_checkpoint
 
     fsdp = tmp_path / "fsdp"
     run_helper(2, _ppo(tiny_model_dir, data_dir, fsdp, "trainer.total_steps=1",

@@ -22,15 +22,15 @@ from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
-from memrl.metrics import read_metrics
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.checkpoint import (
+from memrl.run.checkpoint import (
     export_checkpoint,
     load_checkpoint,
     read_checkpoint_marker,
     save_checkpoint,
 )
+from memrl.run.metrics import read_metrics
 
 PACKED = ["model.attn_implementation=varlen", "rl.remove_padding=true"]
 """The runs take the GPU's default path: packed rows, varlen attention (sample by sample on
@@ -147,7 +147,7 @@ def group_of_one():
 
 def sharded_policy(path: Path):
     from memrl.inference.loader import load_model
-    from memrl.rl.sharding import shard
+    from memrl.rl.trainer.sharding import shard
 
     return shard(load_model(path, device="cpu", dtype=torch.float32), "cpu")
 
@@ -162,7 +162,7 @@ def take_a_step(model, optimizer) -> None:
 def test_a_sharded_checkpoint_loads_into_a_replicated_model(tiny_model_dir, tmp_path,
                                                             group_of_one):
     from memrl.inference.loader import load_model
-    from memrl.rl.sharding import is_sharded
+    from memrl.rl.trainer.sharding import is_sharded
 
     assert group_of_one == Dist()
     model = sharded_policy(tiny_model_dir)
@@ -205,7 +205,7 @@ def test_the_recipe_set_up_directly_shards_on_one_process(tiny_model_dir, data_d
     # of one for FSDP, as `memrl train` does
     from memrl.distributed import destroy_process_group
     from memrl.recipes import grpo
-    from memrl.rl.sharding import is_sharded
+    from memrl.rl.trainer.sharding import is_sharded
 
     cfg = load_config(TrainConfig, None, [*overrides(tiny_model_dir, data_dir, tmp_path),
                                           "model.strategy=fsdp"])
@@ -241,9 +241,9 @@ def test_a_sharded_critic_takes_the_replicated_step_and_resumes(tiny_model_dir, 
     from torch.distributed.fsdp import FSDPModule
 
     from memrl.recipes import models
-    from memrl.rl.batch import RolloutBatch
-    from memrl.rl.checkpoint.critic import load_critic
-    from memrl.rl.gae import gae_batch
+    from memrl.rl.maths.batch import RolloutBatch
+    from memrl.rl.maths.gae import gae_batch
+    from memrl.run.checkpoint.critic import load_critic
     from memrl.trajectory import Trajectory, Turn
 
     def turn(prompt, response):

@@ -249,9 +249,9 @@ def test_grpo_on_a_server_samples_the_policy_after_every_update(server, tiny_mod
     from memrl.config import load_config
     from memrl.data.hotpotqa import save_records_jsonl
     from memrl.data.synthetic import make_synthetic_records
-    from memrl.metrics import read_metrics
     from memrl.recipes import grpo
     from memrl.recipes.config import TrainConfig
+    from memrl.run.metrics import read_metrics
 
     save_records_jsonl(make_synthetic_records(6, num_docs=2, seed=0), tmp_path / "train.jsonl")
     cfg = load_config(TrainConfig, None, [

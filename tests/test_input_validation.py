@@ -17,7 +17,8 @@ from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic, write_text_atomic
 from memrl.memory.embedder import HashingEmbedder
 from memrl.memory.store import MemoryStore, validate_namespace
-from memrl.metrics import (
+from memrl.models.tiny import MIN_VOCAB_SIZE, build_tiny_tokenizer, check_vocab_size
+from memrl.run.metrics import (
     REDACTED,
     _read_run_id,
     env_secret_values,
@@ -25,7 +26,6 @@ from memrl.metrics import (
     scrub_env_secrets,
     scrub_secrets,
 )
-from memrl.models.tiny import MIN_VOCAB_SIZE, build_tiny_tokenizer, check_vocab_size
 
 # ----------------------------------------------------------------------------- YAML
 

@@ -20,16 +20,21 @@ APPS_AND_CLI = {"apps", "cli"}
 
 FORBIDDEN = {
     # package: packages it must never import
-    "agents": {"rl", "rewards", "eval", "tasks", "recipes"} | APPS_AND_CLI,
-    "rl": {"agents", "tasks", "eval", "recipes", "inference"} | APPS_AND_CLI,
-    "rewards": {"agents", "rl", "eval", "tasks", "recipes"} | APPS_AND_CLI,
+    "agents": {"rl", "run", "rewards", "eval", "tasks", "recipes"} | APPS_AND_CLI,
+    "rl": {"agents", "tasks", "eval", "recipes", "inference", "run"} | APPS_AND_CLI,
+    "run": {"agents", "rewards", "tasks", "eval", "recipes", "inference", "memory", "models"}
+    | APPS_AND_CLI,
+    "rewards": {"agents", "rl", "run", "eval", "tasks", "recipes"} | APPS_AND_CLI,
     "tasks": {"eval", "recipes"} | APPS_AND_CLI,
-    "inference": {"agents", "rl", "rewards", "eval", "tasks", "recipes"} | APPS_AND_CLI,
-    "data": {"agents", "rl", "rewards", "eval", "tasks", "recipes", "inference"} | APPS_AND_CLI,
-    "memory": {"agents", "rl", "rewards", "eval", "tasks", "recipes", "inference"} | APPS_AND_CLI,
+    "inference": {"agents", "rl", "run", "rewards", "eval", "tasks", "recipes"} | APPS_AND_CLI,
+    "data": {"agents", "rl", "run", "rewards", "eval", "tasks", "recipes", "inference"}
+    | APPS_AND_CLI,
+    "memory": {"agents", "rl", "run", "rewards", "eval", "tasks", "recipes", "inference"}
+    | APPS_AND_CLI,
     "eval": {"rl", "recipes"} | APPS_AND_CLI,
     "distributed": {
-        "agents", "rl", "rewards", "eval", "tasks", "recipes", "inference", "data", "memory",
+        "agents", "rl", "run", "rewards", "eval", "tasks", "recipes", "inference", "data",
+        "memory",
     } | APPS_AND_CLI,
     "models": APPS_AND_CLI,
     "recipes": APPS_AND_CLI,
@@ -41,9 +46,27 @@ FORBIDDEN = {
 ENTRY_POINTS = {"__main__"}
 """Top-level modules that may import the commands; every other module of memrl/ (config,
 errors, trajectory, ...) is core."""
-ALLOWED: set[tuple[str, str]] = set()
-"""(package, module) exceptions to FORBIDDEN: none. The contract between agents, tasks and
-training (`memrl.trajectory`) lives outside all of them."""
+ALLOWED: set[tuple[str, str]] = {("run", "memrl.eval.resume")}
+"""(package, module) exceptions to FORBIDDEN. One: the training trajectory log writes its
+rows with the evaluation's text encoding (`memrl.eval.resume.encode_text`: lone surrogates
+escaped), so both kinds of trajectory file read alike; `memrl.eval.resume` imports only
+`memrl.errors` and `memrl.fileio`. The contract between agents, tasks and training
+(`memrl.trajectory`) lives outside all of them."""
+
+ROOMS = {
+    # a room of memrl.rl: the only memrl modules it may import (itself included)
+    "rl/maths": ("memrl.errors", "memrl.trajectory", "memrl.rl.maths"),
+    "rl/trainer": ("memrl.errors", "memrl.trajectory", "memrl.distributed",
+                   "memrl.models.attention", "memrl.rl.maths", "memrl.rl.config",
+                   "memrl.rl.trainer"),
+    "rl/config.py": ("memrl.config",),
+}
+"""The rooms of `memrl.rl` (the third room, run infrastructure, is the package `memrl.run`,
+ruled by FORBIDDEN): the maths is pure (no process group, no model, no trainer), the trainer
+builds on the maths and never reaches the run infrastructure or a recipe."""
+NO_PROCESS_GROUP = ("rl/maths",)
+"""Rooms that never import torch.distributed: a reduction over ranks is a function they are
+given (`gae.AllReduceSum`, `correction.Gatherer`)."""
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -75,6 +98,45 @@ def violations() -> list[str]:
     return found
 
 
+def every_import(path: Path) -> list[tuple[int, str]]:
+    """Every absolute import of a file, memrl's or not (`from x import y` as `x`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def room_violations() -> list[str]:
+    """Imports of a room of memrl.rl outside what ROOMS lets it import, and torch.distributed
+    in a room of NO_PROCESS_GROUP."""
+    found = []
+    for room, allowed in ROOMS.items():
+        where = PACKAGE / room
+        for path in sorted(where.rglob("*.py") if where.is_dir() else [where]):
+            for line, module in every_import(path):
+                if (module.startswith("memrl") and not within(module, allowed)) or (
+                        room in NO_PROCESS_GROUP and within(module, ("torch.distributed",))):
+                    found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return found
+
+
+def checkpoint_reached_into() -> list[str]:
+    """Modules of memrl/ outside `memrl.run` that import a module inside the checkpoint
+    package instead of its public entry point, `memrl.run.checkpoint`."""
+    return [f"{path.relative_to(ROOT)}:{line} imports {module}"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if (PACKAGE / "run") not in path.parents
+            for line, module in imports_of(path)
+            if module.startswith("memrl.run.checkpoint.")]
+
+
 def unruled_packages() -> list[str]:
     """Packages of memrl/ that FORBIDDEN does not name."""
     return sorted(d.name for d in PACKAGE.iterdir()
@@ -83,6 +145,40 @@ def unruled_packages() -> list[str]:
 
 def test_no_package_imports_what_it_must_not():
     assert violations() == []
+
+
+def test_the_rooms_of_rl_import_what_they_may():
+    """maths: pure (errors, trajectory, itself; no process group); trainer: the maths, the
+    configs, the process group, attention kernels; never the run infrastructure."""
+    assert room_violations() == []
+    assert all((PACKAGE / room).exists() for room in ROOMS)
+
+
+def test_the_checkpoint_package_is_reached_through_its_entry_point():
+    assert checkpoint_reached_into() == []
+
+
+def test_the_room_checker_finds_a_trainer_import_in_the_maths(tmp_path, monkeypatch):
+    """The rule is live: the maths importing the trainer, the process group (memrl's or
+    torch's) or a model is reported; the trainer importing the run infrastructure too."""
+    maths = tmp_path / "memrl" / "rl" / "maths"
+    maths.mkdir(parents=True)
+    (maths / "bad.py").write_text("from memrl.rl.trainer.actor import Actor\n"
+                                  "import torch.distributed as tdist\n"
+                                  "from memrl.distributed import Dist\n"
+                                  "from memrl.rl.maths.losses import agg_loss\n")
+    (tmp_path / "memrl" / "rl" / "trainer").mkdir()
+    (tmp_path / "memrl" / "rl" / "trainer" / "bad.py").write_text(
+        "from memrl.run.metrics import MetricsLogger\nimport torch.distributed\n")
+    (tmp_path / "memrl" / "rl" / "config.py").write_text("from memrl.config import x\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "memrl")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert room_violations() == [
+        "memrl/rl/maths/bad.py:1 imports memrl.rl.trainer.actor",
+        "memrl/rl/maths/bad.py:2 imports torch.distributed",
+        "memrl/rl/maths/bad.py:3 imports memrl.distributed",
+        "memrl/rl/trainer/bad.py:1 imports memrl.run.metrics",
+    ]
 
 
 def test_every_package_is_ruled():
@@ -133,7 +229,8 @@ def test_the_checker_finds_the_core_importing_an_app_and_an_unruled_package(tmp_
 
 
 PRIVATE_ATTR = re.compile(r"\b(run|actor|reference|engine|generator|recipe|grpo)\.(_[a-z]\w*)")
-PRIVATE_IMPORT = re.compile(r"from memrl\.(recipes|rl\.actor|inference)[\w.]* import .*\b_[a-z]")
+PRIVATE_IMPORT = re.compile(
+    r"from memrl\.(recipes|rl\.trainer\.actor|inference)[\w.]* import .*\b_[a-z]")
 
 
 @pytest.mark.parametrize("folder", ["tests", "benchmarks"])
@@ -201,12 +298,12 @@ def test_the_public_names_check_finds_private_uses(tmp_path):
     """The rule is live: private names imported, private modules, private attributes of
     memrl modules are reported; a class's attributes are not modules' and pass."""
     bench = tmp_path / "bench.py"
-    bench.write_text("from memrl.rl import optim\n"
-                     "from memrl.rl.optim import _helper, Schedule\n"
+    bench.write_text("from memrl.rl.trainer import optim\n"
+                     "from memrl.rl.trainer.optim import _helper, Schedule\n"
                      "import memrl.recipes.grpo as g\n"
                      "x = optim._private(Schedule) + g._step + Schedule._on_a_class\n"
                      "import memrl._hidden\n")
-    assert private_uses(bench) == [(2, "memrl.rl.optim._helper"), (4, "g._step"),
+    assert private_uses(bench) == [(2, "memrl.rl.trainer.optim._helper"), (4, "g._step"),
                                    (4, "optim._private"), (5, "memrl._hidden")]
 
 
@@ -232,6 +329,14 @@ def test_no_function_over_100_lines_in_memrl_or_benchmarks():
     size, where = long_functions(limit=0)[0]
     print(f"longest function: {where}, {size} lines")
     assert size <= 100
+
+
+def test_no_function_over_80_lines_in_training_and_the_apps():
+    """The rooms of training (memrl.rl's maths and trainer, the run infrastructure, the
+    recipes) and the apps at the tighter limit: each function, `Actor.update` included,
+    reads alone."""
+    assert long_functions(("memrl/rl", "memrl/run", "memrl/recipes", "memrl/apps"),
+                          limit=80) == []
 
 
 def test_no_module_of_memrl_over_600_lines():

@@ -220,9 +220,9 @@ def test_two_ray_ranks_train_memoryupdate_on_one_store_actor(ray_cluster, tiny_m
 
     from memrl.config import load_config
     from memrl.data.locomo import save_episodes
-    from memrl.metrics import read_metrics
     from memrl.distributed import train_on_ray
     from memrl.recipes.config import TrainConfig
+    from memrl.run.metrics import read_metrics
 
     data = tmp_path / "data"
     save_episodes([

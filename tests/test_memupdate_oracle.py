@@ -33,11 +33,11 @@ from memrl.data.locomo import (
 from memrl.errors import MemrlInputError
 from memrl.memory.embedder import HashingEmbedder
 from memrl.memory.tools import parse_tool_calls
-from memrl.metrics import read_metrics
 from memrl.recipes import sft
 from memrl.recipes.sft_config import SFTConfig
 from memrl.rewards.memory_delta import evidence_recall_at_k
 from memrl.rewards.qa import f1_score
+from memrl.run.metrics import read_metrics
 from memrl.tasks.memupdate_locomo import MemoryUpdateTask, evidence_turn_texts, valid_call_rate
 
 DATE = "1:56 pm on 8 May, 2023"

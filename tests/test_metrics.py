@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memrl.errors import MemrlInputError, MissingDependencyError
-from memrl.metrics import (
+from memrl.run.metrics import (
     MetricsLogger,
     format_console_line,
     is_secret_key,

@@ -14,7 +14,7 @@ from memrl.config import load_config
 from memrl.recipes import sft
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
+from memrl.run.checkpoint import export_checkpoint, latest_checkpoint
 
 
 def quickstart_config(tmp_path):
@@ -51,9 +51,9 @@ def test_the_quickstart_warm_start_learns_the_task_on_unseen_people(tmp_path):
 def test_quickstart_data_keeps_evaluation_entities_out_of_training(tmp_path):
     import re
 
+    from memrl.apps.quickstart import QuickstartPlan, prepare_quickstart
     from memrl.data.hotpotqa import load_hotpotqa
     from memrl.data.ruler_hqa import load_ruler_hqa
-    from memrl.apps.quickstart import QuickstartPlan, prepare_quickstart
 
     cfg = quickstart_config(tmp_path)
     eval_dir = prepare_quickstart(cfg)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import torchrun_command
-from memrl.metrics import read_metrics
+from memrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "tests" / "rank_fault.py"

@@ -13,9 +13,9 @@ from memrl.config import load_config
 from memrl.data.biographies import make_biography_records
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.errors import MemrlInputError
-from memrl.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import DataConfig, TrainConfig
+from memrl.run.metrics import read_metrics
 
 
 def test_the_stage_of_each_step_by_hand():

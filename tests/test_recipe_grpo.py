@@ -20,19 +20,19 @@ import torch
 import yaml
 from helpers import TINY_MEMAGENT, kill_at_first_checkpoint
 
-from memrl.trajectory import Trajectory
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
-from memrl.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
-from memrl.rl.advantages import compute_advantages
-from memrl.rl.batch import RolloutBatch
-from memrl.rl.rollout import collect_groups
+from memrl.rl.maths.advantages import compute_advantages
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.trainer.rollout import collect_groups
+from memrl.run.metrics import read_metrics
 from memrl.tasks.memagent_qa import MemAgentQATask
+from memrl.trajectory import Trajectory
 
 BASE = [*TINY_MEMAGENT, "trainer.log_sinks=[jsonl]"]
 

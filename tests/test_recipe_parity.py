@@ -12,12 +12,12 @@ from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
 from memrl.inference.base import batch_params, request_params
 from memrl.inference.loader import load_model
-from memrl.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
-from memrl.rl.actor import build_optimizer, response_logprobs, warmup_schedule
-from memrl.rl.batch import Conversation, collate
-from memrl.rl.losses import logprobs_from_logits
+from memrl.rl.maths.batch import Conversation, collate
+from memrl.rl.maths.losses import logprobs_from_logits
+from memrl.rl.trainer.actor import build_optimizer, response_logprobs, warmup_schedule
+from memrl.run.metrics import read_metrics
 
 
 def config(tmp_path, *extra):
@@ -188,7 +188,7 @@ def test_response_logprobs_equal_a_full_forward(tiny_model_dir):
 def test_logits_scale_with_the_response_not_the_prompt(tiny_model_dir, monkeypatch):
     """The vocabulary projection runs on response positions only: a 6K-token prompt with a
     1K-token response projects 1K rows, as many as a 100-token prompt does."""
-    import memrl.rl.logprobs as forward_module
+    import memrl.rl.trainer.logprobs as forward_module
 
     model = load_model(tiny_model_dir)
     head_rows = []

@@ -18,12 +18,12 @@ from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
-from memrl.metrics import read_metrics
 from memrl.recipes import grpo, models
 from memrl.recipes.config import TrainConfig
-from memrl.rl.batch import RolloutBatch
-from memrl.rl.checkpoint.critic import load_critic
-from memrl.rl.gae import gae_batch
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.maths.gae import gae_batch
+from memrl.run.checkpoint.critic import load_critic
+from memrl.run.metrics import read_metrics
 from memrl.trajectory import Trajectory, Turn
 
 CRITIC_KEYS = {"critic/vf_loss", "critic/vf_explained_var", "critic/vf_clipfrac",
@@ -210,9 +210,9 @@ def test_a_value_head_on_the_policy_steps_by_the_joint_loss(tiny_model_dir):
     import copy
 
     from memrl.inference.loader import load_model
-    from memrl.rl.actor import Actor, response_pass
     from memrl.rl.config import RLConfig
-    from memrl.rl.values import PolicyValueHead, value_head
+    from memrl.rl.trainer.actor import Actor, response_pass
+    from memrl.rl.trainer.values import PolicyValueHead, value_head
 
     coef = 0.3
     torch.manual_seed(0)

@@ -23,9 +23,9 @@ from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.errors import MemrlInputError
-from memrl.metrics import read_metrics
 from memrl.recipes import sft
 from memrl.recipes.sft_config import SFTConfig
+from memrl.run.metrics import read_metrics
 from memrl.tasks.memagent_qa import MemAgentQATask, trajectory_row
 
 AGENT = MemAgentConfig(chunk_size=40, max_memory_tokens=64, max_final_tokens=24, temperature=0)

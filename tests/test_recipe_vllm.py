@@ -23,9 +23,9 @@ from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.inference.base import request_params
-from memrl.metrics import read_metrics
 from memrl.recipes import grpo, models
 from memrl.recipes.config import TrainConfig
+from memrl.run.metrics import read_metrics
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,

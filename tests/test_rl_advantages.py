@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from memrl.rl.advantages import (
+from memrl.rl.maths.advantages import (
     compute_advantages,
     dynamic_sampling_keep,
     group_stats,

@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
-from memrl.rl.batch import Conversation, RolloutBatch, collate, pack_token_budget
-from memrl.rl.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
+from memrl.rl.maths.batch import Conversation, RolloutBatch, collate, pack_token_budget
+from memrl.rl.maths.losses import LOSS_AGG_MODES, logprobs_from_logits, policy_loss
+from memrl.trajectory import Trajectory, Turn
 
 
 def turn(prompt, response, kind="memory_update", finish="stop"):
@@ -258,7 +258,7 @@ def test_packed_micro_batches_give_the_full_batch_loss(mode):
 
 
 def test_response_rows_cut_each_row_at_its_response_positions():
-    from memrl.rl.batch import response_rows
+    from memrl.rl.maths.batch import response_rows
 
     values = torch.tensor([[0.5, 1.5, 2.5], [3.5, 4.5, 5.5]], dtype=torch.bfloat16,
                           requires_grad=True)

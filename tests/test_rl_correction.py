@@ -9,13 +9,13 @@ import torch
 
 from memrl.errors import MemrlInputError
 from memrl.rl.config import RLConfig
-from memrl.rl.correction import (
+from memrl.rl.maths.correction import (
     RolloutMismatchError,
     check_logprob_mismatch,
     logprob_mismatch,
     rollout_is_weights,
 )
-from memrl.rl.losses import policy_loss
+from memrl.rl.maths.losses import policy_loss
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, 0.0, 0.0]])
 ROLLOUT = torch.tensor([[-1.5, -1.0, -0.5], [-3.0, 9.0, 9.0]])  # 9.0: padding, masked

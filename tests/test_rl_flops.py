@@ -1,4 +1,4 @@
-"""Training FLOPs, MFU and padding waste (memrl.rl.flops) against hand-computed values."""
+"""Training FLOPs, MFU and padding waste (memrl.rl.maths.flops) against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memrl.inference.loader import load_model
-from memrl.rl.flops import (
+from memrl.rl.maths.flops import (
     ModelShape,
     device_peak_flops,
     forward_flops,

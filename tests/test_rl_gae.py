@@ -14,14 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memrl.rl.gae import (
+from memrl.rl.maths.gae import (
     explained_variance,
     gae_advantages_returns,
     masked_whiten,
     trajectory_gae,
     value_loss,
 )
-from memrl.rl.losses import agg_loss
+from memrl.rl.maths.losses import agg_loss
 
 
 # ---- verl's formulas, restated from the files named in the module docstring

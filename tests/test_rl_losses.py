@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memrl.errors import MemrlInputError
-from memrl.rl.losses import (
+from memrl.rl.maths.losses import (
     LOSS_AGG_MODES,
     agg_loss,
     entropy_from_logits,
@@ -433,7 +433,7 @@ def test_dual_clip_is_on_by_default_as_in_verl():
 
 
 def test_linear_logprobs_equals_the_plain_path_and_passes_gradcheck():
-    from memrl.rl.losses import linear_logprobs
+    from memrl.rl.maths.losses import linear_logprobs
 
     g = torch.Generator().manual_seed(0)
     h = torch.randn(37, 16, generator=g, dtype=F64, requires_grad=True)
@@ -460,7 +460,7 @@ def test_linear_logprobs_equals_the_plain_path_and_passes_gradcheck():
 def test_linear_logprobs_entropy_of_peaked_rows_is_accurate_in_float32():
     """Entropy as log sum(e) - sum(e z) / sum(e) of the max-shifted logits: no cancellation
     between logsumexp and sum(p z) on nearly one-hot rows (float64 reference)."""
-    from memrl.rl.losses import linear_logprobs
+    from memrl.rl.maths.losses import linear_logprobs
 
     g = torch.Generator().manual_seed(2)
     h = torch.randn(64, 16, generator=g) * 8.0
@@ -479,7 +479,7 @@ def test_linear_logprobs_backward_runs_in_the_forwards_autocast_dtype():
     logits), not float32 ones: the hidden states' gradient 10x closer to the plain path's
     than to float32's; the weight's within one bfloat16 rounding of the plain path's (which
     rounds its one product to bfloat16, where the fused path sums chunks in float32)."""
-    from memrl.rl.losses import linear_logprobs
+    from memrl.rl.maths.losses import linear_logprobs
 
     g = torch.Generator().manual_seed(1)
     h0 = torch.randn(70, 32, generator=g)

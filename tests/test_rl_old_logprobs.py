@@ -22,13 +22,13 @@ from test_recipe_grpo import make_config as recipe_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.distributed import Dist
-from memrl.metrics import read_metrics
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
-from memrl.rl.actor import Actor
-from memrl.rl.batch import RolloutBatch
 from memrl.rl.config import RLConfig
-from memrl.rl.correction import LogprobGuard, RolloutMismatchError
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.maths.correction import LogprobGuard, RolloutMismatchError
+from memrl.rl.trainer.actor import Actor
+from memrl.run.metrics import read_metrics
 
 ATOL = 1e-6
 """Float32 on CPU: the separate pass and the update's forward are the same computation."""
@@ -337,7 +337,7 @@ def test_ranks_take_the_one_process_step_without_the_pass(tiny_model_dir, data_d
 
 
 def test_read_scalars_reads_the_values_exactly():
-    from memrl.rl.averages import read_scalars
+    from memrl.rl.trainer.averages import read_scalars
 
     values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor([2.5], dtype=torch.float64),
               torch.tensor(3, dtype=torch.int64), torch.tensor(1e-7, dtype=torch.bfloat16)]
@@ -346,7 +346,7 @@ def test_read_scalars_reads_the_values_exactly():
 
 
 def test_old_pass_keeps_rows_and_reads_their_response_tokens():
-    from memrl.rl.actor import OldPass
+    from memrl.rl.trainer.update_log import OldPass
 
     old = OldPass([torch.empty(0)] * 3, [torch.empty(0)] * 3, {})
     lp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], requires_grad=True)

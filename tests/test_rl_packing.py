@@ -8,14 +8,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from memrl.trajectory import Trajectory, Turn
 from memrl.errors import MemrlInputError
 from memrl.inference.loader import load_model
-from memrl.rl.actor import Actor, Reference, build_optimizer, response_logprobs, warmup_schedule
-from memrl.rl.batch import Conversation, RolloutBatch, collate
-from memrl.rl.config import RLConfig
 from memrl.models.attention import VARLEN_NAME, register
-from memrl.rl.packing import check_packed_attention, packed_inputs, varlen_kwargs
+from memrl.rl.config import RLConfig
+from memrl.rl.maths.batch import Conversation, RolloutBatch, collate
+from memrl.rl.trainer.actor import (
+    Actor,
+    Reference,
+    build_optimizer,
+    response_logprobs,
+    warmup_schedule,
+)
+from memrl.rl.trainer.packing import check_packed_attention, packed_inputs, varlen_kwargs
+from memrl.trajectory import Trajectory, Turn
 
 
 def sample(prompt, response, traj=0):
@@ -384,7 +390,7 @@ def test_varlen_attention_refuses_what_it_cannot_run():
 @given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 3), st.data())
 def test_gather_rows_is_boolean_indexing_forward_and_backward(rows, length, width, data):
     # on the CPU both (the point of gather_rows, a CPU mask for GPU data, needs a GPU)
-    from memrl.rl.logprobs import gather_rows
+    from memrl.rl.trainer.logprobs import gather_rows
 
     bits = data.draw(st.lists(st.booleans(), min_size=rows * length, max_size=rows * length))
     select = torch.tensor(bits).reshape(rows, length)

@@ -1,4 +1,4 @@
-"""Issue 21, item 2: `run.json`, a record of every run (memrl.runrecord).
+"""Issue 21, item 2: `run.json`, a record of every run (memrl.run.record).
 
 The record's pieces by hand (exit statuses, config hash, earlier records kept, main rank
 only), then `memrl train`, `memrl sft` and `memrl eval ruler-hqa / locomo` end to end on the
@@ -25,7 +25,7 @@ from memrl.errors import MemrlInputError
 from memrl.interrupt import Interrupted
 from memrl.recipes.config import TrainConfig
 from memrl.recipes.sft_config import SFTConfig
-from memrl.runrecord import (
+from memrl.run.record import (
     RUN_FILE,
     config_hash,
     exit_status,

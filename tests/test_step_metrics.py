@@ -1,6 +1,6 @@
 """The pieces the training step and the run loop are made of, with hand-computed numbers:
 the step's metrics (`memrl.recipes.step_metrics`), `UpdateStats`, the optimizer step
-(`memrl.rl.optim`) and the run loop (`memrl.recipes.scaffold`)."""
+(`memrl.rl.trainer.optim`) and the run loop (`memrl.run.scaffold`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memrl.distributed import heartbeat
 from memrl.distributed import Dist
+from memrl.distributed import heartbeat
 from memrl.recipes.config import ModelConfig, TrainerConfig
-from memrl.recipes.scaffold import planned_steps, run_loop
 from memrl.recipes.sft_config import SFTConfig, SFTDataConfig
 from memrl.recipes.step_metrics import (
     Phases,
@@ -25,9 +24,10 @@ from memrl.recipes.step_metrics import (
     step_metrics,
     throughput_metrics,
 )
-from memrl.rl.actor import UpdateStats
-from memrl.rl.optim import optimizer_step, warmup_schedule
-from memrl.rl.rollout import TrainState
+from memrl.rl.trainer.optim import optimizer_step, warmup_schedule
+from memrl.rl.trainer.rollout import TrainState
+from memrl.rl.trainer.update_log import UpdateStats
+from memrl.run.scaffold import planned_steps, run_loop
 
 
 def test_update_stats_give_the_actor_and_perf_keys_of_the_log():

@@ -26,9 +26,9 @@ from memrl.eval.report import read_jsonl
 from memrl.inference.base import request_params
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.memory.embedder import HashingEmbedder
-from memrl.metrics import read_metrics
-from memrl.recipes.config import TrainConfig
 from memrl.recipes import grpo
+from memrl.recipes.config import TrainConfig
+from memrl.run.metrics import read_metrics
 from memrl.tasks import build_task
 from memrl.tasks.memupdate_locomo import MemoryUpdateTask, evidence_texts
 

@@ -24,8 +24,8 @@ import yaml
 from memrl.cli import main as cli_main
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
-from memrl.metrics import read_metrics
-from memrl.rl.checkpoint import is_complete_checkpoint
+from memrl.run.checkpoint import is_complete_checkpoint
+from memrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
@@ -152,8 +152,8 @@ def test_sigint_and_sigterm_then_resume_match_an_uninterrupted_run(
 EVAL_CHILD = textwrap.dedent(
     """
     import sys, time
-    import memrl.eval.locomo, memrl.eval.ruler_hqa
     from memrl.cli import main
+    import memrl.eval.locomo, memrl.eval.ruler_hqa
 
     def slow(*args, **kwargs):
         print("ready", flush=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from helpers import TINY_MEMAGENT
 
 from memrl.cli import main
-from memrl.metrics import read_metrics
+from memrl.run.metrics import read_metrics
 
 
 def test_two_grpo_steps_on_where_now(tiny_model_dir, tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 Rows by hand from a hand-made batch, the size caps, the config, and a real GRPO run on the
 tiny model whose rows carry the trainer's own advantages and let anyone recompute them with
-`memrl.rl.advantages` (to 1e-6); `memrl view` lists a step's trajectories.
+`memrl.rl.maths.advantages` (to 1e-6); `memrl view` lists a step's trajectories.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from memrl.trajectory import Trajectory, Turn
 from memrl.cli import main as cli_main
 from memrl.config import load_config
 from memrl.data.hotpotqa import save_records_jsonl
 from memrl.data.synthetic import make_synthetic_records
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig, TrajectoryLogConfig
-from memrl.recipes.trajectory_log import (
+from memrl.rl.maths.advantages import compute_advantages
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.trainer.actor import Actor
+from memrl.run.trajectory_log import (
     TRAJECTORY_DIR,
     TrajectoryLog,
     read_step_files,
@@ -29,9 +31,7 @@ from memrl.recipes.trajectory_log import (
     take_whole_groups,
     trajectory_rows,
 )
-from memrl.rl.actor import Actor
-from memrl.rl.advantages import compute_advantages
-from memrl.rl.batch import RolloutBatch
+from memrl.trajectory import Trajectory, Turn
 
 
 def turn(kind: str, prompt: int, logprobs: list[float], truncated: bool = False) -> Turn:
@@ -177,7 +177,7 @@ def test_rows_carry_the_trainers_advantages_and_recompute_them(run):
             assert row["step"] == step and math.isclose(row["advantage"], float(adv),
                                                         abs_tol=1e-7)
             assert math.isclose(row["reward"] - row["kl_penalty"], float(reward), abs_tol=1e-6)
-        # ... and recomputed from the rows alone with memrl.rl.advantages
+        # ... and recomputed from the rows alone with memrl.rl.maths.advantages
         again = compute_advantages(
             cfg.rl.adv_estimator,
             torch.tensor([r["reward"] - r["kl_penalty"] for r in rows]),

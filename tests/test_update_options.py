@@ -54,7 +54,7 @@ def data_dir(tmp_path_factory) -> Path:
 # ---- gradient checkpointing of every n-th layer
 def saved_bytes(model, batch) -> int:
     """Bytes autograd keeps for the backward of one forward of `batch`'s conversations."""
-    from memrl.rl.actor import response_logprobs
+    from memrl.rl.trainer.actor import response_logprobs
 
     total = 0
 

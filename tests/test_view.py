@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memrl.cli import main as cli_main
 from memrl.apps.view import gold_events, holds_gold, render_page, word_diff, write_view
+from memrl.cli import main as cli_main
 
 
 def test_word_diff_by_hand():
@@ -149,7 +149,7 @@ def test_page_renders_in_a_headless_browser_without_console_errors(run_dir, tmp_
 
 def test_reading_a_run_imports_neither_torch_nor_transformers():
     # memrl view reads files: it starts in a second, not after importing torch (the
-    # trajectory step files are read by memrl.recipes.trajectory_files, not the writer)
+    # trajectory step files are read by memrl.run.trajectory_files, not the writer)
     import sys
 
     code = ("import sys\nimport memrl.apps.view\n"

@@ -155,7 +155,7 @@ def train_and_export(train: Any, run_dir: Path, model_dir: Path, console: Any) -
     """One training stage: nothing when `model_dir` exists (the stage finished: its export
     is renamed into place only when complete); else `train()` (which resumes from the
     stage's latest checkpoint, `trainer.resume=auto`) and the export of its last checkpoint."""
-    from memrl.rl.checkpoint import export_checkpoint, latest_checkpoint
+    from memrl.run.checkpoint import export_checkpoint, latest_checkpoint
 
     if model_dir.is_dir():
         console.print(f"done before: {model_dir}")
@@ -175,6 +175,38 @@ def accuracy_table(results: dict[str, dict[str, Any]]) -> dict[str, dict[int, fl
     }
 
 
+def report(results: dict[str, dict[str, Any]], plan: QuickstartPlan, root: Path, *,
+           runs: dict[str, Path], console: Any) -> dict[str, Any]:
+    """The accuracy table of the stages evaluated (printed), its plot and `summary.json`
+    (`runs`: the training runs' directories, by name); returns the summary."""
+    from rich.table import Table
+
+    from memrl.eval.report import plot_scores, write_json
+
+    table = accuracy_table(results)
+    view = Table("stage", *(f"N={n}" for n in plan.eval_docs))
+    stages = [s for s in STAGES if s in results]
+    for stage in stages:
+        view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in plan.eval_docs))
+    console.print(view)
+    tokens = [results["rl"]["results"][str(n)]["context_tokens"] for n in plan.eval_docs]
+    plot = plot_scores(root / "accuracy.png", tokens,
+                       {s: [table[s][n] for n in plan.eval_docs] for s in stages},
+                       xlabel="mean context length (tokens)", ylabel="sub-EM (%)",
+                       title="quickstart: before / warm start / RL",
+                       labels=[f"N={n}" for n in plan.eval_docs])
+    summary = {
+        "table": {s: {str(n): v for n, v in row.items()} for s, row in table.items()},
+        "train_docs": plan.train_docs, "eval_docs": list(plan.eval_docs), "plot": str(plot),
+        **{name: str(path) for name, path in runs.items()},
+        "evaluations": {s: str(root / f"eval_{s}") for s in stages},
+    }
+    write_json(root / "summary.json", summary)
+    console.print(f"plot {plot}; summary {root / 'summary.json'}; "
+                  f"browse the episodes: memrl view {root / 'eval_rl'}")
+    return summary
+
+
 def run_quickstart(
     config_path: str | Path,
     overrides: list[str] = (),
@@ -188,12 +220,9 @@ def run_quickstart(
     """Prepare, evaluate, warm-start, evaluate, train with GRPO, evaluate; print and plot
     the accuracy table. Returns where everything went and the table."""
     from rich.console import Console
-    from rich.table import Table
-
-    from memrl.eval.report import plot_scores, write_json
     from memrl.recipes import grpo, sft
     from memrl.recipes.sft_config import SFTConfig
-    from memrl.runrecord import recorded
+    from memrl.run.record import recorded
 
     console = console or Console()
     if plan.threads is not None:
@@ -252,25 +281,5 @@ def run_quickstart(
         results["rl"] = evaluate(rl_model, eval_dir, root / "eval_rl", cfg, console, plan)
 
         console.rule("5/5 accuracy (sub-EM %) against the number of documents")
-        table = accuracy_table(results)
-        view = Table("stage", *(f"N={n}" for n in plan.eval_docs))
-        stages = [s for s in STAGES if s in results]
-        for stage in stages:
-            view.add_row(stage, *(f"{table[stage][n]:.1f}" for n in plan.eval_docs))
-        console.print(view)
-        tokens = [results["rl"]["results"][str(n)]["context_tokens"] for n in plan.eval_docs]
-        plot = plot_scores(root / "accuracy.png", tokens,
-                           {s: [table[s][n] for n in plan.eval_docs] for s in stages},
-                           xlabel="mean context length (tokens)", ylabel="sub-EM (%)",
-                           title="quickstart: before / warm start / RL",
-                           labels=[f"N={n}" for n in plan.eval_docs])
-        summary = {
-            "table": {s: {str(n): v for n, v in row.items()} for s, row in table.items()},
-            "train_docs": plan.train_docs, "eval_docs": list(plan.eval_docs), "plot": str(plot),
-            "warm_start_run": str(warm_run), "rl_run": str(out),
-            "evaluations": {s: str(root / f"eval_{s}") for s in stages},
-        }
-        write_json(root / "summary.json", summary)
-        console.print(f"plot {plot}; summary {root / 'summary.json'}; "
-                      f"browse the episodes: memrl view {root / 'eval_rl'}")
-        return summary
+        return report(results, plan, root, runs={"warm_start_run": warm_run, "rl_run": out},
+                      console=console)

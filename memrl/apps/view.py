@@ -2,9 +2,9 @@
 
 It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
 `trajectories_{N}.jsonl`, `memrl eval locomo`'s `trajectories.jsonl`, a training run's
-`val_samples/step_*.jsonl`), every run record (`run.json`, `memrl.runrecord`) and every
+`val_samples/step_*.jsonl`), every run record (`run.json`, `memrl.run.record`) and every
 training run's per-trajectory records (`train_trajectories/step_*.jsonl`,
-`memrl.recipes.trajectory_log`), and writes `view.html`: no server, no network, no
+`memrl.run.trajectory_log`), and writes `view.html`: no server, no network, no
 external file. Given one JSONL file instead (`memrl ask --trace FILE.jsonl`), it renders that
 file into FILE.html. An episode without gold answers (`memrl ask`'s) is shown ungraded.
 
@@ -39,9 +39,9 @@ from typing import Any
 
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.errors import MemrlInputError
-from memrl.recipes.trajectory_files import TRAJECTORY_DIR, read_step_files
 from memrl.rewards.evidence import answer_in_text, evidence_chunk
-from memrl.runrecord import RUN_FILE, read_record, summary_line
+from memrl.run.record import RUN_FILE, read_record, summary_line
+from memrl.run.trajectory_files import TRAJECTORY_DIR, read_step_files
 
 Renderer = Callable[[dict[str, Any], str], str]
 """(log row, its file relative to RUN_DIR) → the row's section of the page (HTML)."""

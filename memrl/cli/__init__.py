@@ -16,8 +16,8 @@ import sys
 from typing import Any
 
 from memrl.cli.app import app
-from memrl.errors import InfrastructureError, MemrlInputError, MissingDependencyError
 from memrl.distributed import RankFailedError
+from memrl.errors import InfrastructureError, MemrlInputError, MissingDependencyError
 
 
 def _quiet_library_progress_bars() -> None:
@@ -172,7 +172,7 @@ def one_line(text: str) -> str:
 
 
 def _scrub(text: str) -> str:
-    from memrl.metrics import scrub_env_secrets
+    from memrl.run.metrics import scrub_env_secrets
 
     return scrub_env_secrets(text)
 

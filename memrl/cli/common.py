@@ -212,9 +212,9 @@ def eval_interruptible(out: Path) -> Iterator[None]:
 
 def record_eval(out: Path, kind: str, *, engine: str, device: str | None, seed: int | None,
                 settings: dict[str, Any]) -> Any:
-    """The run record (`memrl.runrecord`) of an evaluation into `out`; `settings` (the
+    """The run record (`memrl.run.record`) of an evaluation into `out`; `settings` (the
     command's options and agent config) is what the config hash covers."""
-    from memrl.runrecord import recorded
+    from memrl.run.record import recorded
 
     return recorded(out, kind, config=settings, seed=seed, engine=engine, device=device)
 
@@ -224,7 +224,7 @@ def print_warning(message: str) -> None:
     import sys
 
     from memrl.cli import one_line
-    from memrl.metrics import scrub_env_secrets
+    from memrl.run.metrics import scrub_env_secrets
 
     print(f"warning: {scrub_env_secrets(one_line(message))}", file=sys.stderr, flush=True)
 

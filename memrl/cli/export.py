@@ -31,7 +31,7 @@ def export(
     """Write a model directory loadable by AutoModelForCausalLM (LoRA adapters merged)."""
     from memrl.cli.common import print_warning
     from memrl.fileio import check_output_dir
-    from memrl.rl.checkpoint import export_checkpoint, read_checkpoint_marker, resolve_checkpoint
+    from memrl.run.checkpoint import export_checkpoint, read_checkpoint_marker, resolve_checkpoint
 
     check_output_dir(out_dir)
     ckpt = resolve_checkpoint(checkpoint, warn=print_warning)

@@ -97,9 +97,9 @@ def train(
 
 
 def record_training(kind: str, cfg: Any, engine: str | None) -> Any:
-    """The run record (`memrl.runrecord`) of a training run in `trainer.out_dir`: world size
+    """The run record (`memrl.run.record`) of a training run in `trainer.out_dir`: world size
     and launcher (Ray's ranks, or torchrun's), strategy, engine, seed, config hash."""
-    from memrl.runrecord import recorded
+    from memrl.run.record import recorded
 
     on_ray = cfg.trainer.launcher == "ray"
     return recorded(
@@ -214,7 +214,7 @@ class TrainProgress:
 
     def saved(self) -> str:
         """`last complete checkpoint: DIR`, or that there is none yet."""
-        from memrl.rl.checkpoint import latest_checkpoint
+        from memrl.run.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(self.out_dir / "checkpoints")
         return f"last complete checkpoint: {latest}" if latest else "no checkpoint saved yet"

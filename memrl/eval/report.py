@@ -213,8 +213,8 @@ def write_report(
     note: str = "",
 ) -> None:
     """results.md (the table as Markdown, plus a note) and the same table on the console.
-    When `out` holds a run record (`memrl.runrecord`), its key facts head the table."""
-    from memrl.runrecord import read_record, summary_line
+    When `out` holds a run record (`memrl.run.record`), its key facts head the table."""
+    from memrl.run.record import read_record, summary_line
 
     record = read_record(out)
     run = f"Run: {summary_line(record, with_status=False)}\n\n" if record else ""

@@ -1,13 +1,13 @@
 """`model.attn_implementation: varlen`: packed rows through PyTorch's variable-length flash
 attention (`torch.nn.attention.varlen.varlen_attn`), everything else as sdpa.
 
-A packed micro-batch (`memrl.rl.packing`, rl.remove_padding) is one row of several
+A packed micro-batch (`memrl.rl.trainer.packing`, rl.remove_padding) is one row of several
 samples. transformers attends within each sample by a mask it builds from the row's
 position_ids: a dense (T, T) boolean mask for sdpa (which then cannot use its flash kernel),
 a BlockMask for flex_attention; either way the host first waits for the GPU to find where
 the samples start. With this implementation the caller gives the samples' boundaries as
 transformers' flash-attention keywords (`cu_seq_lens_q/k`, `max_length_q/k`, computed on
-the host from the collated batch: `memrl.rl.packing.varlen_kwargs`) and a mapping of no
+the host from the collated batch: `memrl.rl.trainer.packing.varlen_kwargs`) and a mapping of no
 masks in place of the attention mask, and each layer runs the flash kernel over the packed
 row: no mask, no wait, no padding.
 

@@ -350,7 +350,7 @@ class TrainerConfig(StrictModel):
     peak_tflops: float | None = Field(None, gt=0)
     """Peak dense TFLOP/s of one accelerator in the training compute dtype, for the
     perf/mfu metric of the GRPO update; None: looked up for known GPUs computing in bf16/fp16
-    (`memrl.rl.flops.PEAK_TFLOPS_16BIT`), else no perf/mfu."""
+    (`memrl.rl.maths.flops.PEAK_TFLOPS_16BIT`), else no perf/mfu."""
     launcher: Literal["local", "ray"] = "local"
     """local: this process, or each rank of the launcher that started it (torchrun,
     `--nproc-per-node`). ray: `trainer.ray.num_workers` ranks on a Ray cluster through Ray

@@ -4,21 +4,23 @@
         engine.sync_weights(policy)                  the engine samples the current policy
         groups = collect_groups(task.rollout, ...)   rollouts + rewards; dynamic sampling
         batch  = RolloutBatch.from_trajectories(...)  one typed batch, one Conversation per turn
-        batch  = with_logprobs(run, batch, source)   old (actor; on-policy: none, below) and
-                                                     reference log-probs (+ critic's values)
-        batch  = with_advantages(batch, rl, dist)    one advantage per trajectory (GAE:
-                                                     per token, memrl.rl.gae)
-        stats  = actor.update(batch, dist, guard)    PPO over mini/micro-batches; on-policy
-                                                     its forward gives the old log-probs
-        critic = run.critic.update(batch, dist)      PPO: the value model (else None; a
-                                                     value head on the policy trains in
-                                                     the actor's update)
-        return step_metrics(...)                     recipes/step_metrics.py
+        old    = OldLogprobs.plan(run, batch)        the engine's, a separate pass's or the
+                                                     update's own forward (on-policy)
+        batch  = with_logprobs(run, batch, old)      old (a separate pass) and reference
+                                                     log-probs
+        batch  = with_advantages(batch, rl, dist)    one advantage per trajectory (grpo,
+                                                     rloo, reinforce_plus_plus_baseline)
+        stats  = actor.update(batch, dist, guard)    PPO's clipped objective over mini/micro-
+                                                     batches; on-policy its forward gives
+                                                     the old log-probs
+        return step_record(...)                      trajectory rows, recipes/step_metrics.py
 
-The loop around it (resume, validate, log, checkpoint) is `recipes/scaffold.py`, shared
-with the SFT warm start. The task (agent + data + reward), the engine and the models come
-from the config (`setup`); `memrl.rl` holds the maths and the actor.
-docs/architecture.md traces one step.
+PPO with a value model (rl.adv_estimator gae) is its own recipe, `memrl.recipes.ppo`: its
+step adds the critic's values, GAE and the critic's update, and shares the rest of this
+module (setup, the loop, validation, checkpoints; `step_function` picks the step). The loop
+around both (resume, validate, log, checkpoint) is `memrl.run.scaffold`, shared with the SFT
+warm start. The task (agent + data + reward), the engine and the models come from the config
+(`setup`); `memrl.rl` holds the maths and the trainer. docs/architecture.md traces one step.
 """
 
 from __future__ import annotations
@@ -36,7 +38,17 @@ from memrl.distributed import Dist, note
 from memrl.inference.base import derive_seed
 from memrl.recipes import models
 from memrl.recipes.config import TrainConfig
-from memrl.recipes.scaffold import (
+from memrl.recipes.step_metrics import Phases, StepView, step_metrics
+from memrl.rl.config import RLConfig
+from memrl.rl.maths.advantages import compute_advantages
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.maths.correction import LogprobGuard
+from memrl.rl.trainer.actor import Actor, Reference
+from memrl.rl.trainer.critic import Critic
+from memrl.rl.trainer.rollout import Groups, QuestionStream, TrainState, collect_groups
+from memrl.rl.trainer.update_log import UpdateStats
+from memrl.rl.trainer.values import CriticStats
+from memrl.run.scaffold import (
     planned_steps,
     resume_or_start,
     run_loop,
@@ -44,16 +56,7 @@ from memrl.recipes.scaffold import (
     seed_everything,
     warn_on_stderr,
 )
-from memrl.recipes.step_metrics import Phases, StepView, step_metrics
-from memrl.recipes.trajectory_log import TrajectoryLog
-from memrl.rl.actor import Actor, Reference
-from memrl.rl.advantages import compute_advantages
-from memrl.rl.batch import RolloutBatch
-from memrl.rl.config import RLConfig
-from memrl.rl.critic import Critic
-from memrl.rl.gae import gae_batch
-from memrl.rl.correction import LogprobGuard
-from memrl.rl.rollout import Groups, QuestionStream, TrainState, collect_groups
+from memrl.run.trajectory_log import TrajectoryLog
 from memrl.tasks import Task, build_task
 
 
@@ -113,43 +116,37 @@ def train(
     run = setup(config, task=task, dist=dist, console=console)
     if on_start is not None:
         on_start(run)
+    step = step_function(config)
     run_loop(config, run.state, run.dist, total=total_steps(config, len(run.stream.records)),
-             step=lambda: train_step(run), validate=(lambda: validate(run))
+             step=lambda: step(run), validate=(lambda: validate(run))
              if run.val_records or run.val_sets else None, save=lambda: save(run))
     run.engine.close()
     return run.state
 
 
+def step_function(config: TrainConfig) -> Callable[[Run], dict[str, float]]:
+    """The recipe's step for `config`: PPO's (`memrl.recipes.ppo.train_step`) for
+    rl.adv_estimator gae, else GRPO's (`train_step`); the loop around both is this module's."""
+    if config.rl.adv_estimator == "gae":
+        from memrl.recipes import ppo  # PPO's recipe is built on this one's pieces
+
+        return ppo.train_step
+    return train_step
+
+
 def train_step(run: Run) -> dict[str, float]:
-    """One step of the algorithm; returns its metrics."""
+    """One step of GRPO (or RLOO, REINFORCE++ baseline: rl.adv_estimator); its metrics."""
     rl = run.config.rl
     phases = Phases(run.state.step + 1)  # heartbeat (what this rank is doing) and timings
 
-    with phases("sync"):  # 1. The engine samples from the current weights.
-        run.engine.wake()
-        run.engine.sync_weights(run.actor.model, run.state.step)
-
-    with phases("rollout"):  # 2. Rollout groups (+ DAPO dynamic sampling, refilled).
-        groups = rollout_groups(run)
-        run.engine.sleep()
-
-    # 3. One typed batch: a Conversation per turn, a reward per trajectory.
-    batch = RolloutBatch.from_trajectories(
-        groups.trajectories, overlong=rl.overlong,
-        group_order=groups.group_order if run.dist.world_size > 1 else None,
-    )
-
-    # The old log-probs: the engine's (rl.use_rollout_logprobs), a separate pass, or, where
-    # the step is on-policy (before its first optimizer step; rl.old_logprobs auto), the
-    # update's forward: for the whole batch (one mini-batch), or its first mini-batch.
-    minis = batch.mini_batches(rl.ppo_mini_batch_size)
-    source = rl.old_logprob_source(len(minis))
-    # (the same on every rank, though a rank's share of the first may be empty)
-    first = minis[0] if source == "pass_and_update" else None
-    guard = engine_guard(run, batch)  # the engine must sample the policy being trained
+    # 1-3. The engine syncs the current weights and samples rollout groups (+ DAPO dynamic
+    # sampling, refilled); one typed batch: a Conversation per turn, a reward per trajectory.
+    groups, batch = rollout_batch(run, phases)
+    # The old log-probs: the engine's, a separate pass's, or the update's own forward.
+    old = OldLogprobs.plan(run, batch)
 
     with phases("logprobs"):  # 4. Old (a separate pass) and reference log-probs (no grad).
-        batch, entropy, mismatch = with_logprobs(run, batch, source, guard, first)
+        batch, entropy, mismatch = with_logprobs(run, batch, old)
 
     # 5. Rewards (minus a KL penalty, optionally) → one advantage per trajectory.
     task_rewards = batch.rewards
@@ -159,26 +156,32 @@ def train_step(run: Run) -> dict[str, float]:
     # the guard checks the update's own old log-probs before its optimizer step.
     lr = run.actor.lr
     with phases("update"):
-        update = run.actor.update(batch, run.dist, first_on_policy=first is not None,
-                                  guard=None if source in ("engine", "pass") else guard)
-        # the separate critic's update (PPO), or the value head's share of the actor's
-        critic = run.critic.update(batch, run.dist) if run.critic is not None else update.critic
-    if update.old_pass is not None:  # the batch gets the old log-probs the update used
-        batch = batch.with_logprobs(update.old_pass.logprobs, batch.ref_logprobs)
-        mismatch = update.old_pass.mismatch
-        taken = set(first) if first is not None else range(len(batch.conversations))
-        entropy = [update.old_pass.entropy[i] if i in taken else e
-                   for i, e in enumerate(entropy or update.old_pass.entropy)]
+        update = run.actor.update(batch, run.dist, first_on_policy=old.first is not None,
+                                  guard=old.update_guard)
+    batch, entropy, mismatch = old.taken_by(update, batch, entropy, mismatch)
 
     with phases("metrics"):  # 7. Metrics (over every rank's share of the step).
-        view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
-            run.dist, groups.group_order)
-        if run.trajectory_log is not None:  # a row per trajectory, gathered on the main rank
-            run.trajectory_log.write(phases.step, groups.trajectories, batch, task_rewards,
-                                     groups.group_order, entropy)
-        return step_metrics(view, run.task, phases, groups_generated=groups.generated, lr=lr,
-                            mismatch=mismatch, update=update, ppo_epochs=rl.ppo_epochs,
-                            critic=critic)
+        return step_record(run, phases, groups, batch, task_rewards, entropy, mismatch,
+                           update=update, lr=lr)
+
+
+def rollout_batch(run: Run, phases: Phases) -> tuple[Groups, RolloutBatch]:
+    """The step's groups of trajectories, sampled by the engine from the current weights,
+    and their typed batch."""
+    rl = run.config.rl
+    with phases("sync"):  # 1. The engine samples from the current weights.
+        run.engine.wake()
+        run.engine.sync_weights(run.actor.model, run.state.step)
+
+    with phases("rollout"):  # 2. Rollout groups (+ DAPO dynamic sampling, refilled).
+        groups = rollout_groups(run)
+        run.engine.sleep()
+
+    batch = RolloutBatch.from_trajectories(
+        groups.trajectories, overlong=rl.overlong,
+        group_order=groups.group_order if run.dist.world_size > 1 else None,
+    )
+    return groups, batch
 
 
 def rollout_groups(run: Run) -> Groups:
@@ -226,54 +229,87 @@ def engine_guard(run: Run, batch: RolloutBatch) -> LogprobGuard:
                         step=run.state.step + 1)
 
 
-def with_logprobs(run: Run, batch: RolloutBatch, source: str, guard: LogprobGuard,
-                  first: list[int] | None = None,
+@dataclass(frozen=True)
+class OldLogprobs:
+    """Where a step's old log-probs come from (`RLConfig.old_logprob_source`): the engine's
+    (rl.use_rollout_logprobs), a separate pass, or, where the step is on-policy (before its
+    first optimizer step; rl.old_logprobs auto), the update's forward: for the whole batch
+    (one mini-batch), or its first mini-batch (`first`; the same on every rank, though a
+    rank's share of it may be empty). `guard`: the engine must sample the policy being
+    trained."""
+
+    source: str
+    first: list[int] | None
+    guard: LogprobGuard
+
+    @classmethod
+    def plan(cls, run: Run, batch: RolloutBatch) -> OldLogprobs:
+        minis = batch.mini_batches(run.config.rl.ppo_mini_batch_size)
+        source = run.config.rl.old_logprob_source(len(minis))
+        return cls(source, minis[0] if source == "pass_and_update" else None,
+                   engine_guard(run, batch))
+
+    @property
+    def update_guard(self) -> LogprobGuard | None:
+        """The guard the update checks (its own forward gives old log-probs), else None."""
+        return None if self.source in ("engine", "pass") else self.guard
+
+    def taken_by(self, update: UpdateStats, batch: RolloutBatch,
+                 entropy: list[torch.Tensor] | None, mismatch: dict[str, float]
+                 ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
+        """The batch, entropies and mismatch with what the update took from its own forward
+        (`update.old_pass`: the old log-probs it used), else as they were."""
+        if update.old_pass is None:
+            return batch, entropy, mismatch
+        taken = set(self.first) if self.first is not None else range(len(batch.conversations))
+        entropy = [update.old_pass.entropy[i] if i in taken else e
+                   for i, e in enumerate(entropy or update.old_pass.entropy)]
+        return (batch.with_logprobs(update.old_pass.logprobs, batch.ref_logprobs), entropy,
+                update.old_pass.mismatch)
+
+
+OldPassFn = Callable[[RolloutBatch, list[int]], tuple[list[torch.Tensor], list[torch.Tensor]]]
+"""The separate old log-prob pass over some conversations: (log-probs, entropies)."""
+
+
+def with_logprobs(run: Run, batch: RolloutBatch, old: OldLogprobs,
+                  old_pass: OldPassFn | None = None,
                   ) -> tuple[RolloutBatch, list[torch.Tensor] | None, dict[str, float]]:
-    """The batch with its old log-probs from `source` (`RLConfig.old_logprob_source`: the
-    engine's, a separate pass, or none yet: the update's forward gives them) and its
-    reference log-probs (and the critic's values: PPO; a value head on the policy reads
-    them in the old log-prob pass, else in a pass of their own); the entropies of the
-    separate pass (else None); and, after that pass, the engine's mismatch with the trainer
-    (`guard`: `rollout/logprob_diff_*`), which stops the run past rollout.max_logprob_diff
-    (on every rank, or none). `pass_and_update`: the pass skips the conversations of
-    `first` (the first mini-batch), whose old log-probs are NaN placeholders until the
-    update takes them from its forward (and checks the guard there)."""
+    """The batch with its old log-probs from `old.source` (the engine's, a separate pass, or
+    none yet: the update's forward gives them) and its reference log-probs; the entropies
+    of the separate pass (else None); and, after that pass, the engine's mismatch with the
+    trainer (`old.guard`: `rollout/logprob_diff_*`), which stops the run past
+    rollout.max_logprob_diff (on every rank, or none). `pass_and_update`: the pass skips the
+    conversations of `old.first` (the first mini-batch), whose old log-probs are NaN
+    placeholders until the update takes them from its forward (and checks the guard there).
+    `old_pass`: the separate pass (default: the actor's `logprobs_and_entropy`)."""
     ref = run.reference.logprobs(batch) if run.reference is not None else None
-    head = run.actor.value_head is not None  # critic.value_model policy_head
-    if run.critic is not None:
-        batch = batch.with_values(run.critic.values(batch))
-    elif head and source not in ("pass", "pass_and_update"):  # no old pass to read them in
-        batch = batch.with_values(run.actor.values(batch))
-    if source == "engine":
-        return batch.with_logprobs(guard.engine_logprobs, ref), None, {}
-    if source == "update":
+    if old.source == "engine":
+        return batch.with_logprobs(old.guard.engine_logprobs, ref), None, {}
+    if old.source == "update":
         return batch.with_logprobs(None, ref), None, {}
-    skip = set(first or ())  # pass_and_update: the guard is the update's (a collective)
+    skip = set(old.first or ())  # pass_and_update: the guard is the update's (a collective)
     rest = [i for i in range(len(batch.conversations)) if i not in skip]
-    if head:  # the values from the old log-prob pass's own forward
-        old, entropy, values = run.actor.logprobs_entropy_and_values(batch, rest)
-        if first is not None:  # and the first mini-batch's from a pass of their own
-            own = run.actor.values(batch, sorted(skip))
-            values = [own[i] if i in skip else v for i, v in enumerate(values)]
-        batch = batch.with_values(values)
-    else:
-        old, entropy = run.actor.logprobs_and_entropy(batch, rest)
-    if first is not None:
-        old = [torch.full((len(s.response_ids),), math.nan) if i in skip else old[i]
-               for i, s in enumerate(batch.conversations)]
-        return batch.with_logprobs(old, ref), entropy, {}
-    return batch.with_logprobs(old, ref), entropy, guard.check(old, run.dist)
+    logprobs, entropy = (old_pass or run.actor.logprobs_and_entropy)(batch, rest)
+    if old.first is not None:
+        logprobs = [torch.full((len(s.response_ids),), math.nan) if i in skip else logprobs[i]
+                    for i, s in enumerate(batch.conversations)]
+        return batch.with_logprobs(logprobs, ref), entropy, {}
+    return batch.with_logprobs(logprobs, ref), entropy, old.guard.check(logprobs, run.dist)
+
+
+def with_rewards_less_kl(batch: RolloutBatch, rl: RLConfig) -> RolloutBatch:
+    """The batch's rewards less the KL penalty to the reference (rl.use_kl_in_reward)."""
+    if rl.use_kl_in_reward and rl.kl_reward_coef > 0:
+        return batch.with_rewards(batch.rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
+    return batch
 
 
 def with_advantages(batch: RolloutBatch, rl: RLConfig, dist: Dist = Dist()) -> RolloutBatch:
     """The batch's rewards less the KL penalty (rl.use_kl_in_reward), and one advantage per
-    trajectory from them (rl.adv_estimator); gae: per-token advantages and returns from the
-    critic's values (`gae_batch`). The batch-wide whitening of gae and
+    trajectory from them (rl.adv_estimator: a group estimator). The batch-wide whitening of
     reinforce_plus_plus_baseline is over every rank's share of the step (`dist`)."""
-    if rl.use_kl_in_reward and rl.kl_reward_coef > 0:
-        batch = batch.with_rewards(batch.rewards - rl.kl_reward_coef * batch.kl(rl.kl_penalty))
-    if rl.adv_estimator == "gae":
-        return gae_batch(batch, gamma=rl.gamma, lam=rl.lam, all_reduce_sum=dist.all_reduce_sum)
+    batch = with_rewards_less_kl(batch, rl)
     return batch.with_advantages(
         compute_advantages(
             rl.adv_estimator,
@@ -285,6 +321,22 @@ def with_advantages(batch: RolloutBatch, rl: RLConfig, dist: Dist = Dist()) -> R
             all_reduce_sum=dist.all_reduce_sum,
         )
     )
+
+
+def step_record(run: Run, phases: Phases, groups: Groups, batch: RolloutBatch,
+                task_rewards: torch.Tensor, entropy: list[torch.Tensor] | None,
+                mismatch: dict[str, float], *, update: UpdateStats, lr: float,
+                critic: CriticStats | None = None) -> dict[str, float]:
+    """The step's trajectory rows (trainer.log_trajectories; gathered on the main rank) and
+    its metrics, over every rank's share of the step."""
+    view = StepView.of(groups.trajectories, batch, task_rewards).gathered(
+        run.dist, groups.group_order)
+    if run.trajectory_log is not None:
+        run.trajectory_log.write(phases.step, groups.trajectories, batch, task_rewards,
+                                 groups.group_order, entropy)
+    return step_metrics(view, run.task, phases, groups_generated=groups.generated, lr=lr,
+                        mismatch=mismatch, update=update, ppo_epochs=run.config.rl.ppo_epochs,
+                        critic=critic)
 
 
 def validate(run: Run) -> dict[str, float]:

@@ -1,9 +1,9 @@
 """Building the trained models from a config: the policy (+LoRA), the reference, the engine.
 
 With `model.strategy: fsdp` the policy, the reference and the critic are loaded on the CPU
-and sharded over the ranks (`memrl.rl.sharding.shard`); the in-process engine then generates
+and sharded over the ranks (`memrl.rl.trainer.sharding.shard`); the in-process engine then generates
 from a full copy of the policy of its own (a sharded module cannot generate: see
-memrl.rl.sharding).
+memrl.rl.trainer.sharding).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from memrl.inference.loader import load_model, load_tokenizer, resolve_device
 from memrl.models.attention import register as register_varlen
 from memrl.models.attention import varlen_available
 from memrl.recipes.config import ModelConfig, TrainConfig
-from memrl.rl.actor import (
+from memrl.rl.config import OptimConfig
+from memrl.rl.maths.flops import device_peak_flops
+from memrl.rl.trainer.actor import (
     Actor,
     Reference,
     build_optimizer,
@@ -31,11 +33,9 @@ from memrl.rl.actor import (
     policy_hidden_states_error,
     warmup_schedule,
 )
-from memrl.rl.config import OptimConfig
-from memrl.rl.critic import Critic, ValueModel
-from memrl.rl.values import PolicyValueHead, value_head
-from memrl.rl.sharding import decoder_layers, shard
-from memrl.rl.flops import device_peak_flops
+from memrl.rl.trainer.critic import Critic, ValueModel
+from memrl.rl.trainer.sharding import decoder_layers, shard
+from memrl.rl.trainer.values import PolicyValueHead, value_head
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@
         optimizer_step(...)                        grad clip, skip non-finite, schedule
         if dist.is_main: log, validate (val/nll), checkpoint
 
-The batch, the log-probs, the optimizer step (`memrl.rl.optim`), the schedule, the run
-loop, the checkpoints and resuming (`memrl.recipes.scaffold`) and the data cursor are
+The batch, the log-probs, the optimizer step (`memrl.rl.trainer.optim`), the schedule, the run
+loop, the checkpoints and resuming (`memrl.run.scaffold`) and the data cursor are
 those of `memrl.recipes.grpo`, so `memrl sft --resume` continues a killed run exactly
 and its checkpoint is a policy `memrl train` can start from (`memrl export` first).
 """
@@ -25,24 +25,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.trajectory import Trajectory
 from memrl.data.io import expect_object, iter_jsonl
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.recipes import models
-from memrl.recipes.scaffold import (
+from memrl.recipes.sft_config import SFTConfig
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.trainer.actor import response_logprobs
+from memrl.rl.trainer.optim import build_optimizer, optimizer_step
+from memrl.rl.trainer.rollout import QuestionStream, TrainState
+from memrl.run.scaffold import (
     planned_steps,
     resume_or_start,
     run_loop,
     save_run,
     seed_everything,
 )
-from memrl.recipes.sft_config import SFTConfig
-from memrl.rl.actor import response_logprobs
-from memrl.rl.batch import RolloutBatch
-from memrl.rl.optim import build_optimizer, optimizer_step
-from memrl.rl.rollout import QuestionStream, TrainState
 from memrl.tasks import Task, build_task
+from memrl.trajectory import Trajectory
 
 
 def sft_loss(logprobs: Tensor, mask: Tensor, num_tokens: float | Tensor) -> Tensor:

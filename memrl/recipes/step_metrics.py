@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from memrl.distributed import Dist, note
-from memrl.rl.actor import UpdateStats
-from memrl.rl.batch import RolloutBatch
-from memrl.rl.critic import CriticStats
-from memrl.rl.rollout import informative_groups
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.rl.trainer.critic import CriticStats
+from memrl.rl.trainer.rollout import informative_groups
+from memrl.rl.trainer.update_log import UpdateStats
 
 HEARTBEAT_PHASES = {"sync": "weight sync", "rollout": "rollout", "logprobs": "log-probs",
                     "update": "update", "metrics": "metrics"}

@@ -27,7 +27,7 @@ class RLConfig(StrictModel):
     adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus_baseline", "gae"] = "grpo"
     """verl algorithm.adv_estimator. `gae`: PPO with a learned value model (the `critic`
     section), per-token advantages by GAE(gamma, lam) over each trajectory's conversations
-    chained in turn order (memrl.rl.gae; docs/algorithms.md)."""
+    chained in turn order (memrl.rl.maths.gae; docs/algorithms.md)."""
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount of GAE per response token (verl algorithm.gamma); gae only."""
     lam: float = Field(1.0, ge=0, le=1)
@@ -79,7 +79,8 @@ class RLConfig(StrictModel):
     """KL estimator of the KL loss (verl actor.kl_loss_type)."""
     overlong: Literal["mask", "keep"] = "mask"
     """Responses cut at max tokens: "mask" gives them zero loss weight, "keep" trains them."""
-    # ---- training–inference mismatch (verl algorithm.rollout_correction; memrl.rl.correction)
+    # ---- training–inference mismatch (verl algorithm.rollout_correction;
+    # memrl.rl.maths.correction)
     use_rollout_logprobs: bool = False
     """Use the rollout engine's log-probs as the old log-probs and skip the recompute pass
     (verl rollout_correction.bypass_mode): the PPO ratio is then π_θ / π_rollout."""
@@ -115,7 +116,7 @@ class RLConfig(StrictModel):
     """Samples per micro-batch when use_dynamic_bsz is False."""
     remove_padding: bool | Literal["auto"] = "auto"
     """Run each micro-batch as one packed row of its samples' real tokens (position_ids
-    restart at 0 per sample, no attention mask: `memrl.rl.packing`) and count only real
+    restart at 0 per sample, no attention mask: `memrl.rl.trainer.packing`) and count only real
     tokens against max_tokens_per_micro_batch (verl model.use_remove_padding). False: rows
     right-padded to the longest, the budget counting rows × longest row. `auto`
     (default): packed when the model attends with model.attn_implementation varlen (its

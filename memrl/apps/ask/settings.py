@@ -46,7 +46,7 @@ class StoredSettings:
 
 def stored_config_path(model_dir: str | Path) -> Path | None:
     """The training config stored with `model_dir`, if there is one."""
-    from memrl.rl.checkpoint import checkpoint_config
+    from memrl.run.checkpoint import checkpoint_config
 
     model = Path(model_dir)
     if (model / STORED_CONFIG).is_file():

@@ -40,7 +40,6 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.apps.ask.api import AskProgress, document_chunks, read
 from memrl.apps.ask.chunking import DocumentChunks, TooManyTokens
 from memrl.apps.ask.documents import open_document
-from memrl.errors import MemrlInputError, require
 from memrl.apps.serve.config import ServeConfig
 from memrl.apps.serve.protocol import (
     ApiError,
@@ -52,6 +51,7 @@ from memrl.apps.serve.protocol import (
     split_messages,
     sse,
 )
+from memrl.errors import MemrlInputError, require
 
 log = logging.getLogger("memrl.apps.serve")
 
@@ -69,6 +69,16 @@ class ServerState:
         self.in_flight = 0
         self.served = 0
         self.started = int(time.time())
+
+    def health(self) -> dict[str, Any]:
+        """`GET /health`: the model, the requests in flight and served, the batching's
+        statistics (an engine that keeps them)."""
+        body: dict[str, Any] = {"status": "ok", "model": self.model_name,
+                                "in_flight": self.in_flight, "served": self.served}
+        stats = getattr(self.engine, "stats", None)
+        if isinstance(stats, dict):
+            body["batching"] = stats
+        return body
 
     def authorize(self, headers: Any) -> None:
         """ApiError(401) unless the request carries the key (when one is set)."""
@@ -114,12 +124,7 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
                 state.in_flight -= 1
 
     async def health(request: Request) -> Response:
-        body: dict[str, Any] = {"status": "ok", "model": state.model_name,
-                                "in_flight": state.in_flight, "served": state.served}
-        stats = getattr(state.engine, "stats", None)
-        if isinstance(stats, dict):
-            body["batching"] = stats
-        return JSONResponse(body)
+        return JSONResponse(state.health())
 
     async def models(request: Request) -> Response:
         state.authorize(request.headers)
@@ -160,23 +165,25 @@ def build_app(engine: Any, *, model_name: str, agent: MemAgentConfig,
             if not streaming:
                 state.in_flight -= 1
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            close = getattr(state.engine, "close", None)
-            if callable(close):
-                await asyncio.to_thread(close)
-
     return RequestLog(Starlette(
         routes=[Route("/health", health, methods=["GET"]),
                 Route("/v1/models", models, methods=["GET"]),
                 Route("/v1/chat/completions", chat, methods=["POST"])],
         exception_handlers={ApiError: api_error, HTTPException: http_error,
                             Exception: server_error},
-        lifespan=lifespan,
+        lifespan=lambda app: closing(state.engine),
     ))
+
+
+@contextlib.asynccontextmanager
+async def closing(engine: Any) -> AsyncIterator[None]:
+    """The app's lifespan: `engine` closed (off the event loop) when the app shuts down."""
+    try:
+        yield
+    finally:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            await asyncio.to_thread(close)
 
 
 async def api_error(request: Any, exc: Exception) -> Any:

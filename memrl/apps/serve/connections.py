@@ -101,23 +101,27 @@ def guarded_protocol(config: ServeConfig) -> type[asyncio.Protocol]:
                 self._head_timer = None
 
         def _refuse(self, status: int, reason: str) -> None:
-            """Answer `status` with a one-line JSON error, close, log one line."""
-            import json
-
-            from memrl.apps.serve.protocol import error_body
-
-            log.warning("%d %s: %s", status, self._who(), reason)
-            body = json.dumps(error_body(status, reason)).encode()
-            phrase = {408: "Request Timeout", 429: "Too Many Requests"}[status]
-            self.transport.write(
-                f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
-            self.transport.close()
+            refuse(self.transport, self._who(), status, reason)
 
         def _who(self) -> str:
             return "client %s:%d" % self.client if self.client else "client unknown"
 
     return GuardedH11Protocol
+
+
+def refuse(transport: Any, who: str, status: int, reason: str) -> None:
+    """Answer `status` with a one-line JSON error, close the connection, log one line."""
+    import json
+
+    from memrl.apps.serve.protocol import error_body
+
+    log.warning("%d %s: %s", status, who, reason)
+    body = json.dumps(error_body(status, reason)).encode()
+    phrase = {408: "Request Timeout", 429: "Too Many Requests"}[status]
+    transport.write(
+        f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+    transport.close()
 
 
 class DropInvalidHttpLine(logging.Filter):

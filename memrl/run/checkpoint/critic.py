@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from memrl.errors import MemrlInputError
-from memrl.rl.checkpoint.layout import CRITIC_DIR, SHARDED_DIR, first_line
-from memrl.rl.checkpoint.shards import read_shards, write_shards
-from memrl.rl.sharding import is_sharded
+from memrl.rl.trainer.sharding import is_sharded
+from memrl.run.checkpoint.layout import CRITIC_DIR, SHARDED_DIR, first_line
+from memrl.run.checkpoint.shards import read_shards, write_shards
 
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"

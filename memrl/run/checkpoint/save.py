@@ -1,5 +1,5 @@
 """Saving a checkpoint atomically (whole, or sharded by every rank with DCP), pointing
-`latest` at it and keeping the last K (the layout: `memrl.rl.checkpoint.layout`)."""
+`latest` at it and keeping the last K (the layout: `memrl.run.checkpoint.layout`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import torch
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.fileio import MIN_FREE_BYTES, fsync_dir, write_atomic
-from memrl.rl.checkpoint.layout import (
+from memrl.rl.trainer.sharding import is_sharded
+from memrl.run.checkpoint.critic import save_critic, save_critic_shards
+from memrl.run.checkpoint.layout import (
     CONFIG_FILE,
     CRITIC_DIR,
     LATEST_FILE,
@@ -36,10 +38,8 @@ from memrl.rl.checkpoint.layout import (
     step_dir_name,
     unwrap,
 )
-from memrl.rl.checkpoint.critic import save_critic, save_critic_shards
-from memrl.rl.checkpoint.rng import get_rng_state, set_rng_state
-from memrl.rl.checkpoint.shards import write_shards
-from memrl.rl.sharding import is_sharded
+from memrl.run.checkpoint.rng import get_rng_state, set_rng_state
+from memrl.run.checkpoint.shards import write_shards
 
 
 def save_checkpoint(
@@ -108,7 +108,7 @@ def _save_atomically(
 ) -> None:
     """Write the checkpoint into `root/.tmp-*` and rename it to `final`: complete or absent.
     Sharded: every rank writes its shards and RNG state there, then the main rank the rest."""
-    from memrl.metrics import scrub_env_secrets
+    from memrl.run.metrics import scrub_env_secrets
 
     sharded = is_sharded(model)
     every_rank = sharded or _sharded_critic(critic)

@@ -5,10 +5,10 @@ what a critic's update reports.
     v    = head_values(head, hidden)                          (..., H) → (...) values
     PolicyValueHead(model=head, vf_coef=..., cliprange_value=...)
         a head on the policy (critic.value_model: policy_head), trained by the actor's
-        update (`memrl.rl.actor`): one backward of pg_loss + vf_coef · vf_loss
+        update (`memrl.rl.trainer.actor`): one backward of pg_loss + vf_coef · vf_loss
     CriticStats                                               the `critic/*` metrics
 
-The separate value model (critic.value_model: separate) is `memrl.rl.critic.ValueModel`: a
+The separate value model (critic.value_model: separate) is `memrl.rl.trainer.critic.ValueModel`: a
 transformer body of its own under the same head.
 """
 
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from memrl.rl.gae import value_statistics
+from memrl.rl.maths.gae import value_statistics
 
 if TYPE_CHECKING:
-    from memrl.rl.batch import RolloutBatch
+    from memrl.rl.maths.batch import RolloutBatch
 
 __all__ = ["CriticStats", "PolicyValueHead", "batch_value_statistics", "head_values",
            "value_head"]

@@ -13,7 +13,7 @@ import torch
 from memrl import modelfiles
 from memrl.errors import MemrlInputError, require
 from memrl.fileio import check_output_dir
-from memrl.rl.checkpoint.layout import (
+from memrl.run.checkpoint.layout import (
     CONFIG_FILE,
     MODEL_DIR,
     MODEL_MARKER,

@@ -6,7 +6,7 @@ Layout of one checkpoint, `ROOT/step_00000012/`:
     tokenizer/          save_pretrained of the tokenizer
     optimizer.pt  scheduler.pt  rng.pt  trainer_state.json  config.yaml
     critic/             PPO's value model, its optimizer and schedule (rl.adv_estimator=gae;
-                        `memrl.rl.checkpoint.critic`)
+                        `memrl.run.checkpoint.critic`)
 and `ROOT/latest` names the newest complete one.
 
 A policy sharded with FSDP (`model.strategy: fsdp`) is saved sharded instead, by every rank

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from memrl.rl.gae import reduced_moments
+from memrl.rl.maths.gae import reduced_moments
 
 SIZE1_MODES = ("zero", "raw_reward")
 """How a group of one trajectory is treated (see the module docstring)."""

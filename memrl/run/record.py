@@ -199,7 +199,7 @@ def exit_status(exc: BaseException | None) -> dict[str, Any]:
 
 
 def _one_line(text: Any) -> str:
-    from memrl.metrics import scrub_env_secrets
+    from memrl.run.metrics import scrub_env_secrets
 
     return scrub_env_secrets(" ".join(str(text).split())) or "unknown error"
 
@@ -257,7 +257,7 @@ class RunRecord:
 
     def _write(self) -> None:
         from memrl.fileio import write_atomic
-        from memrl.metrics import scrub_secrets
+        from memrl.run.metrics import scrub_secrets
 
         text = json.dumps(scrub_secrets(self.fields), indent=2, ensure_ascii=False, default=str)
         write_atomic(self.path, text + "\n")

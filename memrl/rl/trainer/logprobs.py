@@ -8,8 +8,8 @@ hidden states (critic.value_model: policy_head).
 Memory: the final hidden states are projected to the vocabulary only at response positions,
 so the logits of a 6K-token prompt with a 1K-token response take 1K rows, not 7K; and for a
 plain linear head the projection is fused with the log-prob, chunk by chunk
-(`memrl.rl.losses.linear_logprobs`), so no (tokens, vocab) tensor is kept for backward.
-With remove_padding the conversations run packed into one row (`memrl.rl.packing`).
+(`memrl.rl.maths.losses.linear_logprobs`), so no (tokens, vocab) tensor is kept for backward.
+With remove_padding the conversations run packed into one row (`memrl.rl.trainer.packing`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.rl.losses import entropy_from_logits, linear_logprobs, logprobs_from_logits
 from memrl.models.attention import packed_forward, packed_masks, uses_varlen
-from memrl.rl.packing import packed_inputs, varlen_kwargs
-from memrl.rl.values import head_values
+from memrl.rl.maths.losses import entropy_from_logits, linear_logprobs, logprobs_from_logits
+from memrl.rl.trainer.packing import packed_inputs, varlen_kwargs
+from memrl.rl.trainer.values import head_values
 
 __all__ = ["gather_rows", "policy_hidden_states_error", "response_logprobs", "response_pass"]
 
@@ -59,7 +59,8 @@ def response_logprobs(
     Logits are computed at response positions only. ``temperature`` is the sampling
     temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
     forward runs (None: the device of the model's parameters). ``remove_padding``: the
-    forward pass runs on the conversations packed into one row (`memrl.rl.packing`); the result
+    forward pass runs on the conversations packed into one row
+    (`memrl.rl.trainer.packing`); the result
     has the same layout.
     """
     logprobs, entropy, _ = response_pass(

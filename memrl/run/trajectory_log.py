@@ -38,14 +38,14 @@ import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
-from memrl.recipes.trajectory_files import (
+from memrl.rl.maths.batch import RolloutBatch
+from memrl.run.trajectory_files import (
     TRAJECTORY_DIR,
     read_step_files,
     remove_steps_after,
     step_file,
     step_files,
 )
-from memrl.rl.batch import RolloutBatch
 
 __all__ = [
     "TRAJECTORY_DIR",

@@ -26,10 +26,15 @@ from memrl.config import config_to_yaml
 from memrl.distributed import Dist, note
 from memrl.errors import MemrlInputError
 from memrl.fileio import write_atomic
-from memrl.metrics import MetricsLogger, plot_training_curves, scrub_env_secrets, truncate_metrics
-from memrl.recipes.trajectory_files import remove_steps_after
-from memrl.rl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from memrl.rl.rollout import TrainState
+from memrl.rl.trainer.rollout import TrainState
+from memrl.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from memrl.run.metrics import (
+    MetricsLogger,
+    plot_training_curves,
+    scrub_env_secrets,
+    truncate_metrics,
+)
+from memrl.run.trajectory_files import remove_steps_after
 
 
 def seed_everything(seed: int) -> None:
@@ -95,7 +100,7 @@ def save_run(
 ) -> Path | None:
     """A checkpoint of the policy, optimizer, schedule, RNG and data cursor at `state.step`
     in `trainer.out_dir/checkpoints` (every rank of `dist` takes part; see
-    `memrl.rl.checkpoint.save_checkpoint`)."""
+    `memrl.run.checkpoint.save_checkpoint`)."""
     return save_checkpoint(
         Path(config.trainer.out_dir) / "checkpoints",
         state.step,

@@ -6,16 +6,16 @@
 
 from __future__ import annotations
 
-from memrl.rl.checkpoint.export import export_checkpoint
-from memrl.rl.checkpoint.layout import (
+from memrl.run.checkpoint.export import export_checkpoint
+from memrl.run.checkpoint.layout import (
     checkpoint_config,
     is_complete_checkpoint,
     latest_checkpoint,
     read_checkpoint_marker,
     resolve_checkpoint,
 )
-from memrl.rl.checkpoint.load import load_checkpoint
-from memrl.rl.checkpoint.save import save_checkpoint
+from memrl.run.checkpoint.load import load_checkpoint
+from memrl.run.checkpoint.save import save_checkpoint
 
 __all__ = [
     "checkpoint_config", "export_checkpoint", "is_complete_checkpoint",

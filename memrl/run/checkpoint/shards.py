@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from memrl.errors import MemrlInputError
-from memrl.rl.checkpoint.layout import first_line
+from memrl.run.checkpoint.layout import first_line
 
 __all__ = ["read_shards", "write_shards"]
 

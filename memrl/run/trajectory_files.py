@@ -1,6 +1,6 @@
 """Where a run's per-trajectory step files live, and reading and pruning them.
 
-`train_trajectories/step_{k:06d}.jsonl` in the run directory (`memrl.recipes.trajectory_log`
+`train_trajectories/step_{k:06d}.jsonl` in the run directory (`memrl.run.trajectory_log`
 writes them during training; its docstring describes a row). Kept apart from the writer,
 which needs torch, so that reading a run (`memrl view`) does not import it.
 """

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from memrl.distributed import Dist
-from memrl.trajectory import Trajectory
 from memrl.errors import MemrlInputError
-from memrl.rl.advantages import dynamic_sampling_keep
+from memrl.rl.maths.advantages import dynamic_sampling_keep
+from memrl.trajectory import Trajectory
 
 __all__ = ["Groups", "QuestionStream", "TrainState", "collect_groups", "informative_groups"]
 

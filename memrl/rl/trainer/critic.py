@@ -9,26 +9,26 @@
 `ValueModel` is a separate model: a causal LM's transformer body (its decoder, without the
 vocabulary projection) and a linear head giving one value per position, as verl's critic
 (`AutoModelForTokenClassification` with one label) and TRL's value model. Values are read at
-the positions the batch puts per-token numbers (`memrl.rl.batch.collate`: the logit
+the positions the batch puts per-token numbers (`memrl.rl.maths.batch.collate`: the logit
 position that predicts the token), so V(s_t) is the value of the context before response
 token t. The loss is aggregated with the actor's `rl.loss_agg_mode` and `LossNorm`, so it
 is exact however a mini-batch is cut into micro-batches (verl rescales per micro-batch).
 
-Data parallelism (as the actor, `memrl.rl.actor`): every rank holds its own share of the
+Data parallelism (as the actor, `memrl.rl.trainer.actor`): every rank holds its own share of the
 step's trajectories and walks the same global mini-batches (`RolloutBatch.group_order`; its
 share of one may be empty); the loss divisors are counts added over ranks
 (`LossNorm.with_global_count`), so a rank's loss is its exact share of the mini-batch loss,
 and the gradients are summed over ranks before clipping and AdamW: N ranks take the update
 one process takes on the whole batch. Replicated (model.strategy replicate), every rank
 holds a whole copy of the value model and its AdamW state, and `Dist.sum_gradients` sums
-the gradients. Sharded (model.strategy fsdp: `memrl.rl.sharding.shard`, the policy's mesh
+the gradients. Sharded (model.strategy fsdp: `memrl.rl.trainer.sharding.shard`, the policy's mesh
 and mixed precision), every rank holds 1/N of each weight and of its AdamW state, FSDP's
 reduce-scatter sums the gradients, and every rank runs as many forwards and backwards as
 the busiest (zero-weight padding micro-batches: its forwards are collectives). The logged
 statistics are over every rank's tokens.
 
 A value head sharing the policy's body (critic.value_model: policy_head) is not this class:
-the actor trains it (`memrl.rl.values.PolicyValueHead`). Not here: padding-free (packed)
+the actor trains it (`memrl.rl.trainer.values.PolicyValueHead`). Not here: padding-free (packed)
 micro-batches (docs/algorithms.md).
 """
 
@@ -44,14 +44,14 @@ import torch
 from torch import Tensor, nn
 
 from memrl.distributed import Dist
-from memrl.rl.actor import mixed_precision
-from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget, response_rows
 from memrl.rl.config import RLConfig
-from memrl.rl.gae import value_loss
-from memrl.rl.losses import agg_loss, masked_mean
-from memrl.rl.optim import optimizer_step
-from memrl.rl.sharding import padding_micro_batch, padding_passes
-from memrl.rl.values import CriticStats, batch_value_statistics, head_values, value_head
+from memrl.rl.maths.batch import RolloutBatch, on_device, pack_token_budget, response_rows
+from memrl.rl.maths.gae import value_loss
+from memrl.rl.maths.losses import agg_loss, masked_mean
+from memrl.rl.trainer.actor import mixed_precision
+from memrl.rl.trainer.optim import optimizer_step
+from memrl.rl.trainer.sharding import padding_micro_batch, padding_passes
+from memrl.rl.trainer.values import CriticStats, batch_value_statistics, head_values, value_head
 
 __all__ = ["Critic", "CriticStats", "ValueModel"]
 

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from memrl.trajectory import Trajectory
 from memrl.errors import MemrlInputError
-from memrl.rl.losses import LossNorm, kl_penalty, loss_norm
+from memrl.rl.maths.losses import LossNorm, kl_penalty, loss_norm
+from memrl.trajectory import Trajectory
 
 __all__ = [
     "OVERLONG_MODES",

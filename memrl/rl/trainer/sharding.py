@@ -8,7 +8,7 @@
         (`LossNorm.with_global_count`), as with `Dist.sum_gradients` when replicated.
 
 Every forward of a sharded module is a collective (its all-gathers), so the ranks must run
-the same number of forward and backward passes: `memrl.rl.actor` pads a rank's micro-batches
+the same number of forward and backward passes: `memrl.rl.trainer.actor` pads a rank's micro-batches
 to the largest count (`Dist.all_reduce_max`) with zero-weight ones. Generation is not done
 with the sharded module (ranks generate different numbers of tokens: a deadlock); the
 rollout engine holds a full copy, refreshed tensor by tensor every step

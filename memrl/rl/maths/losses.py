@@ -235,7 +235,7 @@ def policy_loss(
     """Clipped policy-gradient loss and its metrics (detached scalars, over this batch).
 
     ``weights`` (batch, seq), optional: constants multiplying each token's loss before
-    aggregation (the truncated IS weights of `memrl.rl.correction.rollout_is_weights`).
+    aggregation (the truncated IS weights of `memrl.rl.maths.correction.rollout_is_weights`).
 
     ``advantages`` is per token (batch, seq) or per row (batch,), broadcast over tokens.
     ``clip_ratio_c=None`` disables the dual clip (verl's default, and memrl's, is 3.0).

@@ -9,7 +9,9 @@ import torch
 
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError, require
-from memrl.rl.checkpoint.layout import (
+from memrl.rl.trainer.sharding import is_sharded
+from memrl.run.checkpoint.critic import load_critic
+from memrl.run.checkpoint.layout import (
     MODEL_DIR,
     OPTIMIZER_FILE,
     RANK_RNG_DIR,
@@ -22,10 +24,8 @@ from memrl.rl.checkpoint.layout import (
     read_json,
     unwrap,
 )
-from memrl.rl.checkpoint.critic import load_critic
-from memrl.rl.checkpoint.rng import set_rng_state
-from memrl.rl.checkpoint.shards import read_shards
-from memrl.rl.sharding import is_sharded
+from memrl.run.checkpoint.rng import set_rng_state
+from memrl.run.checkpoint.shards import read_shards
 
 
 def load_checkpoint(

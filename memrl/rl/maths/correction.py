@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from memrl.distributed import Dist
 from memrl.errors import InfrastructureError, MemrlInputError
 
 __all__ = [
@@ -36,6 +36,13 @@ __all__ = [
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 """verl's `rollout_is` levels."""
+
+
+class Gatherer(Protocol):
+    """What `LogprobGuard.check` needs of the process group (`memrl.distributed.Dist`): every
+    rank's value, in rank order."""
+
+    def all_gather(self, value: float) -> list[float]: ...
 
 
 def logprob_mismatch(engine: Sequence[Tensor], trainer: Sequence[Tensor]) -> dict[str, float]:
@@ -81,7 +88,7 @@ class LogprobGuard:
     engine: str
     step: int
 
-    def check(self, trainer_logprobs: Sequence[Tensor], dist: Dist) -> dict[str, float]:
+    def check(self, trainer_logprobs: Sequence[Tensor], dist: Gatherer) -> dict[str, float]:
         """`rollout/logprob_diff_mean` (this rank's tokens) and `rollout/logprob_diff_max`
         (every rank's: all ranks stop, or none); raises RolloutMismatchError past the limit.
         A collective: every rank calls it once."""

@@ -1,9 +1,9 @@
 """PPO with a learned value model: GAE advantages and returns, the clipped value loss, and
 how values and rewards are laid out over a trajectory of several conversations.
 
-Pure functions over tensors (the critic that produces the values is `memrl.rl.critic`).
+Pure functions over tensors (the critic that produces the values is `memrl.rl.trainer.critic`).
 Per-token tensors are ``(batch, seq)`` with a response mask; values sit where the batch puts
-every per-token number (`memrl.rl.batch.collate`: the logit position that predicts the
+every per-token number (`memrl.rl.maths.batch.collate`: the logit position that predicts the
 token), so ``values[b, t]`` is V(s_t), the value of the context *before* response token t,
 as verl's critic (`values[:, -response_length - 1 : -1]`).
 
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from memrl.rl.batch import RolloutBatch
+    from memrl.rl.maths.batch import RolloutBatch
 
 __all__ = [
     "explained_variance",
@@ -147,7 +147,7 @@ def value_loss(
     vpreds: Tensor, returns: Tensor, old_values: Tensor, mask: Tensor, cliprange_value: float
 ) -> tuple[Tensor, Tensor]:
     """(per-token loss matrix 0.5 * max(unclipped, clipped squared error), clip fraction over
-    the mask); aggregate the matrix with `memrl.rl.losses.agg_loss`."""
+    the mask); aggregate the matrix with `memrl.rl.maths.losses.agg_loss`."""
     clipped = torch.max(torch.min(vpreds, old_values + cliprange_value),
                         old_values - cliprange_value)
     loss1 = (vpreds - returns) ** 2

@@ -12,52 +12,48 @@ PPO update. Neither knows which agent or engine produced the batch.
                                without old log-probs (on-policy) takes them from the
                                update's own forward, detached (ratio 1: no separate pass)
 
-The forward of both is `memrl.rl.logprobs.response_pass`: the final hidden states are
+The forward of both is `memrl.rl.trainer.logprobs.response_pass`: the final hidden states are
 projected to the vocabulary only at response positions, fused with the log-prob for a plain
 linear head; with a value head on the policy (critic.value_model: policy_head) the same
 forward gives the values, and the actor's loss adds critic.vf_coef · vf_loss to the policy
 loss (one backward through the shared body).
 
 Padding: with rl.remove_padding each micro-batch runs as one packed row of its real tokens
-(`memrl.rl.packing`), and token-budget micro-batches count real tokens; otherwise rows are
+(`memrl.rl.trainer.packing`), and token-budget micro-batches count real tokens; otherwise rows are
 right-padded to the longest. `update` reports the padding waste, the tokens per micro-batch
-and, given the accelerator's peak, the MFU (`memrl.rl.flops`).
+and, given the accelerator's peak, the MFU (`memrl.rl.maths.flops`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from memrl.distributed import Dist
-from memrl.rl.averages import RunningAverages
-from memrl.rl.batch import RolloutBatch, on_device, pack_token_budget, response_rows
-from memrl.rl.config import RLConfig
-from memrl.rl.correction import LogprobGuard, rollout_is_weights
-from memrl.rl.flops import ModelShape, mfu, padding_waste, train_flops
-from memrl.rl.gae import value_loss
-from memrl.rl.losses import (
-    LossNorm,
-    agg_loss,
-    kl_penalty,
-    masked_mean,
-    policy_loss,
-)
-from memrl.rl.optim import build_optimizer, optimizer_step, warmup_schedule
-from memrl.rl.packing import check_packed_attention
 from memrl.models.attention import uses_varlen
-from memrl.rl.logprobs import policy_hidden_states_error, response_logprobs, response_pass
-from memrl.rl.sharding import padding_micro_batch, padding_passes, run_as_forward
-from memrl.rl.values import CriticStats, PolicyValueHead, batch_value_statistics
+from memrl.rl.config import RLConfig
+from memrl.rl.maths.batch import RolloutBatch, on_device, pack_token_budget, response_rows
+from memrl.rl.maths.correction import LogprobGuard, rollout_is_weights
+from memrl.rl.maths.flops import ModelShape, train_flops
+from memrl.rl.maths.gae import value_loss
+from memrl.rl.maths.losses import LossNorm, agg_loss, kl_penalty, masked_mean, policy_loss
+from memrl.rl.trainer.logprobs import (
+    policy_hidden_states_error,
+    response_logprobs,
+    response_pass,
+)
+from memrl.rl.trainer.optim import build_optimizer, optimizer_step, warmup_schedule
+from memrl.rl.trainer.packing import check_packed_attention
+from memrl.rl.trainer.sharding import padding_micro_batch, padding_passes, run_as_forward
+from memrl.rl.trainer.update_log import HeadBefore, LossTerms, OldPass, UpdateLog, UpdateStats
+from memrl.rl.trainer.values import PolicyValueHead, batch_value_statistics
 
-__all__ = ["Actor", "OldPass", "Reference", "UpdateStats", "build_optimizer",
+__all__ = ["Actor", "Reference", "build_optimizer",
            "policy_hidden_states_error", "response_logprobs", "response_pass",
            "warmup_schedule"]
 
@@ -226,109 +222,6 @@ _LOSS_INPUTS = ("loss_mask", "old_logprobs", "rollout_logprobs", "advantages", "
 """The keys of a collated micro-batch the update's losses read (those it has)."""
 
 
-_REPLICATED = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm",
-                         "actor/skipped_nonfinite_steps", "critic/vf_loss", "critic/grad_norm"})
-"""Metrics every rank computes from all-reduced values, so they agree on every rank."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class UpdateStats:
-    """What one `Actor.update` measured, over every rank's share of it. Losses, grad norms
-    and skipped steps are means over its optimizer steps; the policy-loss diagnostics and
-    the IS weights means over its loss tokens; padding waste is weighted by computed tokens
-    and tokens_per_micro_batch is a mean over micro-batches. None: not measured (no KL
-    loss, no rollout IS, no loss token, no micro-batch, an unknown model shape or peak)."""
-
-    padding_waste: float | None = None
-    """Padded tokens / computed tokens of the forward passes (`memrl.rl.flops`)."""
-    tokens_per_micro_batch: float | None = None
-    """Computed tokens (with padding, unless packed) per micro-batch."""
-    rollout_is_weight: float | None = None
-    """Mean truncated importance weight π_old / π_rollout (rl.rollout_is)."""
-    pg_clipfrac: float | None = None
-    """Fraction of loss tokens whose ratio was clipped (above)."""
-    pg_clipfrac_lower: float | None = None
-    """Fraction of loss tokens clipped by the dual-clip bound (negative advantages)."""
-    ppo_kl: float | None = None
-    """Approximate KL(π_old ‖ π) over the loss tokens."""
-    pg_loss: float
-    entropy: float
-    kl_loss: float | None = None
-    """The KL loss term (rl.use_kl_loss) before its coefficient."""
-    grad_norm: float
-    """Global gradient norm before clipping."""
-    skipped_nonfinite_steps: float
-    """Fraction of optimizer steps skipped for a NaN/inf gradient norm."""
-    update_tflops_per_s: float | None = None
-    """Model FLOPs of the update per second of it (`memrl.rl.flops`), in TFLOP/s."""
-    mfu: float | None = None
-    """Model FLOPs utilisation, given the accelerator's peak."""
-    old_pass: OldPass | None = field(default=None, compare=False, repr=False)
-    """Not a metric: the old log-probs the update took from its own forward (a batch
-    without old log-probs, or its first mini-batch's with `first_on_policy`, the others'
-    then the batch's), else None."""
-    critic: CriticStats | None = field(default=None, compare=False, repr=False)
-    """The value head on the policy's `critic/*` metrics (critic.value_model policy_head),
-    logged by the recipe as a separate critic's are; else None."""
-
-    PERF = frozenset({"padding_waste", "tokens_per_micro_batch", "update_tflops_per_s", "mfu"})
-    """Fields logged under `perf/`; the others under `actor/` (old_pass is not logged)."""
-
-    @classmethod
-    def from_metrics(cls, metrics: dict[str, float]) -> UpdateStats:
-        """The stats of a `{"actor/pg_loss": ..., "perf/mfu": ...}` dict (`metrics`' inverse)."""
-        return cls(**{key.split("/", 1)[1]: value for key, value in metrics.items()})
-
-    def metrics(self) -> dict[str, float]:
-        """The `actor/*` and `perf/*` metrics of the step's log, measured ones only (the
-        value head's `critic/*`: `critic.metrics()`)."""
-        return {
-            f"{'perf' if f.name in self.PERF else 'actor'}/{f.name}": value
-            for f in fields(self)
-            if f.name not in ("old_pass", "critic") and (value := getattr(self, f.name)) is not None
-        }
-
-
-def _head_stats(metrics: dict[str, float], lr: float, before: dict[str, float]
-                ) -> CriticStats:
-    """The value head's `critic/*` metrics, taken out of the update's `metrics`, as a
-    separate critic's update gives them (`before`: `batch_value_statistics`)."""
-    own = {k.split("/", 1)[1]: metrics.pop(k) for k in list(metrics) if k.startswith("critic/")}
-    return CriticStats(vf_loss=own["vf_loss"], grad_norm=own.get("grad_norm", float("nan")),
-                       vf_clipfrac=own.get("vf_clipfrac", 0.0),
-                       vpred_mean=own.get("vpred_mean", 0.0), lr=lr, **before)
-
-
-@dataclass
-class OldPass:
-    """What the separate old log-prob pass would have given, taken from the update's own
-    forward on-policy (this rank's conversations, float32, CPU, as
-    `Actor.logprobs_and_entropy`), and the engine guard's metrics. With `first_on_policy`
-    the first mini-batch's rows come from the forward, the other log-probs are the batch's
-    (from the separate pass) and the other entropies stay empty."""
-
-    logprobs: list[Tensor]
-    entropy: list[Tensor]
-    mismatch: dict[str, float]
-    """`rollout/logprob_diff_*` (`LogprobGuard.check`); {} without a guard."""
-    pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = field(default_factory=list)
-    """Micro-batches not read yet: (conversations, response mask on the CPU, log-probs and
-    entropies on the device), read together by `read` (no synchronisation per row)."""
-
-    def keep(self, indices: list[int], response: Tensor, logprobs: Tensor,
-             entropy: Tensor) -> None:
-        """Keep a micro-batch's (rows, L) log-probs and entropies, detached, to `read`."""
-        self.pending.append((indices, response, logprobs.detach(), entropy.detach()))
-
-    def read(self) -> None:
-        """Each kept row's response tokens into `logprobs` / `entropy` (float32, CPU)."""
-        for indices, response, lp, ent in self.pending:
-            for into, values in ((self.logprobs, lp), (self.entropy, ent)):
-                for i, row in zip(indices, response_rows(values, response), strict=True):
-                    into[i] = row
-        self.pending.clear()
-
-
 class Actor(_PolicyModel):
     """The policy being trained: its optimizer, lr schedule and PPO update."""
 
@@ -387,79 +280,80 @@ class Actor(_PolicyModel):
         mini-batch's entropies; `guard` checks all of them before the first optimizer step.
         """
         cfg = self.config
-        if batch.advantages is None:
-            raise ValueError("update needs advantages in the batch")
-        use_kl = cfg.use_kl_loss and cfg.kl_loss_coef > 0
-        if use_kl and batch.ref_logprobs is None:
-            raise ValueError("a KL loss needs reference log-probs in the batch")
-        head = self.value_head
-        if head is not None and (batch.values is None or batch.returns is None):
-            raise ValueError("a value head on the policy needs values and returns in the batch")
-        avg = RunningAverages()
-        loss_names = ["actor/pg_loss", "actor/entropy"] + (["actor/kl_loss"] if use_kl else [])
-        head_params = head.parameters() if head is not None else []
-        if head is not None:  # before the update: its values, returns, lr
-            loss_names.append("critic/vf_loss")
-            before = batch_value_statistics(batch, all_reduce_sum=dist.all_reduce_sum)
-            head_lr = float(self.optimizer.param_groups[-1]["lr"])
-        params = [p for p in self.model.parameters() if p.requires_grad] + head_params
-        shape, flops, t_start = ModelShape.of(self.model), 0.0, time.perf_counter()
+        head = self._value_head_before(batch, dist)  # the batch checked; the head's metrics
+        log = UpdateLog(kl=self._kl_loss, value_head=head is not None)
         # With data parallelism every rank walks the same global mini-batches (its share of
         # each may be empty) and takes the same optimizer steps.
         minis = batch.mini_batches(cfg.ppo_mini_batch_size)
         if not minis:
             raise ValueError("update needs at least one conversation")
         old = self._on_policy_old(batch, len(minis), first_on_policy)
+        shape, flops, start = ModelShape.of(self.model), 0.0, time.perf_counter()
         self.model.train()
-        for _ in range(cfg.ppo_epochs):
+        for _epoch in range(cfg.ppo_epochs):
             for k, mini in enumerate(minis):
                 own = old if k == 0 else None  # the first optimizer step is on-policy
                 norm = batch.loss_norm(mini, cfg.loss_agg_mode, scale_factor=cfg.loss_scale_factor)
                 norm = norm.with_global_count(dist.all_reduce_sum)
                 self.optimizer.zero_grad(set_to_none=True)
-                micro_terms: list[Tensor] = []  # each micro-batch's loss terms, on the device
                 micros = self.micro_batches(batch, mini) if mini else []
-                # agreed before any forward
-                padding = padding_passes(self.sharded_over, len(micros))
-                for positions in micros:
+                padding = padding_passes(self.sharded_over, len(micros))  # before any forward
+                terms: list[Tensor] = []  # each micro-batch's loss terms, on the device
+                for positions in micros:  # forward + backward: its exact share of the loss
                     indices = [mini[p] for p in positions]
-                    flops += self._account(batch, indices, shape, avg)
-                    terms = self._micro_step(batch, indices, norm.rows(positions), use_kl, avg,
-                                             own)
-                    micro_terms.append(torch.stack([terms[name].reshape(()).double()
-                                                    for name in loss_names]))
-                for _ in range(padding):
-                    lp, _, _ = self._forward(padding_micro_batch(self.pad_id))
-                    (lp.sum() * 0.0).backward()  # zero gradients, same collectives
-                losses = torch.zeros(len(loss_names), dtype=torch.float64)
-                for row in torch.stack(micro_terms).cpu() if micro_terms else []:
-                    losses += row  # read once per optimizer step, summed in order
-                if own is not None:
+                    flops += self._account(batch, indices, shape, log)
+                    terms.append(self._micro_step(batch, indices, norm.rows(positions), log, own))
+                self._padding_backward(padding)
+                if own is not None:  # the old log-probs, checked before any weight changes
                     own.read()
-                if own is not None and guard is not None:  # before any weight changes
-                    own.mismatch.update(guard.check(own.logprobs, dist))
-                if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
-                    dist.sum_gradients(params)
-                if head is not None:
-                    norm = _grad_norm(head_params)
-                    if math.isfinite(norm):
-                        avg.add("critic/grad_norm", norm)
-                grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip,
-                                           extra_params=head_params)
-                for name, value in zip(loss_names, dist.all_reduce_sum(losses).tolist(),
-                                       strict=True):
-                    avg.add(name, value)
-                avg.add("actor/grad_norm", grad_norm)
-                avg.add("actor/skipped_nonfinite_steps", float(not math.isfinite(grad_norm)))
+                    if guard is not None:
+                        own.mismatch.update(guard.check(own.logprobs, dist))
+                self._optimizer_step(terms, log, dist)
         self.scheduler.step()
-        elapsed = time.perf_counter() - t_start
-        if flops > 0:
-            avg.add("perf/update_tflops_per_s", flops / elapsed / 1e12)
-            if self.peak_flops:
-                avg.add("perf/mfu", mfu(flops, elapsed, self.peak_flops))
-        metrics = avg.reduced(dist, _REPLICATED)
-        critic = _head_stats(metrics, head_lr, before) if head is not None else None
-        return replace(UpdateStats.from_metrics(metrics), old_pass=old, critic=critic)
+        log.throughput(flops, time.perf_counter() - start, self.peak_flops)
+        return log.stats(dist, old=old, head=head)
+
+    @property
+    def _kl_loss(self) -> bool:
+        """Whether the loss has a KL term (rl.use_kl_loss with a coefficient above 0)."""
+        return self.config.use_kl_loss and self.config.kl_loss_coef > 0
+
+    def _value_head_before(self, batch: RolloutBatch, dist: Dist) -> HeadBefore | None:
+        """Checks that the batch has what the loss terms read; the value head's statistics
+        and learning rate before the update (None without a value head)."""
+        if batch.advantages is None:
+            raise ValueError("update needs advantages in the batch")
+        if self._kl_loss and batch.ref_logprobs is None:
+            raise ValueError("a KL loss needs reference log-probs in the batch")
+        if self.value_head is None:
+            return None
+        if batch.values is None or batch.returns is None:
+            raise ValueError("a value head on the policy needs values and returns in the batch")
+        return HeadBefore(batch_value_statistics(batch, all_reduce_sum=dist.all_reduce_sum),
+                          float(self.optimizer.param_groups[-1]["lr"]))
+
+    def _padding_backward(self, passes: int) -> None:
+        """FSDP: as many forwards and backwards as the busiest rank, of zero gradient."""
+        for _ in range(passes):
+            lp, _, _ = self._forward(padding_micro_batch(self.pad_id))
+            (lp.sum() * 0.0).backward()  # zero gradients, same collectives
+
+    def _optimizer_step(self, terms: list[Tensor], log: UpdateLog, dist: Dist) -> None:
+        """Sum the gradients over ranks, clip, step; log the mini-batch's loss terms (summed
+        over its micro-batches, in order, and over ranks) and the gradient norms."""
+        losses = torch.zeros(len(log.loss_names), dtype=torch.float64)
+        for row in torch.stack(terms).cpu() if terms else []:
+            losses += row  # read once per optimizer step, summed in order
+        head_params = self.value_head.parameters() if self.value_head is not None else []
+        if self.sharded_over is None:  # FSDP's reduce-scatter already summed them
+            dist.sum_gradients([p for p in self.model.parameters() if p.requires_grad]
+                               + head_params)
+        head_norm = _grad_norm(head_params) if self.value_head is not None else None
+        if head_norm is not None:
+            log.head_grad_norm(head_norm)
+        grad_norm = optimizer_step(self.model, self.optimizer, self.grad_clip,
+                                   extra_params=head_params)
+        log.optimizer_step(dist.all_reduce_sum(losses), grad_norm, head_norm)
 
     def _on_policy_old(self, batch: RolloutBatch, num_mini_batches: int,
                        first_on_policy: bool) -> OldPass | None:
@@ -479,89 +373,75 @@ class Actor(_PolicyModel):
                 f"epoch(s) of {num_mini_batches} mini-batch(es), not one optimizer step")
         return OldPass([torch.empty(0)] * n, [torch.empty(0)] * n, {})
 
-    def _account(
-        self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None,
-        avg: RunningAverages,
-    ) -> float:
+    def _account(self, batch: RolloutBatch, indices: list[int], shape: ModelShape | None,
+                 log: UpdateLog) -> float:
         """Records a micro-batch's padding waste and size; returns its training FLOPs (0
         when the model's shape is unknown)."""
         lens = [batch.conversations[i].num_tokens for i in indices]
         computed = sum(lens) if self.packed else len(lens) * max(lens)
-        avg.add("perf/padding_waste", padding_waste(sum(lens), computed), computed)
-        avg.add("perf/tokens_per_micro_batch", computed)
+        log.micro_batch(sum(lens), computed)
         if shape is None:
             return 0.0
         responses = sum(len(batch.conversations[i].response_ids) for i in indices)
         return train_flops(lens, shape, logit_tokens=responses)
 
-    def _micro_step(
-        self,
-        batch: RolloutBatch,
-        indices: list[int],
-        norm: LossNorm,
-        use_kl: bool,
-        avg: RunningAverages,
-        old: OldPass | None = None,
-    ) -> dict[str, Tensor]:
+    def _micro_step(self, batch: RolloutBatch, indices: list[int], norm: LossNorm,
+                    log: UpdateLog, old: OldPass | None = None) -> Tensor:
         """Forward + backward of one micro-batch; returns its shares of the loss terms
-        (detached one-element tensors on the device: read once per optimizer step). `old`
-        given (on-policy): the old log-probs are this forward's, detached, and are kept
-        there with the entropies (`OldPass.keep`)."""
-        cfg = self.config
-        head = self.value_head
+        (`LossTerms.detached`: read once per optimizer step). `old` given (on-policy): the
+        old log-probs are this forward's, detached, and are kept there with the entropies
+        (`OldPass.keep`)."""
+        cfg, head = self.config, self.value_head
         tensors = batch.collate(indices, self.pad_id)
-        loss_inputs = on_device(tensors, _LOSS_INPUTS, self.device)  # queued, before the forward
+        inputs = on_device(tensors, _LOSS_INPUTS, self.device)  # queued, before the forward
         logprobs, entropy, vpreds = self._forward(
             tensors, with_entropy=True, entropy_grad=cfg.entropy_coeff != 0,
             with_values=head is not None,
         )
-        mask = loss_inputs["loss_mask"]
+        mask, tokens = inputs["loss_mask"], inputs["loss_mask"].sum()
         if old is None:
-            old_lp = loss_inputs["old_logprobs"]
+            old_lp = inputs["old_logprobs"]
         else:  # ratio 1; the gradient is the policy gradient
             old_lp = logprobs.detach()
             old.keep(indices, tensors["response_mask"], old_lp, entropy)
         agg = dict(mode=cfg.loss_agg_mode, norm=norm)
-        is_weights = None
-        if cfg.rollout_is is not None:  # truncated IS: π_old / π_rollout, capped
-            is_weights = rollout_is_weights(
-                old_lp, loss_inputs["rollout_logprobs"], mask,
-                level=cfg.rollout_is, threshold=cfg.rollout_is_threshold,
-            )
-            n = mask.sum()
-            avg.add("actor/rollout_is_weight", is_weights.sum().double() / n.clamp(min=1).double(),
-                    n)
-        pg, pg_metrics = policy_loss(
-            logprobs,
-            old_lp,
-            loss_inputs["advantages"],
-            mask,
-            clip_ratio_low=cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            loss_agg_mode=cfg.loss_agg_mode,
-            norm=norm,
+        is_weights = self._rollout_is_weights(old_lp, inputs, log)
+        pg, diagnostics = policy_loss(
+            logprobs, old_lp, inputs["advantages"], mask,
+            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, norm=norm,
             weights=is_weights,
         )
-        ent = agg_loss(entropy, mask, **agg)
-        loss = pg - cfg.entropy_coeff * ent if cfg.entropy_coeff else pg
-        terms = {"actor/pg_loss": pg.detach(), "actor/entropy": ent.detach()}
-        if use_kl:
-            kl_mat = kl_penalty(logprobs, loss_inputs["ref_logprobs"], cfg.kl_loss_type)
-            kl = agg_loss(kl_mat, mask, **agg)
-            loss = loss + cfg.kl_loss_coef * kl
-            terms["actor/kl_loss"] = kl.detach()
+        terms = LossTerms(
+            pg=pg,
+            entropy=agg_loss(entropy, mask, **agg),
+            kl=(agg_loss(kl_penalty(logprobs, inputs["ref_logprobs"], cfg.kl_loss_type),
+                         mask, **agg) if self._kl_loss else None),
+            vf=self._value_loss(vpreds, inputs, agg, log) if head is not None else None,
+        )
+        terms.total(cfg, head).backward()
+        log.policy(diagnostics, tokens)
+        return terms.detached()
+
+    def _rollout_is_weights(self, old_logprobs: Tensor, inputs: dict[str, Tensor],
+                            log: UpdateLog) -> Tensor | None:
+        """Truncated IS weights π_old / π_rollout, capped (rl.rollout_is), else None."""
+        cfg = self.config
+        if cfg.rollout_is is None:
+            return None
+        mask = inputs["loss_mask"]
+        weights = rollout_is_weights(old_logprobs, inputs["rollout_logprobs"], mask,
+                                     level=cfg.rollout_is, threshold=cfg.rollout_is_threshold)
+        log.rollout_is(weights, mask.sum())
+        return weights
+
+    def _value_loss(self, vpreds: Tensor | None, inputs: dict[str, Tensor],
+                    agg: dict[str, Any], log: UpdateLog) -> Tensor:
+        """The value head's clipped value loss, aggregated as the policy loss is."""
+        head, mask = self.value_head, inputs["loss_mask"]
+        assert vpreds is not None and head is not None
+        mat, clipfrac = value_loss(vpreds, inputs["returns"], inputs["values"], mask,
+                                   head.cliprange_value)
         tokens = mask.sum()
-        if head is not None:  # shared-body PPO: loss = pg (+ kl, entropy) + vf_coef · vf_loss
-            assert vpreds is not None
-            mat, clipfrac = value_loss(vpreds, loss_inputs["returns"], loss_inputs["values"],
-                                       mask, head.cliprange_value)
-            vf = agg_loss(mat, mask, **agg)
-            loss = loss + head.vf_coef * vf
-            terms["critic/vf_loss"] = vf.detach()
-            avg.add("critic/vf_clipfrac", clipfrac, tokens)
-            avg.add("critic/vpred_mean", masked_mean(vpreds.detach(), mask), tokens)
-        loss.backward()
-        for name, value in pg_metrics.items():
-            avg.add(f"actor/{name}", value, tokens)
-        return terms
+        log.value_head(clipfrac, masked_mean(vpreds.detach(), mask), tokens)
+        return agg_loss(mat, mask, **agg)
