@@ -8,7 +8,6 @@ by (episode, turn), so the schedule must not change a single token.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 
 import pytest
@@ -18,7 +17,6 @@ from helpers import locomo_episode as episode
 from memrl.agents.memagent import MemAgent, MemAgentConfig, ProgressEvent
 from memrl.agents.memupdate import MemoryUpdateAgent, MemUpdateConfig, create_base_namespace
 from memrl.config import load_config
-from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import (

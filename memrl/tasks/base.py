@@ -100,7 +100,7 @@ class Task:
     @classmethod
     def from_config(cls, config: Any) -> Task:
         """From a config: its agent section (`config.agent_config`) and `rl.reward`."""
-        return cls(config.agent_config, reward_of(config))
+        return cls(config.agent_config, reward=reward_of(config))
 
     # ---- what a task gives ------------------------------------------------------------
 
