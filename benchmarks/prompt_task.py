@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Sampler, episode_keys
 from memrl.inference.schedule import ModelCalls, run_episodes
-from memrl.trajectory import Trajectory, Turn
+from memrl.tasks import RolloutSpec, Sampling, Task
+from memrl.trajectory import Trajectory, generated_turn
 
 
 def parity_reward(token_ids: Sequence[int]) -> float:
@@ -96,17 +97,10 @@ class PromptConfig(BaseModel):
     seed: int | None = Field(None, ge=0)
 
 
-class PromptTask:
+class PromptTask(Task):
     name: ClassVar[str] = "prompt"
     config_class: ClassVar[type] = PromptConfig
-    rewards: ClassVar[tuple[str, ...]] = ("parity",)
-
-    def __init__(self, config: PromptConfig) -> None:
-        self.config = config
-
-    @classmethod
-    def from_config(cls, config: Any) -> PromptTask:
-        return cls(config.agent_config)
+    reward_functions: ClassVar[dict[str, Any]] = {"parity": lambda t, record: t.metrics["parity"]}
 
     def load(self, path: str, fmt: str, *, what: str) -> list[PromptRecord]:
         records = load_prompts(path)
@@ -114,33 +108,31 @@ class PromptTask:
             raise MemrlInputError(f"{what} file holds no prompts", location=path)
         return records
 
-    def rollout(self, generator: Any, records: Sequence[PromptRecord], *, num_samples: int,
-                seed: int | None, temperature: float | None = None,
-                keep_token_ids: bool = True, progress: Any = None, top_p: float | None = None,
-                mode: str = "auto") -> list[Trajectory]:
-        cfg = self.config
-        sample = Sampler(generator, seed=seed if seed is not None else cfg.seed,
-                         temperature=cfg.temperature if temperature is None else temperature,
-                         top_p=cfg.top_p if top_p is None else top_p)
-        keys = iter(episode_keys([r.id for r in records], num_samples))
-        episodes = [partial(self.episode, record, next(keys), sample, keep_token_ids)
-                    for record in records for _ in range(num_samples)]
-        return run_episodes(generator, episodes, mode)
+    def sampling(self) -> Sampling:
+        return Sampling(self.config.temperature, self.config.top_p)
 
-    async def episode(self, record: PromptRecord, key: tuple[str, int, int], sample: Sampler,
-                      keep_ids: bool, calls: ModelCalls) -> Trajectory:
+    def play(self, engine: Any, records: Sequence[PromptRecord], spec: RolloutSpec,
+             sampler: Sampler) -> list[Trajectory]:
+        """One answer per (record, sample), seeded by the episode key alone (one call, and
+        `ignore_eos`: a driver of its own rather than `Task.episode`)."""
+        keys = iter(episode_keys([r.id for r in records], spec.num_samples))
+        episodes = [partial(self.answer, record, next(keys), sampler, spec.keep_token_ids)
+                    for record in records for _ in range(spec.num_samples)]
+        return run_episodes(engine, episodes, spec.mode)
+
+    async def answer(self, record: PromptRecord, key: tuple[str, int, int], sample: Sampler,
+                     keep_ids: bool, calls: ModelCalls) -> Trajectory:
         prompt = list(sample.generator.tokenizer(record.prompt)["input_ids"])
         params = dataclasses.replace(sample.params(self.config.max_new_tokens, *key),
                                      ignore_eos=self.config.ignore_eos)
         gen = await calls.generate(prompt, params)
-        turn = Turn(kind="answer", prompt_ids=prompt if keep_ids else [],
-                    response_ids=list(gen.token_ids) if keep_ids else [],
-                    response_logprobs=list(gen.logprobs) if keep_ids else [],
-                    response_text=gen.text, finish_reason=gen.finish_reason,
-                    prompt_tokens=len(prompt), response_tokens=len(gen.token_ids))
-        reward = parity_reward(gen.token_ids)
-        return Trajectory(record.id, key[2], (turn,), answer=gen.text, reward=reward,
-                          metrics={"parity": reward})
+        turn = generated_turn("answer", prompt, gen, keep_ids=keep_ids)
+        return Trajectory(record.id, key[2], (turn,), answer=gen.text,
+                          metrics={"parity": parity_reward(gen.token_ids)})
+
+    def score(self, trajectory: Trajectory, record: PromptRecord) -> Trajectory:
+        """Scored in the episode (the parity of the answer's ids, kept or not)."""
+        return trajectory
 
     def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         if not trajectories:

@@ -82,3 +82,21 @@ class Trajectory:
     def __post_init__(self) -> None:
         if not isinstance(self.turns, tuple):
             object.__setattr__(self, "turns", tuple(self.turns))
+
+
+def generated_turn(kind: str, prompt: Sequence[int], generation: Any, *, keep_ids: bool = True,
+                   detail: Any = None) -> Turn:
+    """The Turn of one model call: `prompt` and the engine's `generation` (token ids,
+    logprobs, text, finish reason). `keep_ids=False` keeps only the token counts
+    (evaluation does not train)."""
+    return Turn(
+        kind=kind,
+        prompt_ids=list(prompt) if keep_ids else [],
+        response_ids=list(generation.token_ids) if keep_ids else [],
+        response_logprobs=list(generation.logprobs) if keep_ids else [],
+        response_text=generation.text,
+        finish_reason=generation.finish_reason,
+        prompt_tokens=len(prompt),
+        response_tokens=len(generation.token_ids),
+        detail=detail,
+    )

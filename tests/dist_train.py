@@ -12,6 +12,7 @@ process and N ranks sample exactly the same groups, so their updates can be comp
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any
 
 from memrl.config import load_config
@@ -20,7 +21,7 @@ from memrl.distributed import destroy_process_group
 from memrl.inference.base import derive_seed
 from memrl.recipes import grpo
 from memrl.recipes.config import TrainConfig
-from memrl.tasks import build_task
+from memrl.tasks import RolloutSpec, build_task
 
 
 class PerQuestionTask:
@@ -32,10 +33,10 @@ class PerQuestionTask:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def rollout(self, engine: Any, records: list[Any], *, seed: int, **kw: Any) -> list[Any]:
+    def rollout(self, engine: Any, records: list[Any], spec: RolloutSpec) -> list[Any]:
         out: list[Any] = []
         for r in records:
-            out += self.inner.rollout(engine, [r], seed=derive_seed(seed, r.id), **kw)
+            out += self.inner.rollout(engine, [r], replace(spec, seed=derive_seed(spec.seed, r.id)))
         return out
 
 

@@ -265,3 +265,37 @@ def start_tiny_server(model_dir: Path, log: Path, key: str, *options: str
         except OSError:
             assert time.time() < deadline, "the server did not start: " + log.read_text()
             time.sleep(0.2)
+
+
+WORDS = ["paris", "rome", "tea", "blue", "river", "ann", "bob", "seven", "moon", "bridge"]
+
+
+def tool_reply(prompt: str, seed: int | None) -> str:
+    """A scripted tool agent: an insert, a search or no call, chosen by (seed, prompt)."""
+    rng = random.Random(f"{seed}/{prompt}")
+    roll = rng.random()
+    if roll < 0.45:
+        text = f"{rng.choice(WORDS).title()} likes {rng.choice(WORDS)}."
+        return f"<tool_call>{json.dumps({'name': 'memory_insert', 'arguments': {'text': text}})}"\
+               "</tool_call>"
+    if roll < 0.65:
+        query = rng.choice(WORDS)
+        return f"<tool_call>{json.dumps({'name': 'memory_search', 'arguments': {'query': query}})}"\
+               "</tool_call>"
+    return "Done."
+
+
+def locomo_episode(eid: str, lines: int) -> Any:
+    """A LoCoMo episode of `lines` dialogue turns whose initial memory holds the answer."""
+    from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact
+
+    dialogue = [DialogueTurn(session=1, dia_id=f"D1:{k + 1}", speaker="Ann" if k % 2 else "Bob",
+                             text=f"{WORDS[k % len(WORDS)]} is nice number {k}.",
+                             date="1 May 2023")
+                for k in range(lines)]
+    return MemoryEpisode(
+        id=eid, sample_id="conv-x", qa_index=0, question="What does Ann like?",
+        answers=["tea"], category=4, adversarial=False, evidence=["D1:1"],
+        evidence_sessions=[1], dialogue=dialogue,
+        initial_memory=[MemoryFact(text="Ann likes tea.", source="D9:1")],
+    )

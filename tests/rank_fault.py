@@ -30,7 +30,7 @@ FAULT = os.environ.get("MEMRL_TEST_FAULT", "")
 
 
 class FaultyTask(dist_train.PerQuestionTask):
-    def rollout(self, engine, records, *, seed, **kw):
+    def rollout(self, engine, records, spec):
         if FAULT:
             kind, rank, step = FAULT.split(":")
             if heartbeat.activity() == ("rollout", int(step)) and os.environ["RANK"] == rank:
@@ -43,7 +43,7 @@ class FaultyTask(dist_train.PerQuestionTask):
                     raise RuntimeError("injected failure")
                 else:
                     os.kill(os.getpid(), signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
-        return super().rollout(engine, records, seed=seed, **kw)
+        return super().rollout(engine, records, spec)
 
 
 _build_task = grpo.build_task

@@ -1,4 +1,4 @@
-"""An agent written outside memrl (examples/mem1: a MEM1-style agent in three files) trains
+"""An agent written outside memrl (examples/mem1: a MEM1-style agent in two files) trains
 with `memrl train` and is evaluated with `memrl eval agent` by import path, with no edit to
 memrl; `memrl view` renders its rows. The same commands a user runs, in subprocesses."""
 
@@ -103,8 +103,8 @@ def test_a_warm_start_without_an_oracle_is_one_line(tiny_model_dir, questions, t
     # the plug-in's task without its oracle (every task memrl ships has one)
     (tmp_path / "noteacher.py").write_text(
         "from mem1.task import Mem1Task\n"
-        "NoTeacher = type('NoTeacher', (), {k: v for k, v in vars(Mem1Task).items()\n"
-        "                                   if k not in ('oracle', '__dict__', '__weakref__')})\n")
+        "NoTeacher = type('NoTeacher', Mem1Task.__bases__, {\n"
+        "    k: v for k, v in vars(Mem1Task).items() if k not in ('oracle', '__dict__')})\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     config = tmp_path / "sft.yaml"
     config.write_text("agent: noteacher:NoTeacher\n")
@@ -119,7 +119,7 @@ def test_a_warm_start_without_an_oracle_is_one_line(tiny_model_dir, questions, t
 def test_a_bad_import_path_is_one_line(tmp_path, questions, tiny_model_dir):
     for agent, says in (("mem1.task:Nope", "has no class 'Nope'"),
                         ("nowhere.at.all:Task", "cannot import 'nowhere.at.all'"),
-                        ("mem1.agent:Mem1Details", "is not a memrl Task")):
+                        ("mem1.task:Mem1Details", "is not a memrl Task")):
         done = memrl("eval", "agent", "--agent", agent, "--model", str(tiny_model_dir),
                      "--data", str(questions), "--out", str(tmp_path / "e"))
         assert done.returncode == 2, done.stderr

@@ -388,9 +388,9 @@ class ShiftedLogprobs:
     def __getattr__(self, name):
         return getattr(self.task, name)
 
-    def rollout(self, *args, **kw):
-        trajectories = self.task.rollout(*args, **kw)
-        if kw["num_samples"] > 1:  # a training rollout (rollout.n 4; rollout.val.n 1)
+    def rollout(self, engine, records, spec):
+        trajectories = self.task.rollout(engine, records, spec)
+        if spec.num_samples > 1:  # a training rollout (rollout.n 4; rollout.val.n 1)
             self.calls += 1
             if self.calls >= 2:
                 return [self.shifted(t) for t in trajectories]

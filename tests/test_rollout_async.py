@@ -8,16 +8,15 @@ by (episode, turn), so the schedule must not change a single token.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 
 import pytest
-from helpers import ScriptedAsyncEngine, assert_same_trajectories
+from helpers import WORDS, ScriptedAsyncEngine, assert_same_trajectories, tool_reply
+from helpers import locomo_episode as episode
 
 from memrl.agents.memagent import MemAgent, MemAgentConfig, ProgressEvent
 from memrl.agents.memupdate import MemoryUpdateAgent, MemUpdateConfig, create_base_namespace
 from memrl.config import load_config
-from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact
 from memrl.data.records import QARecord
 from memrl.errors import MemrlInputError
 from memrl.inference.base import (
@@ -36,7 +35,6 @@ from memrl.memory.store import MemoryStore
 from memrl.recipes.config import TrainConfig
 from memrl.tasks.memagent_qa import MemAgentQATask
 
-WORDS = ["paris", "rome", "tea", "blue", "river", "ann", "bob", "seven", "moon", "bridge"]
 
 
 def memagent_reply(prompt: str, seed: int | None) -> str:
@@ -45,20 +43,6 @@ def memagent_reply(prompt: str, seed: int | None) -> str:
     if "Your answer:" in prompt:  # the final turn: sometimes no \boxed{}
         return f"I think \\boxed{{{rng.choice(WORDS)}}}" if rng.random() < 0.7 else words
     return words
-
-
-def tool_reply(prompt: str, seed: int | None) -> str:
-    rng = random.Random(f"{seed}/{prompt}")
-    roll = rng.random()
-    if roll < 0.45:
-        text = f"{rng.choice(WORDS).title()} likes {rng.choice(WORDS)}."
-        return f"<tool_call>{json.dumps({'name': 'memory_insert', 'arguments': {'text': text}})}"\
-               "</tool_call>"
-    if roll < 0.65:
-        query = rng.choice(WORDS)
-        return f"<tool_call>{json.dumps({'name': 'memory_search', 'arguments': {'query': query}})}"\
-               "</tool_call>"
-    return "Done."
 
 
 def records_of_lengths(*words: int) -> list[QARecord]:
@@ -229,19 +213,6 @@ def test_task_rollout_picks_the_schedule_from_the_engine(tiny_tokenizer):
 
 
 # ---------------------------------------------------------------- MemoryUpdate
-
-
-def episode(eid: str, lines: int) -> MemoryEpisode:
-    dialogue = [DialogueTurn(session=1, dia_id=f"D1:{k + 1}", speaker="Ann" if k % 2 else "Bob",
-                             text=f"{WORDS[k % len(WORDS)]} is nice number {k}.",
-                             date="1 May 2023")
-                for k in range(lines)]
-    return MemoryEpisode(
-        id=eid, sample_id="conv-x", qa_index=0, question="What does Ann like?",
-        answers=["tea"], category=4, adversarial=False, evidence=["D1:1"],
-        evidence_sessions=[1], dialogue=dialogue,
-        initial_memory=[MemoryFact(text="Ann likes tea.", source="D9:1")],
-    )
 
 
 def test_memupdate_async_equals_lockstep(tiny_tokenizer):

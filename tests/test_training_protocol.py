@@ -192,9 +192,9 @@ def test_validation_samples_with_val_top_p(tiny_model_dir, tmp_path):
     seen = []
 
     class Spy(MemAgentQATask):
-        def rollout(self, *args, **kwargs):
-            seen.append({k: kwargs.get(k) for k in ("num_samples", "temperature", "top_p")})
-            return super().rollout(*args, **kwargs)
+        def rollout(self, engine, records, spec):
+            seen.append({k: getattr(spec, k) for k in ("num_samples", "temperature", "top_p")})
+            return super().rollout(engine, records, spec)
 
     run = grpo.setup(cfg, task=Spy(cfg.memagent))
     metrics = grpo.validate(run)

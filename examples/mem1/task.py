@@ -1,49 +1,61 @@
-"""The MEM1-style agent's task, written outside memrl: file 2 of 3.
+"""A MEM1-style agent written outside memrl (Zhou et al., 2025), in one file and a config.
 
-A Task is what memrl trains and evaluates: a name (its config section's key), its config
-class, its named rewards, and `load` / `rollout` / `summarize` / `log_row`
-(`memrl.tasks.base.Task`). Name it by import path and memrl needs no edit:
+MEM1 keeps one internal state and drops its context every turn: turn t sees the question,
+the state it wrote at turn t-1 and the record's next document, and replies with a new state
+`<IS>...</IS>`, optionally with `<answer>...</answer>`, which ends the episode; after the
+last document one more turn must answer. memrl runs the episodes (sampling, seeding, either
+schedule), sums the named rewards and logs them. By import path, no edit to memrl:
 
-    memrl train examples/mem1/config.yaml ...              # agent: mem1.task:Mem1Task
-    memrl eval agent --agent mem1.task:Mem1Task ...        # (with examples/ on PYTHONPATH)
+    memrl train examples/mem1/config.yaml ...          # agent: mem1.task:Mem1Task
+    memrl eval agent --agent mem1.task:Mem1Task ...    # (with examples/ on PYTHONPATH)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, ClassVar
+import re
+from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from memrl.data.hotpotqa import load_hotpotqa
 from memrl.data.records import QARecord, supporting_facts
-from memrl.errors import MemrlInputError
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.rewards.qa import qa_scores
-from memrl.tasks import reward_of, reward_weights, weighted_rewards
-from memrl.tasks.rewards import reward_means
+from memrl.tasks import EpisodeModel, Task
 from memrl.trajectory import Trajectory
 
-from mem1.agent import LAST_OBSERVATION, Mem1Agent, parse_reply
+PROMPT = ("Question: {question}\n\nWhat you have kept so far: {state}\n\n{observation}\n\n"
+          "Rewrite what you keep inside <IS>...</IS>, only what helps answer the question. "
+          "If you can answer now, add <answer>...</answer>.")
+FIRST_STATE = "nothing yet"
+LAST_OBSERVATION = "There are no more documents: answer now."
+
+
+def parse_reply(text: str) -> tuple[str | None, str | None]:
+    """(internal state, answer) of a reply: the last `<IS>` and `<answer>` contents, or None
+    for what it lacks (regular expressions without nesting: linear time)."""
+    states = re.findall(r"<IS>(.*?)</IS>", text, re.DOTALL)
+    answers = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    return (states[-1].strip() if states else None, answers[-1].strip() if answers else None)
 
 
 class Mem1Config(BaseModel):
     """The `mem1:` section of a config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
     max_turn_tokens: int = Field(64, ge=1)
     """New tokens per turn (internal state and answer together)."""
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=0)
 
 
-def exact_match(trajectory: Trajectory, record: QARecord) -> float:
-    """1 when the answer matches a gold answer exactly (after normalisation)."""
-    return trajectory.metrics["em"]
+@dataclass(frozen=True)
+class Mem1Details:
+    """The internal state after every turn (a reply without `<IS>` keeps the last one) and
+    the last reply."""
+
+    states: tuple[str, ...]
+    final_response: str
 
 
 def early_stop(trajectory: Trajectory, record: QARecord) -> float:
@@ -54,42 +66,36 @@ def early_stop(trajectory: Trajectory, record: QARecord) -> float:
     return 1.0 - read / max(len(record.documents), 1)
 
 
-class Mem1Task:
-    name: ClassVar[str] = "mem1"
-    config_class: ClassVar[type] = Mem1Config
-    rewards: ClassVar[tuple[str, ...]] = ("em", "early_stop")
-    reward_functions: ClassVar[dict[str, Any]] = {"em": exact_match, "early_stop": early_stop}
-
-    def __init__(self, config: Mem1Config, reward: Any = None) -> None:
-        self.config = config
-        self.weights = reward_weights(reward, self.rewards, agent=self.name)
-
-    @classmethod
-    def from_config(cls, config: Any) -> Mem1Task:
-        return cls(config.agent_config, reward_of(config))
+class Mem1Task(Task):
+    name = "mem1"
+    config_class = Mem1Config
+    reward_functions = {"em": lambda t, record: t.metrics["em"], "early_stop": early_stop}
 
     def load(self, path: str, fmt: str, *, what: str) -> list[QARecord]:
-        records = load_hotpotqa(path, format=fmt)
-        if not records:
-            raise MemrlInputError(f"{what} file holds no questions", location=path)
-        return records
+        return load_hotpotqa(path, format=fmt)
 
-    def rollout(self, generator: Any, records: Sequence[QARecord], *, num_samples: int,
-                seed: int | None, temperature: float | None = None,
-                keep_token_ids: bool = True, progress: Any = None, top_p: float | None = None,
-                mode: str = "auto") -> list[Trajectory]:
-        update = {"seed": seed, **({"temperature": temperature} if temperature is not None
-                                   else {}), **({"top_p": top_p} if top_p is not None else {})}
-        agent = Mem1Agent(generator, self.config.model_copy(update=update))
-        by_id = {r.id: r for r in records}
-        scored = []
-        for t in agent.run(records, num_samples, mode=mode, keep_token_ids=keep_token_ids):
-            _, answer = parse_reply(t.details.final_response)
-            scores = qa_scores(answer, by_id[t.record_id].answers)
-            scored.append(dataclasses.replace(t, answer=answer, metrics=scores))
-        return weighted_rewards(scored, by_id, self.reward_functions, self.weights)
+    async def episode(self, record: QARecord, model: EpisodeModel) -> Mem1Details:
+        docs = [f"Document: {d.title}\n{d.text}" for d in record.documents] \
+            or [record.render_context()]
+        state, states, text = FIRST_STATE, [], ""
+        for t in range(len(docs) + 1):
+            last = t == len(docs)
+            prompt = model.chat(PROMPT.format(question=record.question, state=state,
+                                              observation=LAST_OBSERVATION if last else docs[t]))
+            text = await model.generate(prompt, max_new_tokens=self.config.max_turn_tokens,
+                                        kind="answer" if last else "read")
+            new_state, answer = parse_reply(text)
+            states.append(state := new_state if new_state is not None else state)
+            if answer is not None:
+                break
+        return Mem1Details(tuple(states), text)
 
-    def oracle(self, tokenizer: Any, records: Sequence[QARecord]) -> ScriptedGenerator:
+    def score(self, trajectory: Trajectory, record: QARecord) -> Trajectory:
+        answer = parse_reply(trajectory.details.final_response)[1]
+        return dataclasses.replace(trajectory, answer=answer,
+                                   metrics=qa_scores(answer, record.answers))
+
+    def oracle(self, tokenizer, records: list[QARecord]) -> ScriptedGenerator:
         """The warm start's teacher (`memrl sft`): it keeps the facts the question needs as
         their documents are read and answers the gold as soon as it holds them all."""
         needs = {r.question: (supporting_facts(r), r.answers[0]) for r in records}
@@ -99,23 +105,23 @@ class Mem1Task:
             kept = prompt.split("What you have kept so far: ", 1)[1].split("\n\n", 1)[0]
             facts, gold = needs[question]
             held = [f for f in facts if f in kept or f in prompt]
-            state = " ".join(held) or "nothing yet"
             done = len(held) == len(facts) or LAST_OBSERVATION in prompt
-            return f"<IS>{state}</IS>" + (f"<answer>{gold}</answer>" if done else "")
+            return f"<IS>{' '.join(held) or FIRST_STATE}</IS>" \
+                + (f"<answer>{gold}</answer>" if done else "")
 
         return ScriptedGenerator(tokenizer, respond, end_with_eos=True)
 
-    def summarize(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    def summarize(self, trajectories: list[Trajectory]) -> dict[str, float]:
         if not trajectories:
             return {}
         return {"accuracy": float(np.mean([t.metrics["em"] for t in trajectories])),
                 "turns": float(np.mean([len(t.details.states) for t in trajectories])),
-                **reward_means(trajectories)}
+                **{k: float(np.mean([t.metrics[k] for t in trajectories]))
+                   for k in trajectories[0].metrics if k.startswith("reward/")}}
 
-    def log_row(self, trajectory: Trajectory, record: QARecord) -> dict[str, Any]:
+    def log_row(self, trajectory: Trajectory, record: QARecord) -> dict:
         return {"id": trajectory.record_id, "sample_index": trajectory.sample_index,
                 "question": record.question, "answers": record.answers,
-                "states": list(trajectory.details.states),
+                "states": list(trajectory.details.states), "answer": trajectory.answer,
                 "final_response": trajectory.details.final_response,
-                "answer": trajectory.answer, "reward": trajectory.reward,
-                "scores": {k: v for k, v in trajectory.metrics.items()}}
+                "reward": trajectory.reward, "scores": dict(trajectory.metrics)}

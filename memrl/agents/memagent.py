@@ -56,8 +56,14 @@ from memrl.inference.base import (
     episode_keys,
 )
 from memrl.inference.chat import encode_chat
-from memrl.inference.schedule import Episode, ModelCalls, arun_episodes, run_episodes
-from memrl.trajectory import Trajectory, Turn
+from memrl.inference.schedule import (
+    Episode,
+    ModelCalls,
+    ProgressEvent,
+    arun_episodes,
+    run_episodes,
+)
+from memrl.trajectory import Trajectory, Turn, generated_turn
 
 
 class MemAgentConfig(BaseModel):
@@ -218,23 +224,6 @@ def chunk_context(
     return ContextChunks(texts, [len(piece) for piece in pieces], len(ids), capped)
 
 
-@dataclass(frozen=True)
-class ProgressEvent:
-    """What the agent reports while it runs, for progress bars.
-
-    kind "start": `episodes` and `chunks` are the totals this run will process.
-    kind "chunks": one memory update just finished (`chunks` is 1).
-    kind "final": one episode just finished (`episodes` is 1).
-    Every event but "start" is one turn, on either schedule, given as `turn` (its text and
-    token counts).
-    """
-
-    kind: Literal["start", "chunks", "final"]
-    episodes: int = 0
-    chunks: int = 0
-    turn: Turn | None = None
-
-
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
@@ -310,12 +299,15 @@ class MemAgent:
     """The recurrent memory agent: one episode, written once (`_read_episode`), run over
     many records in lockstep or as concurrent coroutines (`memrl.inference.schedule`)."""
 
-    def __init__(self, generator: Generator, config: MemAgentConfig | None = None) -> None:
+    def __init__(self, generator: Generator, config: MemAgentConfig | None = None, *,
+                 sampler: Sampler | None = None) -> None:
+        """`sampler`: how its requests sample and are seeded (a task's rollout gives it);
+        default: the config's temperature, top_p and seed."""
         self.generator = generator
         self.config = config or MemAgentConfig()
         self.prompts = self.config.resolved_prompts
-        self.sampler = Sampler(generator, temperature=self.config.temperature,
-                               top_p=self.config.top_p, seed=self.config.seed)
+        self.sampler = sampler or Sampler(generator, temperature=self.config.temperature,
+                                          top_p=self.config.top_p, seed=self.config.seed)
 
     @property
     def tokenizer(self) -> Any:
@@ -453,14 +445,4 @@ class MemAgent:
 def _turn(
     kind: str, prompt: list[int], gen: Generation, chunk_index: int | None, keep_ids: bool
 ) -> Turn:
-    return Turn(
-        kind=kind,
-        prompt_ids=prompt if keep_ids else [],
-        response_ids=list(gen.token_ids) if keep_ids else [],
-        response_logprobs=list(gen.logprobs) if keep_ids else [],
-        response_text=gen.text,
-        finish_reason=gen.finish_reason,
-        prompt_tokens=len(prompt),
-        response_tokens=len(gen.token_ids),
-        detail=MemAgentTurn(chunk_index),
-    )
+    return generated_turn(kind, prompt, gen, keep_ids=keep_ids, detail=MemAgentTurn(chunk_index))

@@ -62,7 +62,7 @@ from memrl.memory.tools import (
     tools_prompt,
     truncate,
 )
-from memrl.trajectory import Trajectory, Turn
+from memrl.trajectory import Trajectory, Turn, generated_turn
 
 
 class MemUpdateConfig(BaseModel):
@@ -306,13 +306,15 @@ class MemoryUpdateAgent:
         seed: int | None = None,
         keep_token_ids: bool = True,
         mode: RolloutMode = "auto",
+        sampler: Sampler | None = None,
     ) -> list[Trajectory]:
         """One trajectory per (episode, sample), episode by episode, samples 0..n-1.
 
         Each works in its own trial namespace forked from the episode's base namespace
         (which must exist: `create_base_namespace`); the caller releases the trials.
         `seed` (default: the config's) seeds reply t of the episode (id, occurrence, sample)
-        with `derive_seed(seed, id, occurrence, sample, t)`.
+        with `derive_seed(seed, id, occurrence, sample, t)`; `sampler` (a task's rollout
+        gives it) replaces the config's sampling and `seed` altogether.
         `mode`: `lockstep` (one `generate` call per round over the unfinished episodes),
         `async` (each episode a coroutine over `agenerate`; each trial has its own
         namespace, so the order of edits across trials is free), or `auto` (async on an
@@ -321,8 +323,8 @@ class MemoryUpdateAgent:
         `keep_token_ids=False` leaves the turns' token ids empty (evaluation needs none).
         """
         cfg = self.config
-        sampler = Sampler(self.generator, temperature=cfg.temperature, top_p=cfg.top_p,
-                          seed=cfg.seed if seed is None else seed)
+        sampler = sampler or Sampler(self.generator, temperature=cfg.temperature,
+                                     top_p=cfg.top_p, seed=cfg.seed if seed is None else seed)
         states = self._start(episodes, num_samples)
         with self._trials(states):
             return run_episodes(self.generator, [
@@ -424,17 +426,8 @@ class MemoryUpdateAgent:
         ]
 
         st.turns.append(
-            Turn(
-                kind="tool",
-                prompt_ids=prompt if keep_ids else [],
-                response_ids=list(gen.token_ids) if keep_ids else [],
-                response_logprobs=list(gen.logprobs) if keep_ids else [],
-                response_text=gen.text,
-                finish_reason=gen.finish_reason,
-                prompt_tokens=len(prompt),
-                response_tokens=len(gen.token_ids),
-                detail=ToolTurn(st.piece, st.turns_in_piece, len(calls), tuple(error_kinds)),
-            )
+            generated_turn("tool", prompt, gen, keep_ids=keep_ids, detail=ToolTurn(
+                st.piece, st.turns_in_piece, len(calls), tuple(error_kinds)))
         )
         st.turns_in_piece += 1
 

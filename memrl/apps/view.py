@@ -311,7 +311,8 @@ def render_generic(row: dict[str, Any], source: str) -> str:
 
 RENDERERS: dict[str, Renderer] = {"memagent": render_memagent, "memupdate": render_memupdate}
 """The page section of a log row, by task name. A task class of another name may define
-`render_row(row, source) -> str` (HTML); without one its rows get `render_generic`."""
+`render_row(row, source) -> str` (HTML, `memrl.tasks.RendersRows`); without one its rows get
+`render_generic`."""
 
 BENCHMARK_AGENTS = {"ruler_hqa": "memagent", "locomo": "memupdate"}
 """The agent of results.json files that name only their benchmark."""
@@ -341,13 +342,15 @@ def renderer_for(agent: str | None) -> Renderer:
     task's name, else `render_generic` (also for an agent that cannot be imported here)."""
     if agent is None:
         return render_memagent
-    from memrl.tasks import task_class
+    from memrl.tasks import RendersRows, task_class
 
     try:
         cls = task_class(agent)
     except MemrlInputError:
         return render_generic
-    return getattr(cls, "render_row", None) or RENDERERS.get(cls.name, render_generic)
+    if issubclass(cls, RendersRows):  # a static method render_row(row, source)
+        return cls.render_row
+    return RENDERERS.get(cls.name, render_generic)
 
 
 def render_page(episodes: list[tuple[str, dict[str, Any]]], title: str, *,

@@ -38,17 +38,20 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from memrl.inference.base import (
     Generation,
     Generator,
     RolloutMode,
+    Sampler,
     SamplingParams,
     generate_checked,
     run_concurrently,
     runs_async,
 )
+from memrl.inference.chat import encode_chat
+from memrl.trajectory import Turn, generated_turn
 
 T = TypeVar("T")
 
@@ -75,6 +78,62 @@ class ModelCalls(Protocol):
 
 Episode = Callable[[ModelCalls], Coroutine[Any, Any, T]]
 """One episode: given the driver's `ModelCalls`, a coroutine returning its result."""
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """What a rollout reports while it runs, for progress bars (one type for every agent).
+
+    kind "start": `episodes` and `chunks` (where the agent reads chunks) are the totals
+    this run will process.
+    kind "chunks": one memory update just finished (`chunks` is 1).
+    kind "final": one episode just finished (`episodes` is 1).
+    Every event but "start" is one turn, on either schedule, given as `turn` (its text and
+    token counts).
+    """
+
+    kind: Literal["start", "chunks", "final"]
+    episodes: int = 0
+    chunks: int = 0
+    turn: Turn | None = None
+
+
+class EpisodeModel:
+    """The model as one episode sees it: `await generate(prompt, max_new_tokens=...)`.
+
+    The driver, not the episode, seeds the requests: call t of the episode named `key`
+    (record id, occurrence, sample index: `memrl.inference.base.episode_keys`) samples with
+    `sampler.params(max_new_tokens, *key, t)`, whichever schedule runs it. Every call is
+    kept as a Turn (`turns`, in order); `keep_ids=False` keeps only token counts.
+    """
+
+    def __init__(self, calls: ModelCalls, sampler: Sampler, key: tuple[str, int, int], *,
+                 keep_ids: bool = True) -> None:
+        self.calls = calls
+        self.sampler = sampler
+        self.key = key
+        self.keep_ids = keep_ids
+        self.turns: list[Turn] = []
+        self.last: Generation | None = None
+        """The Generation of the latest call (finish reason, token ids)."""
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.sampler.generator.tokenizer
+
+    def chat(self, text: str) -> list[int]:
+        """The prompt ids of one user message in the model's chat template."""
+        return encode_chat(self.tokenizer, text)
+
+    async def generate(self, prompt: Sequence[int], *, max_new_tokens: int, kind: str = "turn",
+                       stage: int = 0, detail: Any = None) -> str:
+        """The reply to `prompt` as text (what a next prompt sees), kept as a Turn of `kind`
+        (`detail`: the agent's own record of it). `stage`: the lockstep order (above)."""
+        params = self.sampler.params(max_new_tokens, *self.key, len(self.turns))
+        self.last = await self.calls.generate(prompt, params, stage=stage)
+        self.turns.append(generated_turn(kind, prompt, self.last, keep_ids=self.keep_ids,
+                                         detail=detail))
+        return self.sampler.text(self.last)
 
 
 class AsyncCalls:

@@ -57,7 +57,7 @@ from memrl.run.scaffold import (
     warn_on_stderr,
 )
 from memrl.run.trajectory_log import TrajectoryLog
-from memrl.tasks import Task, build_task
+from memrl.tasks import RolloutSpec, Task, build_task
 
 
 @dataclass
@@ -191,10 +191,8 @@ def rollout_groups(run: Run) -> Groups:
     cfg, rl, rollout = run.config, run.config.rl, run.config.rollout
     enter_stage(run)
     return collect_groups(
-        lambda records, seed: run.task.rollout(
-            run.engine, records, num_samples=rollout.n, seed=seed, mode=rollout.mode,
-            temperature=rollout.temperature, top_p=rollout.top_p,
-        ),
+        lambda records, seed: run.task.rollout(run.engine, records, RolloutSpec(
+            rollout.n, seed, rollout.temperature, rollout.top_p, mode=rollout.mode)),
         run.stream,
         want=cfg.data.train_batch_size,
         dynamic_sampling=rl.dynamic_sampling,
@@ -361,15 +359,9 @@ def validate_set(run: Run, records: list[Any], prefix: str, name: str | None = N
     mine = run.dist.shard(records)
     seed = derive_seed(cfg.seed, "val", run.state.step) if name is None else derive_seed(
         cfg.seed, "val", name, run.state.step)
-    trajs = run.task.rollout(
-        run.engine,
-        mine,
-        num_samples=val.n,
-        seed=seed,
-        temperature=val.temperature,
-        top_p=cfg.rollout.top_p if val.top_p is None else val.top_p,
-        mode=cfg.rollout.mode,
-    ) if mine else []
+    trajs = run.task.rollout(run.engine, mine, RolloutSpec(
+        val.n, seed, val.temperature, cfg.rollout.top_p if val.top_p is None else val.top_p,
+        mode=cfg.rollout.mode)) if mine else []
     if run.dist.world_size > 1:  # every rank's share, in the validation set's order
         where = {r.id: i for i, r in enumerate(records)}
         trajs = sorted((t for part in run.dist.all_gather(trajs) for t in part),

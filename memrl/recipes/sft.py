@@ -41,7 +41,7 @@ from memrl.run.scaffold import (
     save_run,
     seed_everything,
 )
-from memrl.tasks import Task, build_task
+from memrl.tasks import CanReplay, HasOracle, RolloutSpec, Task, build_task
 from memrl.trajectory import Trajectory
 
 
@@ -145,11 +145,11 @@ def teacher_task(config: SFTConfig) -> Task:
     `data.val_file`, and a `Task.replay` when `data.trajectories` is given."""
     task = build_task(config)
     needs_oracle = config.data.trajectories is None or config.data.val_file is not None
-    if needs_oracle and not hasattr(task, "oracle"):
+    if needs_oracle and not isinstance(task, HasOracle):
         raise MemrlInputError(
             f"agent {config.agent} has no oracle to warm-start from (Task.oracle); give "
             "data.trajectories, a trajectories file to imitate", location="agent")
-    if config.data.trajectories is not None and not hasattr(task, "replay"):
+    if config.data.trajectories is not None and not isinstance(task, CanReplay):
         raise MemrlInputError(f"agent {config.agent} cannot replay a trajectories file "
                               "(Task.replay)", location="data.trajectories")
     return task
@@ -165,8 +165,8 @@ def teacher_trajectories(config: SFTConfig, tokenizer: Any, file: str, *, what: 
     task = task if task is not None else teacher_task(config)
     records = task.load(file, dcfg.format, what=what)
     if replay is None:
-        return task.rollout(task.oracle(tokenizer, records), records, num_samples=1,
-                            seed=config.seed)
+        return task.rollout(task.oracle(tokenizer, records), records,
+                            RolloutSpec(seed=config.seed))
     by_id, kept = {r.id: r for r in records}, []
     for line, value in iter_jsonl(replay):
         row = expect_object(value, f"{replay}:{line}", "trajectory")

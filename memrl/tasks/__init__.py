@@ -1,4 +1,5 @@
-"""Tasks: an agent workflow + its data + its reward, behind one interface (`Task`).
+"""Tasks: an agent workflow + its data + its reward, behind one base class (`Task`, which
+owns the rollout: sampling, seeding, scheduling, weighted rewards; docs/agents.md).
 
 Every task is built the same way, from the training config: `build_task(config)` finds the
 Task class that `config.agent` names and calls its `from_config(config)`. `config.agent` is
@@ -16,7 +17,8 @@ import importlib
 from typing import Any
 
 from memrl.errors import MemrlInputError
-from memrl.tasks.base import Task
+from memrl.inference.schedule import EpisodeModel, ProgressEvent
+from memrl.tasks.base import CanReplay, HasOracle, RendersRows, RolloutSpec, Sampling, Task
 from memrl.tasks.rewards import RewardFunction, reward_of, reward_weights, weighted_rewards
 
 TASKS: dict[str, str] = {
@@ -63,5 +65,6 @@ def build_task(config: Any) -> Task:
     return task_class(config.agent).from_config(config)
 
 
-__all__ = ["TASKS", "RewardFunction", "Task", "build_task", "reward_of", "reward_weights",
-           "task_class", "weighted_rewards"]
+__all__ = ["TASKS", "CanReplay", "EpisodeModel", "HasOracle", "ProgressEvent", "RendersRows",
+           "RewardFunction", "RolloutSpec", "Sampling", "Task", "build_task", "reward_of",
+           "reward_weights", "task_class", "weighted_rewards"]

@@ -8,7 +8,7 @@ score into the reward. Training and `memrl eval ruler-hqa` both roll out through
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -17,18 +17,14 @@ import numpy as np
 from memrl.agents.memagent import MemAgent, MemAgentConfig
 from memrl.data.records import QARecord, supporting_facts
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generator, RolloutMode
+from memrl.agents.oracle import OracleGenerator
+from memrl.inference.base import Generator, Sampler
 from memrl.rewards.evidence import locate_evidence
 from memrl.rewards.memagent import extract_answer_is, memagent_em, memagent_protocol_scores
 from memrl.rewards.qa import extract_boxed, qa_scores
 from memrl.rewards.shaping import context_overlap_reward
-from memrl.tasks.rewards import (
-    RewardFunction,
-    reward_means,
-    reward_of,
-    reward_weights,
-    weighted_rewards,
-)
+from memrl.tasks.base import RolloutSpec, Sampling, Task
+from memrl.tasks.rewards import RewardFunction, reward_means
 from memrl.trajectory import Trajectory
 
 REWARDS = ("sub_em", "em", "f1", "memagent_em", "context_overlap")
@@ -117,20 +113,20 @@ def trajectory_row(t: Trajectory, record: QARecord) -> dict[str, Any]:
     }
 
 
-class MemAgentQATask:
+class MemAgentQATask(Task):
     """Reward: em / f1 / sub_em of the \\boxed{} answer, or the dense context_overlap."""
 
     name: ClassVar[str] = "memagent"
     config_class: ClassVar[type] = MemAgentConfig
     rewards: ClassVar[tuple[str, ...]] = REWARDS
+    reward_functions: ClassVar[Mapping[str, RewardFunction]] = REWARD_FUNCTIONS
 
-    def __init__(self, config: MemAgentConfig, reward: str | Mapping[str, float] = "sub_em",
+    def __init__(self, config: MemAgentConfig, reward: str | Mapping[str, float] | None = "sub_em",
                  protocol: str = PROTOCOLS[0], *, trace_evidence: bool = False) -> None:
         """`trace_evidence`: also record in each trajectory (`scoring`, an EvidenceTrace,
         and its log row) the chunk where the gold answer and each supporting fact enter the context
         (`memrl.rewards.evidence.locate_evidence`), for the evaluation's memory diagnostics;
         it cuts each context into chunks a second time."""
-        self.weights = reward_weights(reward, REWARDS, agent="memagent")
         if protocol not in PROTOCOLS:
             raise MemrlInputError(
                 f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}",
@@ -138,15 +134,10 @@ class MemAgentQATask:
             )
         if protocol in PROTOCOL_PROMPTS:
             config = config.model_copy(update={"prompts": PROTOCOL_PROMPTS[protocol]})
-        self.config = config
+        super().__init__(config, reward)
         self.protocol = protocol
         self.trace_evidence = trace_evidence
         self._context_ids: dict[str, frozenset[int]] = {}
-
-    @classmethod
-    def from_config(cls, config: Any) -> MemAgentQATask:
-        """From a TrainConfig: its `memagent` section and `rl.reward`."""
-        return cls(config.agent_config, reward=reward_of(config))
 
     def load(self, path: str, fmt: str, *, what: str) -> list[QARecord]:
         if fmt == "ruler":
@@ -161,47 +152,41 @@ class MemAgentQATask:
             raise MemrlInputError(f"{what} file holds no questions", location=path)
         return records
 
-    def rollout(
-        self,
-        generator: Generator,
-        records: Sequence[QARecord],
-        *,
-        num_samples: int,
-        seed: int | None,
-        temperature: float | None = None,
-        keep_token_ids: bool = True,
-        progress: Callable[[Any], None] | None = None,
-        top_p: float | None = None,
-        mode: RolloutMode = "auto",
-    ) -> list[Trajectory]:
-        update: dict[str, Any] = {"seed": seed}
-        if temperature is not None:
-            update["temperature"] = temperature
-        if top_p is not None:
-            update["top_p"] = top_p
-        agent = MemAgent(generator, self.config.model_copy(update=update))
-        published = self.protocol == "memagent"
-        if published:  # get_pred strips the question and the context
-            records = [r.model_copy(update={"question": r.question.strip(),
-                                            "context": r.render_context().strip()})
-                       for r in records]
-        trajectories = agent.run(
-            records, num_samples=num_samples, progress=progress, keep_token_ids=keep_token_ids,
-            mode=mode,
-        )
-        if hasattr(generator, "without_mistakes"):  # the warm start's oracle
-            trajectories = generator.without_mistakes(trajectories)
-        by_id = {r.id: r for r in records}
-        evidence = {r.id: EvidenceTrace(locate_evidence(agent.chunk(r).texts, r.answers,
+    def sampling(self) -> Sampling:
+        """The section's own sampling (what `memrl eval` and `memrl ask` sample with)."""
+        return Sampling(self.config.temperature, self.config.top_p)
+
+    def prepare(self, records: Sequence[QARecord]) -> list[QARecord]:
+        """Protocol `memagent` strips the question and the context (as get_pred does)."""
+        if self.protocol != "memagent":
+            return list(records)
+        return [r.model_copy(update={"question": r.question.strip(),
+                                     "context": r.render_context().strip()}) for r in records]
+
+    def play(self, engine: Generator, records: Sequence[QARecord], spec: RolloutSpec,
+             sampler: Sampler) -> list[Trajectory]:
+        """MemAgent's episodes (its own driver: chunks, then the final answer)."""
+        agent = MemAgent(engine, self.config, sampler=sampler)
+        trajectories = agent.run(records, num_samples=spec.num_samples, progress=spec.progress,
+                                 keep_token_ids=spec.keep_token_ids, mode=spec.mode)
+        if isinstance(engine, OracleGenerator):  # the warm start's oracle
+            trajectories = engine.without_mistakes(trajectories)
+        return trajectories
+
+    def score_all(self, engine: Generator, trajectories: Sequence[Trajectory],
+                  records: Mapping[str, QARecord], spec: RolloutSpec) -> list[Trajectory]:
+        """The protocol's answer and scores, the scores the chosen rewards need, and (with
+        `trace_evidence`) where the evidence enters the context."""
+        chunker = MemAgent(engine, self.config)
+        evidence = {r.id: EvidenceTrace(locate_evidence(chunker.chunk(r).texts, r.answers,
                                                         supporting_facts(r)))
-                    for r in records} if self.trace_evidence else {}
+                    for r in records.values()} if self.trace_evidence else {}
         fmt = self.config.resolved_prompts.answer_format
-        score = score_protocol_trajectory if published else (
+        score = score_protocol_trajectory if self.protocol == "memagent" else (
             lambda t, r: score_trajectory(t, r, fmt))
-        scored = [self._scored(score(t, by_id[t.record_id]), by_id[t.record_id],
-                               generator.tokenizer, evidence.get(t.record_id))
-                  for t in trajectories]
-        return weighted_rewards(scored, by_id, REWARD_FUNCTIONS, self.weights)
+        return [self._scored(score(t, records[t.record_id]), records[t.record_id],
+                             engine.tokenizer, evidence.get(t.record_id))
+                for t in trajectories]
 
     def _scored(self, t: Trajectory, record: QARecord, tokenizer: Any,
                 evidence: EvidenceTrace | None) -> Trajectory:
@@ -218,14 +203,12 @@ class MemAgentQATask:
         """The warm start's teacher (`memrl.agents.oracle.OracleGenerator`): memories of the
         facts the question needs as they appear, then the gold answer where the prompts ask
         for it (`answer_format`)."""
-        from memrl.agents.oracle import OracleGenerator
-
         return OracleGenerator(tokenizer, records, self.config)
 
     def replay(self, tokenizer: Any, record: QARecord, row: dict[str, Any]) -> Trajectory:
         """A `memrl eval` trajectories line as a Trajectory of this agent's prompts
         (`memrl.agents.oracle.replay_memagent`)."""
-        from memrl.agents.oracle import OracleGenerator, replay_memagent
+        from memrl.agents.oracle import replay_memagent
 
         return replay_memagent(OracleGenerator(tokenizer, [], self.config).agent, record, row)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,11 +39,11 @@ from memrl.data.locomo import (
     parse_dia_ids,
 )
 from memrl.errors import MemrlInputError
-from memrl.inference.base import Generator, RolloutMode
+from memrl.inference.base import Generator, Sampler
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryBackend, MemoryStore
 from memrl.rewards.locomo_metrics import compression_reward
-from memrl.tasks.rewards import reward_of, reward_weights
+from memrl.tasks.base import RolloutSpec, Sampling, Task
 from memrl.rewards.memory_delta import (
     efficiency_factor,
     error_rate,
@@ -165,6 +165,13 @@ def score_memories(
     ]
 
 
+def qa_gain(trajectory: Trajectory, episode: MemoryEpisode) -> float:
+    """QA over the final memory minus over the initial one, scaled by the efficiency factor
+    when positive (`memory_delta_reward` without a format penalty)."""
+    m = trajectory.metrics
+    return memory_delta_reward(m["score_initial"], m["score_final"], m["efficiency"], 0.0, 0.0)
+
+
 def valid_call_rate(metrics: Sequence[dict[str, float]]) -> float | None:
     """Of every tool call the replies attempted, the share that parsed and passed the schema
     (`tool_calls` / (`tool_calls` + `malformed_calls`), pooled); None when none was tried."""
@@ -173,12 +180,20 @@ def valid_call_rate(metrics: Sequence[dict[str, float]]) -> float | None:
     return ok / tried if tried else None
 
 
-class MemoryUpdateTask:
+class MemoryUpdateTask(Task):
     """The Task the trainer runs for `agent: memupdate` (see memrl.tasks.base.Task)."""
 
     name: ClassVar[str] = "memupdate"
     config_class: ClassVar[type] = MemUpdateConfig
-    rewards: ClassVar[tuple[str, ...]] = ("memory_delta",)
+    rewards: ClassVar[tuple[str, ...]] = ("memory_delta", "qa_gain", "qa_final", "compression",
+                                          "format_errors")
+    """memory_delta (the default) is the section's `reward_form` with its format penalty:
+    `qa_gain − format_penalty · format_errors` (delta) or `qa_final + compression −
+    format_penalty · format_errors` (compression). The parts, to weigh in `rl.reward`
+    yourself: qa_gain (QA over the final memory minus over the initial one, scaled by the
+    efficiency factor when positive), qa_final (QA over the final memory), compression
+    (compression_beta · (1 − memory words / dialogue words), Mem-α), format_errors (minus the
+    share of replies with a format error)."""
 
     def __init__(
         self,
@@ -188,11 +203,15 @@ class MemoryUpdateTask:
         max_base_namespaces: int = MAX_BASE_NAMESPACES,
         reward: str | dict[str, float] | None = None,
     ) -> None:
-        """`reward`: `rl.reward` (its one reward, memory_delta, with a weight or none)."""
-        self.weights = reward_weights(reward, self.rewards, agent=self.name)
+        """`reward`: `rl.reward` (a name of `rewards`, or {name: weight}; None: memory_delta)."""
+        super().__init__(config or MemUpdateConfig(), reward)
         if max_base_namespaces < 1:
             raise ValueError(f"max_base_namespaces must be >= 1, got {max_base_namespaces}")
-        self.config = config or MemUpdateConfig()
+        self.reward_functions = {
+            "memory_delta": self._memory_delta, "qa_gain": qa_gain,
+            "qa_final": lambda t, ep: t.metrics["score_final"],
+            "compression": self._compression,
+            "format_errors": lambda t, ep: -t.metrics["format_error_rate"]}
         self.embedder = embedder if embedder is not None else make_embedder(self.config.embedder)
         self.store: MemoryBackend
         if self.config.store == "ray":  # one actor for every rank, each under its own prefix
@@ -208,12 +227,6 @@ class MemoryUpdateTask:
         self._bases: OrderedDict[str, None] = OrderedDict()
         self._initial: dict[str, MemoryScore] = {}
         """Retrieval scores of base memories (deterministic, so computed once per episode)."""
-
-    @classmethod
-    def from_config(cls, config: Any) -> MemoryUpdateTask:
-        """From a config: its `memupdate` section and `rl.reward` (memory_delta: the reward
-        form of the section's `reward_form`)."""
-        return cls(config.agent_config, reward=reward_of(config))
 
     # ---- data -------------------------------------------------------------------------
 
@@ -288,38 +301,30 @@ class MemoryUpdateTask:
 
     # ---- rollouts -----------------------------------------------------------------------
 
-    def rollout(
-        self,
-        generator: Generator,
-        records: Sequence[MemoryEpisode],
-        *,
-        num_samples: int,
-        seed: int | None,
-        temperature: float | None = None,
-        keep_token_ids: bool = True,
-        progress: Callable[[Any], None] | None = None,
-        top_p: float | None = None,
-        mode: RolloutMode = "auto",
-    ) -> list[Trajectory]:
-        """Trajectories with rewards; `progress` (if given) is called with the number of
-        episodes finished."""
-        config = self.config
-        if temperature is not None:
-            config = config.model_copy(update={"temperature": temperature})
-        if top_p is not None:
-            config = config.model_copy(update={"top_p": top_p})
+    def sampling(self) -> Sampling:
+        """The section's own sampling (what `memrl eval locomo` samples with)."""
+        return Sampling(self.config.temperature, self.config.top_p)
+
+    def play(self, engine: Generator, records: Sequence[MemoryEpisode], spec: RolloutSpec,
+             sampler: Sampler) -> list[Trajectory]:
+        """The tool agent's episodes, each in a trial namespace forked from its episode's
+        base namespace (made here when missing); `score_all` releases the trials."""
         self.ensure_bases(records)
-        agent = MemoryUpdateAgent(generator, self.store, config)
-        trajectories = agent.run(
-            records, num_samples, seed=seed, keep_token_ids=keep_token_ids, mode=mode
-        )
+        agent = MemoryUpdateAgent(engine, self.store, self.config)
+        return agent.run(records, spec.num_samples, keep_token_ids=spec.keep_token_ids,
+                         mode=spec.mode, sampler=sampler)
+
+    def score_all(self, engine: Generator, trajectories: Sequence[Trajectory],
+                  records: Mapping[str, MemoryEpisode], spec: RolloutSpec) -> list[Trajectory]:
+        """Scored trajectories (their trials released); `spec.progress` is called with the
+        number of episodes finished."""
         try:
-            scored = self._score(trajectories, records, generator, seed)
+            scored = self._score(trajectories, list(records.values()), engine, spec.seed)
         finally:
             for t in trajectories:
                 self.store.release(t.details.namespace, missing_ok=True)
-        if progress is not None:
-            progress(len(records))
+        if spec.progress is not None:
+            spec.progress(len(records))
         return scored
 
     def _initial_scores(
@@ -342,9 +347,9 @@ class MemoryUpdateTask:
         trajectories: Sequence[Trajectory],
         records: Sequence[MemoryEpisode],
         generator: Generator,
-        seed: int,
+        seed: int | None,
     ) -> list[Trajectory]:
-        """Scored copies of `trajectories` (reward, metrics, `MemoryScoring`)."""
+        """Scored copies of `trajectories` (answer, metrics, `MemoryScoring`)."""
         cfg = self.config
         by_id = {r.id: r for r in records}
         unique = list({r.id: r for r in records}.values())
@@ -365,19 +370,13 @@ class MemoryUpdateTask:
         return scored
 
     def _rewarded(self, t: Trajectory, ep: MemoryEpisode, scoring: MemoryScoring) -> Trajectory:
-        """`t` with its reward and metrics from the answerer's scores."""
+        """`t` with its answer and metrics from the answerer's scores (the reward parts read
+        them: `reward_functions`)."""
         cfg, d = self.config, t.details
         init, final = scoring.initial, scoring.final
         growth = d.memory_after["tokens"] - d.memory_before["tokens"]
         eff = efficiency_factor(growth, cfg.efficiency_budget, cfg.efficiency_scale)
         rate = error_rate(d.format_error_turns, d.turns)
-        if cfg.reward_form == "compression":
-            words = sum(len(turn.text.split()) for turn in ep.dialogue)
-            reward = compression_reward(
-                final.score, d.memory_after["tokens"], max(words, 1), cfg.compression_beta,
-            ) - cfg.format_penalty * rate
-        else:
-            reward = memory_delta_reward(init.score, final.score, eff, rate, cfg.format_penalty)
         metrics = {
             "score_initial": init.score,
             "score_final": final.score,
@@ -397,8 +396,24 @@ class MemoryUpdateTask:
             **{_OP_METRICS[op]: float(n) for op, n in d.ops.items()},
         }
         answer = final.prediction if scoring.llm_answerer else t.answer
-        return dataclasses.replace(t, answer=answer, reward=self.weights["memory_delta"] * reward,
-                                   metrics=metrics, scoring=scoring)
+        return dataclasses.replace(t, answer=answer, metrics=metrics, scoring=scoring)
+
+    def _memory_delta(self, t: Trajectory, ep: MemoryEpisode) -> float:
+        """The section's `reward_form`, minus its format penalty (`rewards`)."""
+        cfg, m = self.config, t.metrics
+        if cfg.reward_form == "compression":
+            words = sum(len(turn.text.split()) for turn in ep.dialogue)
+            return compression_reward(
+                m["score_final"], t.details.memory_after["tokens"], max(words, 1),
+                cfg.compression_beta) - cfg.format_penalty * m["format_error_rate"]
+        return memory_delta_reward(m["score_initial"], m["score_final"], m["efficiency"],
+                                   m["format_error_rate"], cfg.format_penalty)
+
+    def _compression(self, t: Trajectory, ep: MemoryEpisode) -> float:
+        """Mem-α's compression term alone (`compression_reward` of a QA score of 0)."""
+        words = sum(len(turn.text.split()) for turn in ep.dialogue)
+        return compression_reward(0.0, t.details.memory_after["tokens"], max(words, 1),
+                                  self.config.compression_beta)
 
     def oracle(self, tokenizer: Any, records: Sequence[MemoryEpisode]) -> Generator:
         """The warm start's teacher (`memrl.agents.memupdate_oracle`): each piece's LoCoMo
