@@ -13,6 +13,11 @@ fit" otherwise, so the baseline's curve ends where the model's window does.
 
 Writes into `out_dir`: `answers_{N}.jsonl` (every episode: question, gold, response, answer,
 scores, prompt tokens), `results.json` and `results.md`.
+
+`LongContextTask` is the same reader as a one-turn agent, so that any benchmark runs it
+through the one runner like any other agent (`memrl eval agent --agent long-context
+--benchmark ...`, `memrl.eval.benchmark`): a record that does not fit is not run, and
+its row says so (`fits` False; the benchmark reports "does not fit").
 """
 
 from __future__ import annotations
@@ -187,3 +192,94 @@ def table_rows(per_n: dict[str, dict[str, Any]]) -> list[list[Any]]:
             rows.append([int(key), tokens, fit, "does not fit", "", ""])
     return rows
 
+
+
+class LongContextTask:
+    """The long-context reader as a Task (`memrl.tasks.base.Task`): one turn per episode,
+    the whole document and the question in one prompt, scored like `memagent-boxed`
+    (EM / F1 / sub-EM of the last \\boxed{}). Evaluation only: it has no training reward
+    beyond `em`."""
+
+    name = "long_context"
+    config_class = LongContextConfig
+    rewards = ("em",)
+
+    def __init__(self, config: LongContextConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def from_config(cls, config: Any) -> LongContextTask:
+        """From a config's `long_context:` section; its window defaults to the model's."""
+        section = config.agent_config
+        if section.window is None:
+            section = section.model_copy(update={"window": model_window(config.model.path)})
+        return cls(section)
+
+    def load(self, path: str, fmt: str, *, what: str) -> list[Any]:
+        """RULER-HQA's `eval_{N}.json` format (any N)."""
+        records = load_ruler_hqa(path)
+        if not records:
+            raise MemrlInputError(f"{what} file holds no questions", location=path)
+        return records
+
+    def rollout(self, generator: Any, records: Sequence[Any], *, num_samples: int,
+                seed: int | None, temperature: float | None = None,
+                keep_token_ids: bool = True, progress: Any = None,
+                top_p: float | None = None, mode: str = "auto") -> list[Any]:
+        """One reply per (record, sample) whose prompt fits the window; the others an
+        empty trajectory with `fits` 0 in its metrics (nothing is truncated)."""
+        from memrl.trajectory import Trajectory, Turn
+
+        window, budget = self.config.window or 0, self.config.max_new_tokens
+        temperature = self.config.temperature if temperature is None else temperature
+        prompts = {r.id: long_context_prompt(generator.tokenizer, r.question,
+                                             r.render_context()) for r in records}
+        keys = [(r.id, s) for r in records for s in range(num_samples)
+                if len(prompts[r.id]) + budget <= window]
+        params = [SamplingParams(max_new_tokens=budget, temperature=temperature,
+                                 **({} if top_p is None else {"top_p": top_p}),
+                                 seed=None if seed is None else derive_seed(seed, rid, s))
+                  for rid, s in keys]
+        replies = dict(zip(keys, generate_checked(generator, [prompts[rid] for rid, _ in keys],
+                                                  params) if keys else [], strict=True))
+        out = []
+        for r in records:
+            for s in range(num_samples):
+                g = replies.get((r.id, s))
+                if g is None:
+                    out.append(Trajectory(record_id=r.id, sample_index=s, reward=0.0,
+                                          metrics={"fits": 0.0, "prompt_tokens":
+                                                   float(len(prompts[r.id]))}))
+                    continue
+                text = response_text(generator.tokenizer, g)
+                answer = extract_boxed(text)
+                scores = qa_scores(answer, r.answers)
+                turn = Turn("final", prompts[r.id] if keep_token_ids else (),
+                            list(g.token_ids) if keep_token_ids else (),
+                            list(g.logprobs or ()) if keep_token_ids else (), text,
+                            g.finish_reason, prompt_tokens=len(prompts[r.id]),
+                            response_tokens=len(g.token_ids))
+                out.append(Trajectory(record_id=r.id, sample_index=s, turns=(turn,),
+                                      answer=answer, reward=scores["em"],
+                                      metrics={**scores, "fits": 1.0,
+                                               "prompt_tokens": float(len(prompts[r.id]))}))
+        return out
+
+    def summarize(self, trajectories: Sequence[Any]) -> dict[str, float]:
+        """The share that fit and the mean EM / F1 / sub-EM over them."""
+        ran = [t for t in trajectories if t.metrics.get("fits")]
+        if not trajectories:
+            return {}
+        means = {m: (sum(t.metrics[m] for t in ran) / len(ran) if ran else 0.0)
+                 for m in ("em", "f1", "sub_em")}
+        return {"fit": len(ran) / len(trajectories), **means}
+
+    def log_row(self, trajectory: Any, record: Any) -> dict[str, Any]:
+        """The question, gold, reply, answer and scores of one episode; `fits`."""
+        turn = trajectory.turns[0] if trajectory.turns else None
+        return {"id": trajectory.record_id, "sample_index": trajectory.sample_index,
+                "question": record.question, "answers": record.answers,
+                "response": None if turn is None else turn.response_text,
+                "answer": trajectory.answer, "fits": turn is not None,
+                "prompt_tokens": int(trajectory.metrics["prompt_tokens"]),
+                "reward": trajectory.reward, "scores": dict(trajectory.metrics)}
