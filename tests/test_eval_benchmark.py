@@ -184,7 +184,7 @@ def test_bad_benchmark_options_are_one_line(tiny_model_dir, tmp_path):
     for args, says in ((["--benchmark", "ruler-hqa"], "is not NAME=DIR"),
                        (["--benchmark", f"nope={tmp_path}"], "unknown benchmark 'nope'"),
                        (["--data", str(tmp_path), "--benchmark", f"ruler-hqa={tmp_path}"],
-                        "not both")):
+                        "give one of --data")):
         done = memrl("eval", "agent", "--agent", "long-context", "--model",
                      str(tiny_model_dir), "--out", str(tmp_path / "out"), *args)
         assert done.returncode == 2 and says in done.stderr, done.stderr

@@ -50,22 +50,24 @@ def agent(
     resume: common.ResumeEvalOption = False,
     quiet: Annotated[bool, typer.Option(help="Hide the progress bar.")] = False,
 ) -> None:
-    """Roll out any task on its records; write results.json (mean reward and scores),
-    results.md and trajectories.jsonl."""
+    """Roll out any task on its records (--data; results.json with the mean reward and
+    scores, results.md, trajectories.jsonl), or on benchmarks x lengths (--benchmark
+    NAME=DIR ... --num-docs ...; a run directory per benchmark with its table and plot, and
+    leaderboard.md / .json across them: docs/protocols.md)."""
     from memrl.config import load_config
+    from memrl.eval.benchmark import AGENTS
     from memrl.eval.report import run_header
     from memrl.eval.runner import evaluate_task
     from memrl.recipes.config import TrainConfig
     from memrl.tasks import build_task
 
-    from memrl.eval.benchmark import AGENTS
-
     common.check_model_dir(model)
     common.check_out_dir(out)
     if (data is None) == (not benchmarks):
-        raise MemrlInputError("give --data (the task's records) or --benchmark NAME=DIR, "
-                              "not both", location="--data")
+        raise MemrlInputError("give one of --data (the task's records) and --benchmark "
+                              "NAME=DIR", location="--data")
     agent = AGENTS.get(agent, agent) if agent else agent
+    # with --benchmark the task's own loader reads nothing: data.train_file only fills the slot
     sets = [f"model.path={model}", f"data.train_file={data or model}",
             f"data.format={data_format}", *([f"agent={agent}"] if agent else []),
             *(overrides or [])]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from memrl.errors import MemrlInputError
 from memrl.eval.report import finish_header, write_json, write_jsonl, write_report
 from memrl.inference.base import (
     SEED_MAX,
+    Generation,
     SamplingParams,
     derive_seed,
     generate_checked,
@@ -101,6 +103,39 @@ def aggregate(rows: Sequence[dict[str, Any]], num_records: int) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class Reply:
+    """The reader's reply to one prompt: the generation, its text, the answer in its last
+    \\boxed{} and that answer's EM / F1 / sub-EM against the gold answers."""
+
+    generation: Generation
+    response: str
+    answer: str | None
+    scores: dict[str, float]
+
+
+def read_whole(generator: Any, prompts: Sequence[list[int]],
+               answers: Sequence[Sequence[str]], config: LongContextConfig,
+               seeds: Sequence[int | None], *, temperature: float | None = None,
+               top_p: float | None = None) -> list[Reply | None]:
+    """The reader's reply to each prompt that fits the window with the answer budget (in
+    one batch), None for each one that does not (nothing is truncated); sampled at the
+    config's temperature (or `temperature`), the i-th with `seeds[i]`."""
+    budget, window = config.max_new_tokens, config.window or 0
+    fit = [i for i, p in enumerate(prompts) if len(p) + budget <= window]
+    params = [SamplingParams(max_new_tokens=budget, seed=seeds[i], **({} if top_p is None
+                                                                      else {"top_p": top_p}),
+                             temperature=config.temperature if temperature is None
+                             else temperature) for i in fit]
+    generations = generate_checked(generator, [prompts[i] for i in fit], params) if fit else []
+    out: list[Reply | None] = [None] * len(prompts)
+    for i, g in zip(fit, generations, strict=True):
+        response = response_text(generator.tokenizer, g)
+        answer = extract_boxed(response)
+        out[i] = Reply(g, response, answer, qa_scores(answer, answers[i]))
+    return out
+
+
 def evaluate_long_context(
     generator: Any,
     data_dir: str | Path,
@@ -142,23 +177,17 @@ def evaluate_long_context(
         records = load_ruler_hqa(ruler_hqa_path(data_dir, n), expected_num_docs=n)[:limit]
         prompts = [long_context_prompt(tokenizer, r.question, r.render_context())
                    for r in records]
-        fit = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= window]
         t0 = time.perf_counter()
-        params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=config.temperature,
-                                 seed=None if seed is None else
-                                 derive_seed(seed, "long-context", n, records[i].id))
-                  for i in fit]
-        generations = generate_checked(generator, [prompts[i] for i in fit], params) \
-            if fit else []
-        rows = []
-        for i, g in zip(fit, generations, strict=True):
-            response = response_text(tokenizer, g)
-            answer = extract_boxed(response)
-            rows.append({"id": records[i].id, "num_docs": n, "question": records[i].question,
-                         "answers": records[i].answers, "response": response,
-                         "answer": answer, "scores": qa_scores(answer, records[i].answers),
-                         "prompt_tokens": len(prompts[i]),
-                         "truncated": g.finish_reason == "length"})
+        replies = read_whole(generator, prompts, [r.answers for r in records], config, [
+            None if seed is None else derive_seed(seed, "long-context", n, r.id)
+            for r in records])
+        fit = [i for i, reply in enumerate(replies) if reply is not None]
+        rows = [{"id": r.id, "num_docs": n, "question": r.question, "answers": r.answers,
+                 "response": reply.response, "answer": reply.answer, "scores": reply.scores,
+                 "prompt_tokens": len(p),
+                 "truncated": reply.generation.finish_reason == "length"}
+                for r, p, reply in zip(records, prompts, replies, strict=True)
+                if reply is not None]
         write_jsonl(out / f"answers_{n}.jsonl", rows)
         longest = max((len(p) for p in prompts), default=0)
         per_n[str(n)] = {"num_docs": n, **aggregate(rows, len(records)),
@@ -230,40 +259,32 @@ class LongContextTask:
         empty trajectory with `fits` 0 in its metrics (nothing is truncated)."""
         from memrl.trajectory import Trajectory, Turn
 
-        window, budget = self.config.window or 0, self.config.max_new_tokens
-        temperature = self.config.temperature if temperature is None else temperature
+        episodes = [(r, k) for r in records for k in range(num_samples)]
         prompts = {r.id: long_context_prompt(generator.tokenizer, r.question,
                                              r.render_context()) for r in records}
-        keys = [(r.id, s) for r in records for s in range(num_samples)
-                if len(prompts[r.id]) + budget <= window]
-        params = [SamplingParams(max_new_tokens=budget, temperature=temperature,
-                                 **({} if top_p is None else {"top_p": top_p}),
-                                 seed=None if seed is None else derive_seed(seed, rid, s))
-                  for rid, s in keys]
-        replies = dict(zip(keys, generate_checked(generator, [prompts[rid] for rid, _ in keys],
-                                                  params) if keys else [], strict=True))
-        out = []
-        for r in records:
-            for s in range(num_samples):
-                g = replies.get((r.id, s))
-                if g is None:
-                    out.append(Trajectory(record_id=r.id, sample_index=s, reward=0.0,
-                                          metrics={"fits": 0.0, "prompt_tokens":
-                                                   float(len(prompts[r.id]))}))
-                    continue
-                text = response_text(generator.tokenizer, g)
-                answer = extract_boxed(text)
-                scores = qa_scores(answer, r.answers)
-                turn = Turn("final", prompts[r.id] if keep_token_ids else (),
-                            list(g.token_ids) if keep_token_ids else (),
-                            list(g.logprobs or ()) if keep_token_ids else (), text,
-                            g.finish_reason, prompt_tokens=len(prompts[r.id]),
-                            response_tokens=len(g.token_ids))
-                out.append(Trajectory(record_id=r.id, sample_index=s, turns=(turn,),
-                                      answer=answer, reward=scores["em"],
-                                      metrics={**scores, "fits": 1.0,
-                                               "prompt_tokens": float(len(prompts[r.id]))}))
-        return out
+        replies = read_whole(
+            generator, [prompts[r.id] for r, _ in episodes], [r.answers for r, _ in episodes],
+            self.config, [None if seed is None else derive_seed(seed, r.id, k)
+                          for r, k in episodes], temperature=temperature, top_p=top_p)
+        return [self._trajectory(r, k, prompts[r.id], reply, keep_token_ids)
+                for (r, k), reply in zip(episodes, replies, strict=True)]
+
+    @staticmethod
+    def _trajectory(record: Any, sample: int, prompt: list[int], reply: Reply | None,
+                    keep_ids: bool) -> Any:
+        from memrl.trajectory import Trajectory, Turn
+
+        base = {"prompt_tokens": float(len(prompt))}
+        if reply is None:
+            return Trajectory(record_id=record.id, sample_index=sample, reward=0.0,
+                              metrics={**base, "fits": 0.0})
+        g = reply.generation
+        turn = Turn("final", prompt if keep_ids else (), list(g.token_ids) if keep_ids else (),
+                    list(g.logprobs) if keep_ids else (), reply.response, g.finish_reason,
+                    prompt_tokens=len(prompt), response_tokens=len(g.token_ids))
+        return Trajectory(record_id=record.id, sample_index=sample, turns=(turn,),
+                          answer=reply.answer, reward=reply.scores["em"],
+                          metrics={**reply.scores, **base, "fits": 1.0})
 
     def summarize(self, trajectories: Sequence[Any]) -> dict[str, float]:
         """The share that fit and the mean EM / F1 / sub-EM over them."""
