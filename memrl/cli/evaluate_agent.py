@@ -66,7 +66,7 @@ def agent(
     if (data is None) == (not benchmarks):
         raise MemrlInputError("give one of --data (the task's records) and --benchmark "
                               "NAME=DIR", location="--data")
-    agent = AGENTS.get(agent, agent) if agent else agent
+    name, agent = agent, AGENTS.get(agent, agent) if agent else agent
     # with --benchmark the task's own loader reads nothing: data.train_file only fills the slot
     sets = [f"model.path={model}", f"data.train_file={data or model}",
             f"data.format={data_format}", *([f"agent={agent}"] if agent else []),
@@ -74,9 +74,9 @@ def agent(
     cfg = sampling_as_rollout(load_config(TrainConfig, config, sets))
     task = build_task(cfg)
     if benchmarks:
-        return suite(task, cfg, serving, benchmarks, num_docs, model=model, out=out,
-                     limit=limit, num_samples=num_samples, per_run=episodes_per_run,
-                     resume=resume, quiet=quiet)
+        return suite(task, cfg, serving, benchmarks, num_docs, name or cfg.agent, model=model,
+                     out=out, limit=limit, num_samples=num_samples,
+                     per_run=episodes_per_run, resume=resume, quiet=quiet)
     records = task.load(data, data_format, what="evaluation")[:limit]
     seed = eval_seed(cfg)
     settings = {"model": str(model), "data": data, "limit": limit, "samples": num_samples,
@@ -121,11 +121,11 @@ def parse_benchmarks(specs: list[str], num_docs: list[int] | None,
     return benches
 
 
-def suite(task: Any, cfg: Any, serving: Any, specs: list[str], num_docs: list[int] | None, *,
-          model: Path, out: Path, limit: int | None, num_samples: int, per_run: int,
+def suite(task: Any, cfg: Any, serving: Any, specs: list[str], num_docs: list[int] | None,
+          agent: str, *, model: Path, out: Path, limit: int | None, num_samples: int, per_run: int,
           resume: bool, quiet: bool) -> None:
     """`memrl eval agent --benchmark ...`: the task on every benchmark and the leaderboard
-    (`memrl.eval.benchmark.evaluate_suite`)."""
+    (`memrl.eval.benchmark.evaluate_suite`); `agent` as the user named it."""
     from memrl.eval.benchmark import evaluate_suite
     from memrl.eval.report import run_header
 
@@ -133,7 +133,7 @@ def suite(task: Any, cfg: Any, serving: Any, specs: list[str], num_docs: list[in
     seed = eval_seed(cfg)
     settings = {"model": str(model), "benchmarks": specs, "num_docs": num_docs,
                 "limit": limit, "samples": num_samples, "engine": serving.engine,
-                "dtype": serving.dtype, "agent": cfg.agent,
+                "dtype": serving.dtype, "agent": agent,
                 "config": cfg.agent_config.model_dump(mode="json")}
     with common.evaluation_ranks(serving) as dist, \
             common.record_eval(out, "eval agent", engine=serving.engine,
@@ -142,7 +142,7 @@ def suite(task: Any, cfg: Any, serving: Any, specs: list[str], num_docs: list[in
         generator = serving.load(model, seed=seed)
         evaluate_suite(task, generator, benches, out_dir=out, seed=seed, dist=dist,
                        header=lambda b: run_header(
-                           b.name, generator, str(model), cfg.agent_config, agent=cfg.agent,
+                           b.name, generator, str(model), cfg.agent_config, agent=agent,
                            protocol=f"benchmark {b.name}", metric=b.metric,
                            data_dir=str(getattr(b, "data_dir", "")),
                            num_docs=b.slices(), limit=limit, num_samples=num_samples,

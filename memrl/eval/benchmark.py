@@ -122,7 +122,8 @@ class RulerFormat:
             raise MemrlInputError("no eval_{N}.json files here (build them with `memrl "
                                   f"prepare {self.name}`)", location=str(self.data_dir))
         self.num_docs = list(dict.fromkeys(int(n) for n in self.num_docs))
-        check_ruler_files(self.data_dir, self.num_docs, self.pool)
+        prepare = self.name if self.name in BENCHMARKS else "ruler-hqa"
+        check_ruler_files(self.data_dir, self.num_docs, self.pool, prepare)
 
     def slices(self) -> list[int]:
         return list(self.num_docs or ())

@@ -235,7 +235,7 @@ def evaluate_ruler_hqa(
 
 
 def check_ruler_files(data_dir: Path, num_docs_list: Sequence[int],
-                      pool: str | Path | None) -> None:
+                      pool: str | Path | None, benchmark: str = "ruler-hqa") -> None:
     """Fail before hours of generation, not in the middle: the data directory, every
     `eval_{N}.json` and the pool file must exist."""
     if not data_dir.is_dir():
@@ -243,7 +243,7 @@ def check_ruler_files(data_dir: Path, num_docs_list: Sequence[int],
     for n in num_docs_list:
         if not ruler_hqa_path(data_dir, n).is_file():
             raise MemrlInputError(
-                f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
+                f"no RULER-HQA file for N={n} (build it with `memrl prepare {benchmark}`)",
                 location=str(ruler_hqa_path(data_dir, n)),
             )
     if pool is not None and not Path(pool).is_file():
