@@ -11,8 +11,11 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
+from memrl.cli.evaluate_agent import parse_benchmarks
 from memrl.errors import MemrlInputError
 from memrl.eval.benchmark import (
     RulerFormat,
@@ -76,6 +79,8 @@ def test_unknown_benchmarks_and_missing_files_are_one_line(tmp_path):
         benchmark_of("nope", tmp_path)
     with pytest.raises(MemrlInputError, match="cannot import 'no_such_module'"):
         benchmark_of("no_such_module:bench", tmp_path)
+    with pytest.raises(MemrlInputError, match="itertools:chain is not a memrl Benchmark: it lacks name"):
+        benchmark_of("itertools:chain", tmp_path)  # a callable, but no benchmark
     with pytest.raises(MemrlInputError, match="no eval_{N}.json files here"):
         benchmark_of("where-now", tmp_path)
     write_ruler_dir(tmp_path, [2])
@@ -189,3 +194,16 @@ def test_bad_benchmark_options_are_one_line(tiny_model_dir, tmp_path):
                      str(tiny_model_dir), "--out", str(tmp_path / "out"), *args)
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_any_benchmark_option_is_a_benchmark_or_one_line(spec):
+    """Whatever the user types after --benchmark: a Benchmark, or a MemrlInputError (the
+    CLI's one line, never a traceback) that says where."""
+    try:
+        benches = parse_benchmarks([spec], None, None)
+    except MemrlInputError as exc:
+        assert exc.location and exc.message
+        return
+    assert list(benches) == [spec.partition("=")[0]]

@@ -45,6 +45,8 @@ HEADLINE: dict[str, str] = {"ruler-hqa": "sub_em", "biographies": "sub_em"}
 answers) exact match, `em`."""
 
 METRICS = ("em", "f1", "sub_em")
+REQUIRED = ("name", "metric", "slices", "records", "score", "aggregate", "report")
+"""What a benchmark must have (`Benchmark` documents each)."""
 
 
 class Benchmark(Protocol):
@@ -92,7 +94,12 @@ def benchmark_of(name: str, data_dir: str | Path, num_docs: Sequence[int] | None
                               location="--benchmark") from None
     if not callable(factory):
         raise MemrlInputError(f"{module_name} has no benchmark {attr!r}", location="--benchmark")
-    return factory(name, data_dir, num_docs, limit)
+    bench = factory(name, data_dir, num_docs, limit)
+    missing = [m for m in REQUIRED if not hasattr(bench, m)]
+    if missing:
+        raise MemrlInputError(f"{name} is not a memrl Benchmark: it lacks {', '.join(missing)} "
+                              "(see memrl.eval.benchmark.Benchmark)", location="--benchmark")
+    return bench
 
 
 @dataclass
