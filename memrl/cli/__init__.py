@@ -52,7 +52,7 @@ def _register_commands() -> None:
                 raise
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document"})
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document", "--benchmark"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 
 

@@ -13,12 +13,18 @@ fit" otherwise, so the baseline's curve ends where the model's window does.
 
 Writes into `out_dir`: `answers_{N}.jsonl` (every episode: question, gold, response, answer,
 scores, prompt tokens), `results.json` and `results.md`.
+
+`LongContextTask` is the same reader as a one-turn agent, so that any benchmark runs it
+through the one runner like any other agent (`memrl eval agent --agent long-context
+--benchmark ...`, `memrl.eval.benchmark`): a record that does not fit is not run, and
+its row says so (`fits` False; the benchmark reports "does not fit").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from memrl.errors import MemrlInputError
 from memrl.eval.report import finish_header, write_json, write_jsonl, write_report
 from memrl.inference.base import (
     SEED_MAX,
+    Generation,
     SamplingParams,
     derive_seed,
     generate_checked,
@@ -96,6 +103,39 @@ def aggregate(rows: Sequence[dict[str, Any]], num_records: int) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class Reply:
+    """The reader's reply to one prompt: the generation, its text, the answer in its last
+    \\boxed{} and that answer's EM / F1 / sub-EM against the gold answers."""
+
+    generation: Generation
+    response: str
+    answer: str | None
+    scores: dict[str, float]
+
+
+def read_whole(generator: Any, prompts: Sequence[list[int]],
+               answers: Sequence[Sequence[str]], config: LongContextConfig,
+               seeds: Sequence[int | None], *, temperature: float | None = None,
+               top_p: float | None = None) -> list[Reply | None]:
+    """The reader's reply to each prompt that fits the window with the answer budget (in
+    one batch), None for each one that does not (nothing is truncated); sampled at the
+    config's temperature (or `temperature`), the i-th with `seeds[i]`."""
+    budget, window = config.max_new_tokens, config.window or 0
+    fit = [i for i, p in enumerate(prompts) if len(p) + budget <= window]
+    params = [SamplingParams(max_new_tokens=budget, seed=seeds[i], **({} if top_p is None
+                                                                      else {"top_p": top_p}),
+                             temperature=config.temperature if temperature is None
+                             else temperature) for i in fit]
+    generations = generate_checked(generator, [prompts[i] for i in fit], params) if fit else []
+    out: list[Reply | None] = [None] * len(prompts)
+    for i, g in zip(fit, generations, strict=True):
+        response = response_text(generator.tokenizer, g)
+        answer = extract_boxed(response)
+        out[i] = Reply(g, response, answer, qa_scores(answer, answers[i]))
+    return out
+
+
 def evaluate_long_context(
     generator: Any,
     data_dir: str | Path,
@@ -137,23 +177,17 @@ def evaluate_long_context(
         records = load_ruler_hqa(ruler_hqa_path(data_dir, n), expected_num_docs=n)[:limit]
         prompts = [long_context_prompt(tokenizer, r.question, r.render_context())
                    for r in records]
-        fit = [i for i, p in enumerate(prompts) if len(p) + max_new_tokens <= window]
         t0 = time.perf_counter()
-        params = [SamplingParams(max_new_tokens=max_new_tokens, temperature=config.temperature,
-                                 seed=None if seed is None else
-                                 derive_seed(seed, "long-context", n, records[i].id))
-                  for i in fit]
-        generations = generate_checked(generator, [prompts[i] for i in fit], params) \
-            if fit else []
-        rows = []
-        for i, g in zip(fit, generations, strict=True):
-            response = response_text(tokenizer, g)
-            answer = extract_boxed(response)
-            rows.append({"id": records[i].id, "num_docs": n, "question": records[i].question,
-                         "answers": records[i].answers, "response": response,
-                         "answer": answer, "scores": qa_scores(answer, records[i].answers),
-                         "prompt_tokens": len(prompts[i]),
-                         "truncated": g.finish_reason == "length"})
+        replies = read_whole(generator, prompts, [r.answers for r in records], config, [
+            None if seed is None else derive_seed(seed, "long-context", n, r.id)
+            for r in records])
+        fit = [i for i, reply in enumerate(replies) if reply is not None]
+        rows = [{"id": r.id, "num_docs": n, "question": r.question, "answers": r.answers,
+                 "response": reply.response, "answer": reply.answer, "scores": reply.scores,
+                 "prompt_tokens": len(p),
+                 "truncated": reply.generation.finish_reason == "length"}
+                for r, p, reply in zip(records, prompts, replies, strict=True)
+                if reply is not None]
         write_jsonl(out / f"answers_{n}.jsonl", rows)
         longest = max((len(p) for p in prompts), default=0)
         per_n[str(n)] = {"num_docs": n, **aggregate(rows, len(records)),
@@ -187,3 +221,86 @@ def table_rows(per_n: dict[str, dict[str, Any]]) -> list[list[Any]]:
             rows.append([int(key), tokens, fit, "does not fit", "", ""])
     return rows
 
+
+
+class LongContextTask:
+    """The long-context reader as a Task (`memrl.tasks.base.Task`): one turn per episode,
+    the whole document and the question in one prompt, scored like `memagent-boxed`
+    (EM / F1 / sub-EM of the last \\boxed{}). Evaluation only: it has no training reward
+    beyond `em`."""
+
+    name = "long_context"
+    config_class = LongContextConfig
+    rewards = ("em",)
+
+    def __init__(self, config: LongContextConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def from_config(cls, config: Any) -> LongContextTask:
+        """From a config's `long_context:` section; its window defaults to the model's."""
+        section = config.agent_config
+        if section.window is None:
+            section = section.model_copy(update={"window": model_window(config.model.path)})
+        return cls(section)
+
+    def load(self, path: str, fmt: str, *, what: str) -> list[Any]:
+        """RULER-HQA's `eval_{N}.json` format (any N)."""
+        records = load_ruler_hqa(path)
+        if not records:
+            raise MemrlInputError(f"{what} file holds no questions", location=path)
+        return records
+
+    def rollout(self, generator: Any, records: Sequence[Any], *, num_samples: int,
+                seed: int | None, temperature: float | None = None,
+                keep_token_ids: bool = True, progress: Any = None,
+                top_p: float | None = None, mode: str = "auto") -> list[Any]:
+        """One reply per (record, sample) whose prompt fits the window; the others an
+        empty trajectory with `fits` 0 in its metrics (nothing is truncated)."""
+        from memrl.trajectory import Trajectory, Turn
+
+        episodes = [(r, k) for r in records for k in range(num_samples)]
+        prompts = {r.id: long_context_prompt(generator.tokenizer, r.question,
+                                             r.render_context()) for r in records}
+        replies = read_whole(
+            generator, [prompts[r.id] for r, _ in episodes], [r.answers for r, _ in episodes],
+            self.config, [None if seed is None else derive_seed(seed, r.id, k)
+                          for r, k in episodes], temperature=temperature, top_p=top_p)
+        return [self._trajectory(r, k, prompts[r.id], reply, keep_token_ids)
+                for (r, k), reply in zip(episodes, replies, strict=True)]
+
+    @staticmethod
+    def _trajectory(record: Any, sample: int, prompt: list[int], reply: Reply | None,
+                    keep_ids: bool) -> Any:
+        from memrl.trajectory import Trajectory, Turn
+
+        base = {"prompt_tokens": float(len(prompt))}
+        if reply is None:
+            return Trajectory(record_id=record.id, sample_index=sample, reward=0.0,
+                              metrics={**base, "fits": 0.0})
+        g = reply.generation
+        turn = Turn("final", prompt if keep_ids else (), list(g.token_ids) if keep_ids else (),
+                    list(g.logprobs) if keep_ids else (), reply.response, g.finish_reason,
+                    prompt_tokens=len(prompt), response_tokens=len(g.token_ids))
+        return Trajectory(record_id=record.id, sample_index=sample, turns=(turn,),
+                          answer=reply.answer, reward=reply.scores["em"],
+                          metrics={**reply.scores, **base, "fits": 1.0})
+
+    def summarize(self, trajectories: Sequence[Any]) -> dict[str, float]:
+        """The share that fit and the mean EM / F1 / sub-EM over them."""
+        ran = [t for t in trajectories if t.metrics.get("fits")]
+        if not trajectories:
+            return {}
+        means = {m: (sum(t.metrics[m] for t in ran) / len(ran) if ran else 0.0)
+                 for m in ("em", "f1", "sub_em")}
+        return {"fit": len(ran) / len(trajectories), **means}
+
+    def log_row(self, trajectory: Any, record: Any) -> dict[str, Any]:
+        """The question, gold, reply, answer and scores of one episode; `fits`."""
+        turn = trajectory.turns[0] if trajectory.turns else None
+        return {"id": trajectory.record_id, "sample_index": trajectory.sample_index,
+                "question": record.question, "answers": record.answers,
+                "response": None if turn is None else turn.response_text,
+                "answer": trajectory.answer, "fits": turn is not None,
+                "prompt_tokens": int(trajectory.metrics["prompt_tokens"]),
+                "reward": trajectory.reward, "scores": dict(trajectory.metrics)}

@@ -30,14 +30,14 @@ the strict EM / one-way sub-EM and the count of empty predictions (docs/protocol
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memrl.agents.memagent import MemAgentConfig, rich_progress_callback
 from memrl.data.records import QARecord
-from memrl.data.ruler_hqa import LazyPool, load_ruler_hqa, ruler_hqa_path
+from memrl.data.ruler_hqa import ruler_hqa_path
 from memrl.distributed import Dist
 from memrl.errors import MemrlInputError
 from memrl.eval.memory_trace import (
@@ -46,14 +46,14 @@ from memrl.eval.memory_trace import (
     summary_line,
     write_diagnostics,
 )
-from memrl.eval.report import plot_scores, progress_bars, run_header, write_report
+from memrl.eval.benchmark import METRICS, RulerFormat, evaluate_benchmark
+from memrl.eval.report import plot_scores, run_header, write_report
 from memrl.eval.resume import replace_surrogates
-from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
+from memrl.eval.runner import EvalRun, check_counts
 from memrl.inference.base import Generator, derive_seed
 from memrl.rewards.memagent import ProtocolScores, published_means
 from memrl.tasks.memagent_qa import PROTOCOLS, MemAgentQATask
 
-METRICS = ("em", "f1", "sub_em")
 PROTOCOL_METRICS = ("strict_sub_em", "f1_unrounded")
 DEFAULT_RECORDS_PER_RUN = 8
 """Records run together in lockstep, and appended to the trajectories file together: a kill
@@ -151,7 +151,7 @@ def protocol_note(protocol: str) -> str:
     )
 
 
-def _clean(record: QARecord) -> QARecord:
+def clean_record(record: QARecord) -> QARecord:
     """The record with lone surrogates replaced (tokenizers reject them)."""
     update = {"question": replace_surrogates(record.question),
               "answers": [replace_surrogates(a) for a in record.answers]}
@@ -163,6 +163,27 @@ def _clean(record: QARecord) -> QARecord:
 def batch_seed(seed: int | None, num_docs: int, start: int) -> int | None:
     """The sampling seed of the batch of N=`num_docs` starting at record `start`."""
     return None if seed is None else derive_seed(seed, "ruler-hqa", num_docs, start)
+
+
+@dataclass
+class MemAgentRulerHQA(RulerFormat):
+    """RULER-HQA as `memrl eval ruler-hqa` measures MemAgent: the task's own scores under
+    `protocol` (MemAgent's published evaluation or the training format) and the memory
+    diagnostics of every N (`memory`: earlier runs' read back by `evaluate_ruler_hqa`)."""
+
+    protocol: str = PROTOCOLS[0]
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    def score(self, row: Mapping[str, Any], record: Any) -> dict[str, float] | None:
+        return None
+
+    def aggregate(self, key: int, rows: Sequence[Mapping[str, Any]],
+                  records: Sequence[Any]) -> dict[str, Any]:
+        self.memory[str(key)] = aggregate_traces(rows)
+        return {**aggregate(rows, self.protocol), "memory": self.memory[str(key)]["summary"]}
+
+    def report(self, run: EvalRun, per_slice: dict[str, Any]) -> None:
+        report(run, per_slice, self.memory, self.protocol)
 
 
 def evaluate_ruler_hqa(
@@ -190,56 +211,31 @@ def evaluate_ruler_hqa(
     `protocol`: `memrl.tasks.memagent_qa.PROTOCOLS`; `pool`: the HotpotQA dev JSON that
     index-list files (N = 12,800 / 25,600) point into. Finished episodes in `out_dir` are
     reused; `resume=True` requires that there are some. `dist`: the ranks of a data-parallel
-    evaluation (`memrl.eval.runner`)."""
+    evaluation (`memrl.eval.runner`). The loop is `memrl.eval.benchmark.evaluate_benchmark`'s,
+    with MemAgent's task, scores and memory diagnostics (`MemAgentRulerHQA`)."""
     check_counts(limit=limit, records_per_run=records_per_run, samples=num_samples)
     if not num_docs_list:
         raise MemrlInputError("give at least one number of documents", location="--num-docs")
     task = MemAgentQATask(config, protocol=protocol, trace_evidence=True)
     num_docs_list = list(dict.fromkeys(int(n) for n in num_docs_list))
     data_dir = Path(data_dir)
-    check_ruler_files(data_dir, num_docs_list, pool)
-    run = open_run(out_dir, run_header(
+    bench = MemAgentRulerHQA("ruler-hqa", data_dir, num_docs_list, limit, pool,
+                             protocol=protocol)
+    header = run_header(
         "ruler_hqa", generator, model_name, config, protocol=protocol,
         data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
-        records_per_run=records_per_run, metric="sub_em",
-    ), resume=resume, console=console, dist=dist)
-    results, previous = run.results, run.previous
-    per_n: dict[str, Any] = dict(previous.get("results") or {})
-    memory = read_diagnostics(run.out) if previous else {}
-    timings = dict((previous.get("timings") or {}).get("per_num_docs_s") or {})
-    if previous:
-        results["num_docs"] = sorted({*map(int, per_n), *num_docs_list})
-    results.update(results=per_n, timings={"per_num_docs_s": timings, "total_s": 0.0})
-    run.write()
-
-    shared_pool = LazyPool(pool) if pool is not None else None
-    with progress_bars(run.console, show_progress and run.main) as progress:
-        for n in num_docs_list:
-            records = [_clean(r) for r in load_ruler_hqa(
-                ruler_hqa_path(data_dir, n), pool=shared_pool, expected_num_docs=n)[:limit]]
-            rows, elapsed, resumed = run_episodes(
-                task, generator, records, run.out / f"trajectories_{n}.jsonl",
-                num_samples=num_samples, per_run=records_per_run,
-                seed_of=lambda i, n=n: batch_seed(config.seed, n, i),
-                progress=rich_progress_callback(progress, f"N={n}"), console=run.console,
-                label=f"N={n}: ", dist=run.dist)
-            timings[str(n)] = timings.get(str(n), 0.0) * resumed + elapsed
-            memory[str(n)] = aggregate_traces(rows)
-            per_n[str(n)] = {"num_docs": n, "num_records": len(records),
-                             "num_samples": num_samples, **aggregate(rows, protocol),
-                             "memory": memory[str(n)]["summary"], "seconds": timings[str(n)]}
-            results["timings"]["total_s"] = time.perf_counter() - run.started
-            run.write()
-
-    results["results"] = per_n = dict(sorted(per_n.items(), key=lambda kv: int(kv[0])))
-    run.finish()
-    if run.main:
-        report(run, per_n, memory, protocol)
-    return results
+        records_per_run=records_per_run, metric="sub_em")
+    if (Path(out_dir) / "results.json").is_file():  # a run to go on: its diagnostics
+        bench.memory.update(read_diagnostics(out_dir))
+    return evaluate_benchmark(
+        task, generator, bench, out_dir=out_dir, header=header, num_samples=num_samples,
+        per_run=records_per_run, seed_of=lambda n, i: batch_seed(config.seed, n, i),
+        resume=resume, console=console, show_progress=show_progress, dist=dist,
+        progress_of=rich_progress_callback)
 
 
 def check_ruler_files(data_dir: Path, num_docs_list: Sequence[int],
-                      pool: str | Path | None) -> None:
+                      pool: str | Path | None, benchmark: str = "ruler-hqa") -> None:
     """Fail before hours of generation, not in the middle: the data directory, every
     `eval_{N}.json` and the pool file must exist."""
     if not data_dir.is_dir():
@@ -247,7 +243,7 @@ def check_ruler_files(data_dir: Path, num_docs_list: Sequence[int],
     for n in num_docs_list:
         if not ruler_hqa_path(data_dir, n).is_file():
             raise MemrlInputError(
-                f"no RULER-HQA file for N={n} (build it with `memrl prepare ruler-hqa`)",
+                f"no RULER-HQA file for N={n} (build it with `memrl prepare {benchmark}`)",
                 location=str(ruler_hqa_path(data_dir, n)),
             )
     if pool is not None and not Path(pool).is_file():
