@@ -18,6 +18,9 @@ scores, on one GPU host:
        at every evaluation; the adapters in OUT/adapters/.
 
     python benchmarks/memagent_adapter_gpu.py --work /tmp/ad --out /tmp/ad/out --ranks 8,16,32
+    python benchmarks/memagent_adapter_gpu.py --work /tmp/al --out /tmp/al/out --ranks 32 \
+        --sft-override model.lora.enabled=true --sft-override model.lora.r=32 \
+        --sft-override model.lora.alpha=64 --sft-override optim.lr=2e-4   # a LoRA warm start
 """
 
 from __future__ import annotations
@@ -136,11 +139,18 @@ def main() -> None:
     parser.add_argument("--ranks", default="8,16,32")
     parser.add_argument("--tolerance", type=float, default=2.0)
     parser.add_argument("--commit", default="unknown", help="memrl's commit (for the adapter)")
+    parser.add_argument("--sft-override", action="append", default=[],
+                        help="another override of the warm start's config (repeatable), e.g. "
+                        "model.lora.enabled=true: the warm start trained as a LoRA")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="GPUs the evaluations are spread over (default: the plan's)")
     parser.add_argument("--hotpotqa", type=Path,
                         default=shared_data_file("hotpotqa", "dev_subsampled.jsonl"))
     args = parser.parse_args()
     ranks = [int(r) for r in args.ranks.split(",") if r]
     plan = PLANS["adapter"]
+    plan = dataclasses.replace(plan, sft_overrides=(*plan.sft_overrides, *args.sft_override),
+                               gpus=args.gpus or plan.gpus)
     print_environment(environment())
     pipeline(plan, args.work, args.out, args.hotpotqa, rows=["warm_start"])
     models = make_adapters(args.work, args.out, ranks, args.commit)

@@ -8,7 +8,9 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-benchmarks/results/scaling}"
 shape="${2:-0.5b}"
-n=$(nvidia-smi -L | grep -c '^GPU ')
+# the GPUs this process may use: CUDA_VISIBLE_DEVICES when set (a host shared with other runs)
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then n=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
+else n=$(nvidia-smi -L | grep -c '^GPU '); fi
 mkdir -p "$out"
 launch() {  # N SCRIPT ARGS...
   local k=$1; shift

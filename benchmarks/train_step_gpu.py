@@ -476,7 +476,10 @@ def gpu_seconds_per_trajectory(mean: dict[str, float], world_size: int) -> dict[
 
 
 def mean_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
-    keys = [k for k in rows[0] if k != "step" and isinstance(rows[0][k], int | float)]
+    # (a key of some steps only, such as gc_freeze_s of the step after the first, stays in
+    # the per-step rows: it failed every full-step run on GPUs before, KeyError)
+    keys = [k for k in rows[0] if k != "step" and isinstance(rows[0][k], int | float)
+            and all(k in r for r in rows)]
     return {k: statistics.fmean(r[k] for r in rows) for k in keys}
 
 

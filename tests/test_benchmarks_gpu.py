@@ -137,8 +137,9 @@ def test_linear_cost_script_runs_memagent_on_vllm_and_the_baseline(tmp_path):
 @pytest.mark.slow
 @needs_vllm
 def test_train_step_script_breaks_a_vllm_step_down(tmp_path):
+    # 3 steps: the mean over steps 2-3 (a key of step 2 only, gc_freeze_s, once failed it)
     out = run_script("train_step_gpu", tmp_path, "--engine", "vllm", "--recipe-shapes",
-                     "--out-dir", str(tmp_path / "work"),
+                     "--steps", "3", "--out-dir", str(tmp_path / "work"),
                      "--json-out", str(tmp_path / "train_step_gpu.json"))
     assert out["settings"]["engine"] == "vllm" and out["settings"]["top_p"] == 1.0
     # top_p 1 (the recipe's): vLLM's log-probs are the trainer's (with top_p < 1 vLLM

