@@ -102,14 +102,22 @@ def agent_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def biographies(tmp_path_factory) -> Path:
+    """Four held-out biography questions over 24 documents (`memrl prepare`, its seed)."""
+    data = tmp_path_factory.mktemp("bio") / "bio"
+    assert main(["prepare", "biographies", "--out", str(data), "--split", "eval",
+                 "--num-docs", "24", "--eval-questions", "4"]) == 0
+    return data
+
+
 @needs_package
-def test_init_model_writes_a_model_that_reads_as_trained(agent_dir: Path, tmp_path: Path):
+def test_init_model_writes_a_model_that_reads_as_trained(agent_dir: Path, biographies: Path,
+                                                         tmp_path: Path):
     card = (agent_dir / "README.md").read_text()
     assert AGENT.sha256 in card and "rank 16" in card and "Scores" in card
     assert "prompts: memagent-answer-is" in (agent_dir / "memrl_config.yaml").read_text()
-    data, out = tmp_path / "bio", tmp_path / "eval"
-    assert main(["prepare", "biographies", "--out", str(data), "--split", "eval",
-                 "--num-docs", "24", "--eval-questions", "4"]) == 0
+    data, out = biographies, tmp_path / "eval"
     assert main(["eval", "ruler-hqa", "--model", str(agent_dir), "--data", str(data),
                  "--num-docs", "24", "--out", str(out), "--limit", "4", "--temperature", "0",
                  "--protocol", "memagent", "--chunk-size", "512", "--max-memory-tokens", "96",
@@ -120,3 +128,26 @@ def test_init_model_writes_a_model_that_reads_as_trained(agent_dir: Path, tmp_pa
     assert by_id["3"]["answer"] == "Thailriond Shipping"
     assert by_id["1"]["answer"] == "Kromoor"
     assert max(max(r["memory_tokens"]) for r in rows) < 40  # it ends its turns
+
+
+@needs_package
+@pytest.mark.slow
+def test_served_it_answers_the_openai_client(agent_dir: Path, biographies: Path, tmp_path: Path):
+    """docs/serving.md's client against `memrl serve --model DIR` on the CPU (the settings
+    from the model's memrl_config.yaml; greedy by the request)."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from helpers import start_tiny_server, stop_process
+
+    record = json.loads((biographies / "eval_24.json").read_text())[3]
+    proc, base = start_tiny_server(agent_dir, tmp_path / "serve.log", "k-1", "--chunk-size",
+                                   "512", "--max-memory-tokens", "96", "--max-final-tokens",
+                                   "32", "--served-model-name", NAME)
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k-1")
+        reply = client.chat.completions.create(model=NAME, temperature=0, messages=[
+            {"role": "user", "content": record["context"]},
+            {"role": "user", "content": record["input"]}])
+    finally:
+        stop_process(proc)
+    assert reply.model_extra["memrl"]["answer"] == "Thailriond Shipping"
