@@ -52,6 +52,26 @@ def _register_commands() -> None:
                 raise
 
 
+def option_counts() -> dict[str, int]:
+    """{`eval locomo`: 34, ...}: the options (not `--help`) of every command, as `memrl ...
+    --help` lists them; issue 45 bounds their sum (one command grammar: CONFIG + overrides,
+    options only for paths and --resume)."""
+    import typer
+
+    _register_commands()
+    counts: dict[str, int] = {}
+
+    def walk(command: Any, path: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            counts[" ".join(path)] = sum(
+                p.param_type_name == "option" and p.name != "help" for p in command.params)
+
+    walk(typer.main.get_command(app), [])
+    return counts
+
+
 MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document", "--benchmark"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 
