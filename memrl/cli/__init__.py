@@ -43,7 +43,8 @@ def _register_commands() -> None:
     import importlib
 
     for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate",
-                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "train", "export", "quickstart",
+                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "evaluate_config", "train",
+                 "export", "quickstart",
                  "sft", "view", "ask", "serve"):
         try:
             importlib.import_module(f"memrl.cli.{name}")

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
+
+CONFIG_COMMAND = "config"
+"""The `memrl eval` command that reads an evaluation config: `memrl eval CONFIG [k=v ...]`
+is `memrl eval config CONFIG [k=v ...]`."""
+
+
+class ConfigOrCommandGroup(TyperGroup):
+    """A group whose first argument is a command name or, when it is none, a config file:
+    `memrl eval CONFIG ...` runs the group's CONFIG_COMMAND on it."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and not args[0].startswith("-") and args[0] not in self.commands:
+            args = [CONFIG_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(
     name="memrl",
@@ -12,6 +30,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 prepare_app = typer.Typer(help="Convert datasets into memrl's formats.", no_args_is_help=True)
-eval_app = typer.Typer(help="Evaluate a model with a memory agent.", no_args_is_help=True)
+eval_app = typer.Typer(
+    cls=ConfigOrCommandGroup, no_args_is_help=True,
+    help="Evaluate a model with a memory agent: `memrl eval CONFIG [key.path=value ...] "
+    "[--resume]` runs an evaluation config (docs/configuration.md); the commands below are "
+    "the older per-benchmark forms.")
 app.add_typer(prepare_app, name="prepare")
 app.add_typer(eval_app, name="eval")
