@@ -70,3 +70,12 @@ def test_a_missing_model_or_benchmark_is_one_line(tiny_model_dir, tmp_path):
     assert done.returncode == 2 and "eval.benchmarks.0.name: unknown benchmark 'nope'" \
         in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_config_path_is_told_from_a_command_name(tmp_path, monkeypatch):
+    from memrl.cli.app import is_config_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evalcfg").write_text("{}")
+    assert is_config_path("eval.yaml") and is_config_path("a/b") and is_config_path("evalcfg")
+    assert not is_config_path("nope") and not is_config_path("--resume")

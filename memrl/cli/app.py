@@ -13,13 +13,23 @@ is `memrl eval config CONFIG [k=v ...]`."""
 
 
 class ConfigOrCommandGroup(TyperGroup):
-    """A group whose first argument is a command name or, when it is none, a config file:
-    `memrl eval CONFIG ...` runs the group's CONFIG_COMMAND on it."""
+    """A group whose first argument is a command name or a config file: `memrl eval
+    CONFIG ...` runs the group's CONFIG_COMMAND on it. A config file is a path that exists,
+    ends in .yaml / .yml or names a directory; any other word stays a command name (an
+    unknown one is a usage error naming it)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if args and not args[0].startswith("-") and args[0] not in self.commands:
+        if args and args[0] not in self.commands and is_config_path(args[0]):
             args = [CONFIG_COMMAND, *args]
         return super().parse_args(ctx, args)
+
+
+def is_config_path(arg: str) -> bool:
+    """`arg` names a config file rather than a command (see ConfigOrCommandGroup)."""
+    import os
+
+    return not arg.startswith("-") and (
+        arg.endswith((".yaml", ".yml")) or os.sep in arg or os.path.exists(arg))
 
 
 app = typer.Typer(
