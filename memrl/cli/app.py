@@ -42,8 +42,8 @@ app = typer.Typer(
 prepare_app = typer.Typer(help="Convert datasets into memrl's formats.", no_args_is_help=True)
 eval_app = typer.Typer(
     cls=ConfigOrCommandGroup, no_args_is_help=True,
-    help="Evaluate a model with a memory agent: `memrl eval CONFIG [key.path=value ...] "
-    "[--resume]` runs an evaluation config (docs/configuration.md); the commands below are "
-    "the older per-benchmark forms.")
+    help="Evaluate a model with a memory agent. `memrl eval CONFIG.yaml key.path=value ... "
+    "--resume` runs an evaluation config: agent, model, rollout.* engine, eval.benchmarks "
+    "(docs/configuration.md); the commands below are the older per-benchmark forms.")
 app.add_typer(prepare_app, name="prepare")
 app.add_typer(eval_app, name="eval")

@@ -16,7 +16,9 @@ def eval_config(
     config: Path = typer.Argument(..., help="Evaluation config (YAML)."),
     overrides: list[str] = typer.Argument(
         None, help="Dotted overrides, e.g. rollout.engine=vllm eval.limit=10"),
-    resume: common.ResumeEvalOption = False,
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in eval.out_dir (finished episodes are kept; "
+        "re-running into the same eval.out_dir resumes anyway)."),
 ) -> None:
     """Run an evaluation config: its agent on its benchmarks (a run directory per
     benchmark, leaderboard.md / .json across them in eval.out_dir)."""
