@@ -79,3 +79,11 @@ def test_a_config_path_is_told_from_a_command_name(tmp_path, monkeypatch):
     (tmp_path / "evalcfg").write_text("{}")
     assert is_config_path("eval.yaml") and is_config_path("a/b") and is_config_path("evalcfg")
     assert not is_config_path("nope") and not is_config_path("--resume")
+
+
+def test_the_long_context_reader_is_an_agent_of_a_config(tmp_path):
+    config = write_config(tmp_path / "eval.yaml", tmp_path, tmp_path, tmp_path / "out",
+                          agent="long-context", section="long_context: {window: 100}")
+    cfg = load_config(EvalConfig, config, ["rollout.openai.base_urls=[http://h:1/v1]"])
+    assert cfg.agent_config.window == 100 and cfg.rollout.n == 1
+    assert cfg.rollout.openai.base_urls == ["http://h:1/v1"]

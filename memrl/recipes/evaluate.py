@@ -3,7 +3,8 @@
 by the one evaluation runner (`memrl.eval.benchmark.evaluate_suite`).
 
 The config uses training's names for every setting it shares with training: `model.path`,
-`model.dtype`, `model.device`, `seed`, `agent` and the agent's section, and the engine under
+`model.dtype`, `model.device`, `seed`, `agent` (also `long-context`: the whole document in
+one prompt) and the agent's section, and the engine under
 `rollout.*` (`rollout.engine`, `rollout.openai.base_urls`, `rollout.vllm.*`, `rollout.n`,
 `rollout.temperature`, `rollout.top_p`).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from memrl.config import StrictModel
 from memrl.recipes.config import AgentSection, RolloutConfig
@@ -74,6 +75,17 @@ class EvalConfig(AgentSection):
     model: EvalModelConfig
     rollout: EvalRolloutConfig = EvalRolloutConfig()
     eval: EvalSection
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agent_alias(cls, data: Any) -> Any:
+        """`agent: long-context` (the whole document in one prompt) names its task class."""
+        from memrl.eval.benchmark import AGENTS
+
+        if isinstance(data, dict) and isinstance(data.get("agent"), str) \
+                and data["agent"] in AGENTS:
+            return {**data, "agent": AGENTS[data["agent"]]}
+        return data
 
 
 def sampling_as_rollout(cfg: Any) -> Any:
