@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as tdist
 
-from memrl.cli.train import resume_command
+from memrl.recipes.launch import resume_command
 from memrl.distributed import NPROC_ENV, collective_failed, heartbeat
 from memrl.distributed.heartbeat import Beat, Heartbeat, Lost, Verdict, doing, process_state
 from memrl.interrupt import Interrupted, exit_on_signals

@@ -43,13 +43,34 @@ def _register_commands() -> None:
     import importlib
 
     for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate",
-                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "train", "export", "quickstart",
+                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "evaluate_config", "train",
+                 "export", "quickstart",
                  "sft", "view", "ask", "serve"):
         try:
             importlib.import_module(f"memrl.cli.{name}")
         except ModuleNotFoundError as exc:
             if exc.name != f"memrl.cli.{name}":
                 raise
+
+
+def option_counts() -> dict[str, int]:
+    """{`eval locomo`: 34, ...}: the options (not `--help`) of every command, as `memrl ...
+    --help` lists them; issue 45 bounds their sum (one command grammar: CONFIG + overrides,
+    options only for paths and --resume)."""
+    import typer
+
+    _register_commands()
+    counts: dict[str, int] = {}
+
+    def walk(command: Any, path: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            counts[" ".join(path)] = sum(
+                p.param_type_name == "option" and p.name != "help" for p in command.params)
+
+    walk(typer.main.get_command(app), [])
+    return counts
 
 
 MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document", "--benchmark"})

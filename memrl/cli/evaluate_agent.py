@@ -13,6 +13,7 @@ import typer
 from memrl.cli.app import eval_app
 from memrl.cli import common
 from memrl.errors import MemrlInputError
+from memrl.recipes.evaluate import eval_seed, sampling_as_rollout
 
 
 @eval_app.command("agent")
@@ -97,12 +98,6 @@ def agent(
         typer.echo(f"results written to {out}")
 
 
-def eval_seed(cfg: Any) -> int | None:
-    """The evaluation's seed: the agent section's, else the config's."""
-    section_seed = getattr(cfg.agent_config, "seed", None)
-    return section_seed if section_seed is not None else cfg.seed
-
-
 def parse_benchmarks(specs: list[str], num_docs: list[int] | None,
                      limit: int | None) -> dict[str, Any]:
     """`--benchmark NAME=DIR ...` -> {name: Benchmark} (`memrl.eval.benchmark.benchmark_of`),
@@ -151,15 +146,3 @@ def suite(task: Any, cfg: Any, serving: Any, specs: list[str], num_docs: list[in
                        show_progress=not quiet)
     if dist.is_main:
         typer.echo(f"results written to {out}")
-
-
-def sampling_as_rollout(cfg: Any) -> Any:
-    """`cfg` whose agent section samples as its `rollout` says where the config (or a `--set`)
-    gives `rollout.temperature` / `rollout.top_p`: the evaluation then samples as training
-    did. Otherwise the agent section's own sampling (its defaults) is kept."""
-    section = cfg.agent_config
-    given = {key: getattr(cfg.rollout, key) for key in ("temperature", "top_p")
-             if key in cfg.rollout.model_fields_set and key in type(section).model_fields}
-    if not given:
-        return cfg
-    return cfg.model_copy(update={"agent_config": section.model_copy(update=given)})

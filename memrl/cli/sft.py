@@ -30,7 +30,7 @@ def sft(
     """
     from rich.console import Console
 
-    from memrl.cli.train import record_training, resume_command
+    from memrl.recipes.launch import record_training, resume_command
     from memrl.config import load_config
     from memrl.fileio import check_output_dir
     from memrl.interrupt import exit_on_signals

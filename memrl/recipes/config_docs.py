@@ -109,6 +109,7 @@ def render() -> str:
         config_class = task_class(name).config_class
         parts += section(config_class, name, None, config_class.__doc__)
     parts += ["# `memrl sft`", "", *sft_sections(TrainConfig, SFTConfig)]
+    parts += ["", *eval_sections()]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -132,6 +133,20 @@ def sft_sections(train: type[BaseModel], sft: type[BaseModel]) -> list[str]:
              "`optim` and `trainer` as for `memrl train`")
     intro += f", with these defaults: {', '.join(differs)}." if differs else "."
     return [intro, "", *own]
+
+
+def eval_sections() -> list[str]:
+    """`memrl eval CONFIG`: its own sections (the shared ones are training's)."""
+    from memrl.recipes.evaluate import BenchmarkEntry, EvalConfig, EvalModelConfig, EvalSection
+
+    intro = ("`memrl eval CONFIG.yaml [key.path=value ...] [--resume]` reads `agent`, `seed` "
+             "and the agent's section and `rollout` as for `memrl train` (`rollout.n` default "
+             "1), and these:")
+    return ["# `memrl eval`", "", intro, "",
+            *section(EvalModelConfig, "model", None, EvalModelConfig.__doc__),
+            *section(EvalSection, "eval", None, EvalConfig.model_fields["eval"].description
+                     or EvalSection.__doc__),
+            *section(BenchmarkEntry, "eval.benchmarks[]", None, BenchmarkEntry.__doc__)]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,19 @@
+"""The CLI's option count can only go down (issue 45: one command grammar, at most 60)."""
+
+from memrl.cli import option_counts
+
+MAX_OPTIONS = 265
+"""The count at this test's start (264) plus `memrl eval CONFIG`'s --resume; lower it with
+every option removed (target: 60)."""
+
+
+def test_option_count_does_not_grow():
+    counts = option_counts()
+    assert "train" in counts and "eval agent" in counts  # every command is walked
+    total = sum(counts.values())
+    worst = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+    assert total <= MAX_OPTIONS, f"{total} options (limit {MAX_OPTIONS}); most: {worst}"
+
+
+def test_train_takes_config_overrides_and_paths_only():
+    assert option_counts()["train"] <= 2  # --resume, --nproc-per-node
