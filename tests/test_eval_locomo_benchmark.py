@@ -12,25 +12,11 @@ from memrl.agents.memupdate import MemUpdateConfig
 from memrl.errors import MemrlInputError
 from memrl.eval.benchmark import BENCHMARKS, benchmark_of, evaluate_suite
 from memrl.eval.report import read_jsonl, run_header
-from memrl.inference.scripted import ScriptedGenerator
 from memrl.memory.embedder import HashingEmbedder
 from memrl.tasks import ProgressEvent
 from memrl.tasks.memupdate_locomo import MemoryUpdateTask
 from tests.test_eval_locomo import data_dir  # noqa: F401  (the fixture)
-
-
-def inserter(tokenizer):
-    """The memupdate agent's oracle: stores the question's evidence line, then stops."""
-
-    def respond(prompt: str) -> str:
-        if not prompt.rsplit("<|im_start|>", 2)[-2].startswith("user"):
-            return "Done."
-        line = next(x for x in prompt.splitlines() if x.startswith("[D2:1]"))
-        payload = json.dumps({"name": "memory_insert",
-                              "arguments": {"text": line.split(": ", 1)[1]}})
-        return f"<tool_call>{payload}</tool_call>"
-
-    return ScriptedGenerator(tokenizer, respond)
+from tests.test_eval_locomo_literature import agent as inserter  # stores the evidence line
 
 
 def quiet():
@@ -49,7 +35,8 @@ def test_locomo_is_a_benchmark_with_a_named_slice(data_dir):  # noqa: F811
         benchmark_of("locomo", data_dir / "missing")
 
 
-def test_a_suite_runs_the_memupdate_agent_on_locomo(data_dir, tiny_tokenizer, tmp_path):  # noqa: F811
+def test_a_suite_runs_the_memupdate_agent_on_locomo(data_dir, tiny_tokenizer,  # noqa: F811
+                                                    tmp_path):
     task = MemoryUpdateTask(MemUpdateConfig(embedder="hashing"), embedder=HashingEmbedder())
     engine = inserter(tiny_tokenizer)
     benches = {"locomo": benchmark_of("locomo", data_dir)}
@@ -66,7 +53,8 @@ def test_a_suite_runs_the_memupdate_agent_on_locomo(data_dir, tiny_tokenizer, tm
     board = json.loads((tmp_path / "out" / "leaderboard.json").read_text())
     assert board["benchmarks"]["locomo"] == {"metric": "f1_final", "scores": {"all": 100.0},
                                              "mean": 100.0}
-    assert "| benchmark | metric | all | mean |" in (tmp_path / "out" / "leaderboard.md").read_text()
+    board_md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| benchmark | metric | all | mean |" in board_md
     assert "1 multi-hop" in (tmp_path / "out" / "locomo" / "results.md").read_text()
 
 

@@ -297,8 +297,9 @@ def _progress(bench: Benchmark, records: Sequence[Any], bars: Any, label: str,
 def write_leaderboard(out_dir: str | Path, model: str, agent: str,
                       per_benchmark: Mapping[str, Mapping[str, Any]]) -> Path:
     """`leaderboard.md` and `leaderboard.json` in `out_dir`: the headline score (%) of each
-    benchmark at each slice (N, or a named set) and its mean over the slices that ran, one row a benchmark (sorted
-    keys, no timings or dates: two models' files diff line by line)."""
+    benchmark at each slice (N, or a named set) and its mean over the slices that ran, one
+    row a benchmark (sorted keys, no timings or dates: two models' files diff line by
+    line)."""
     from memrl.eval.report import markdown_table
     from memrl.eval.resume import encode_text
     from memrl.fileio import write_atomic
