@@ -320,7 +320,7 @@ def write_leaderboard(out_dir: str | Path, model: str, agent: str,
     out = Path(out_dir)
     write_json(out / "leaderboard.json", board)
     text = (f"# Leaderboard · {agent} · {model}\n\n" + markdown_table(columns, rows)
-            + "\nScores in %; `mean` over the N of the row (none where one did not run).\n")
+            + "\nScores in %; `mean` over the slices of the row (none where one did not run).\n")
     write_atomic(out / "leaderboard.md", encode_text(text))
     return out / "leaderboard.md"
 
