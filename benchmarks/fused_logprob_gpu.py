@@ -105,6 +105,49 @@ def implementation(name: str) -> Any:
     return cce
 
 
+def package_version(name: str) -> dict[str, str]:
+    """{"version": ...} of the package behind implementation `name` (none for memrl's own),
+    or {"error": ...} where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    package = {"liger": "liger-kernel", "cce": "cut-cross-entropy",
+               "cce_filtered": "cut-cross-entropy"}.get(name)
+    if package is None:
+        return {}
+    try:
+        return {"version": version(package)}
+    except PackageNotFoundError:
+        return {"error": f"not installed: pip install {package}"}
+
+
+def timed_call(call: Any, leaves: tuple[Any, ...], repeats: int,
+               cuda: bool) -> tuple[float, float | None]:
+    """The median seconds of `repeats` calls after one warm-up (Triton compiles), and on
+    CUDA the peak memory (GiB) above the inputs, gradients of `leaves` cleared each time."""
+    import torch
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    times, peak = [], None
+    for i in range(repeats + 1):
+        for leaf in leaves:  # the peak above the inputs counts the gradients
+            leaf.grad = None
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        if i:
+            times.append(time.perf_counter() - start)
+        if cuda:
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return statistics.median(times), peak
+
+
 def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
             args: argparse.Namespace, device: str) -> dict[str, Any]:
     import torch
@@ -123,16 +166,9 @@ def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
     cuda = device == "cuda"
     ac = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "autocast")
     row: dict[str, Any] = {"impl": name, "hidden": hidden, "vocab": vocab, "rows": rows,
-                           "precision": precision}
-    package = {"liger": "liger-kernel", "cce": "cut-cross-entropy",
-               "cce_filtered": "cut-cross-entropy"}.get(name)
-    if package is not None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            row["version"] = version(package)
-        except PackageNotFoundError:
-            return {**row, "error": f"not installed: pip install {package}"}
+                           "precision": precision, **package_version(name)}
+    if "error" in row:
+        return row
     try:
         fn = implementation(name)
     except ImportError as e:
@@ -147,10 +183,6 @@ def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
     ref_gh, ref_gw = hr.grad, wr.grad
     del hr, wr
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
     def train_call() -> Any:
         h.grad = w.grad = None
         with ac:
@@ -159,21 +191,7 @@ def measure(name: str, hidden: int, vocab: int, rows: int, precision: str,
         return lp
 
     def timed(call: Any) -> tuple[float, float | None]:
-        times, peak = [], None
-        for i in range(args.repeats + 1):  # the first call warms up (Triton compiles)
-            h.grad = w.grad = None  # the peak above the inputs counts the gradients
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-            sync()
-            start = time.perf_counter()
-            call()
-            sync()
-            if i:
-                times.append(time.perf_counter() - start)
-            if cuda:
-                peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-        return statistics.median(times), peak
+        return timed_call(call, (h, w), args.repeats, cuda)
 
     try:
         lp = train_call()

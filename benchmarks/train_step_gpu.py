@@ -596,21 +596,8 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
         "environment": environment(),
         "argv": sys.argv[1:] if argv is None else argv,
         "model": {**shape, "params": params, "body_params": model_shape.body_params},
-        "settings": {
-            "attn_implementation": args.attn, "remove_padding": args.remove_padding,
-            "gradient_checkpointing": args.gradient_checkpointing,
-            "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
-            "strategy": args.strategy, "samples": len(lens),  # per rank
-            "prompt_len": list(args.prompt_len),
-            "response_len": list(args.response_len), "tokens": tokens,  # rank 0's
-            "tokens_all_ranks": all_tokens,
-            "response_tokens": sum(responses), "sum_sq_seq_len": sum(n * n for n in lens),
-            "update_model_flops": flops, "update_6n_flops": flops_6n,
-            "peak_flops": peak, "steps_per_budget": args.steps, "warmup_steps": args.warmup,
-            "dtype": ("fp32 master weights, bf16 autocast" + (
-                ", FSDP2 MixedPrecisionPolicy: bf16 parameters, fp32 reduction"
-                if fsdp else "")) if cuda else "float32",
-        },
+        "settings": update_settings(args, lens, responses, totals, flops=flops,
+                                    flops_6n=flops_6n, peak=peak, cuda=cuda),
         "budgets": rows,
     }
     if dist.is_main:
@@ -620,6 +607,28 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
         print_budget_table(rows)
     destroy_process_group()
     return summary
+
+
+def update_settings(args: argparse.Namespace, lens: list[int], responses: list[int],
+                    totals: dict[str, float], *, flops: float, flops_6n: float, peak: float,
+                    cuda: bool) -> dict[str, Any]:
+    """The summary's `settings` of an update-only run: how it ran and on what (rank 0's
+    conversations, `totals` over every rank)."""
+    return {
+        "attn_implementation": args.attn, "remove_padding": args.remove_padding,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "checkpoint_every_n_layers": args.checkpoint_every, "compile": args.compile,
+        "strategy": args.strategy, "samples": len(lens),  # per rank
+        "prompt_len": list(args.prompt_len),
+        "response_len": list(args.response_len), "tokens": sum(lens),  # rank 0's
+        "tokens_all_ranks": totals["tokens"],
+        "response_tokens": sum(responses), "sum_sq_seq_len": sum(n * n for n in lens),
+        "update_model_flops": flops, "update_6n_flops": flops_6n,
+        "peak_flops": peak, "steps_per_budget": args.steps, "warmup_steps": args.warmup,
+        "dtype": ("fp32 master weights, bf16 autocast" + (
+            ", FSDP2 MixedPrecisionPolicy: bf16 parameters, fp32 reduction"
+            if args.strategy == "fsdp" else "")) if cuda else "float32",
+    }
 
 
 def build_update_model(args: argparse.Namespace, shape: dict[str, int], dist: Any,

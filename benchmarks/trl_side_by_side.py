@@ -150,7 +150,8 @@ PLANS: dict[str, dict[str, Any]] = {
 """Each plan's defaults; every one has a flag."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options (`parse_args` checks them)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", choices=sorted(PLANS), default="full")
     p.add_argument("--work", type=Path, default=None,
@@ -189,6 +190,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # A child process runs one framework on a spec the parent wrote.
     p.add_argument("--side", choices=FRAMEWORKS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--spec", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.side:
         return args
@@ -196,6 +202,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.out is None:
             p.error("--merge needs --out")
         return args
+    return check_args(p, args)
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """A parent run's options completed from its plan and checked (`p.error` on a bad one)."""
     try:
         args.model_dir = dict(item.split("=", 1) for item in args.model_dir)
     except ValueError:
@@ -469,35 +480,17 @@ def run_memrl(spec: dict[str, Any], out_dir: Path, *, tuned: bool = False) -> di
 
 
 # ---------------------------------------------------------------------------------- TRL
-def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """TRL's `GRPOTrainer` on the same prompts, settings as in the module docstring."""
+def trl_config(spec: dict[str, Any], out_dir: Path) -> Any:
+    """TRL's GRPOConfig for a side spec: memrl's algorithm (DAPO token mean, no KL, one
+    iteration, clip 0.2, group-scaled rewards), exactly `answer_tokens` per completion."""
     import torch
-    import trl
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from prompt_task import load_prompts, parity_reward
+    from trl import GRPOConfig
 
     cuda = spec["device"].startswith("cuda")
     use_vllm = spec["engine"] == "vllm"
     batch = spec["prompts_per_step"] * spec["group_size"]
-    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
-    records = load_prompts(spec["prompts"])
-    prompt_len = {r.prompt: len(tokenizer(r.prompt)["input_ids"]) for r in records}
-    dataset = Dataset.from_list([{"prompt": r.prompt} for r in records])
-    current: dict[str, float] = {}
-
-    def parity(prompts: list[str], completion_ids: list[list[int]], **_: Any) -> list[float]:
-        current["prompt_tokens"] = current.get("prompt_tokens", 0) + sum(
-            prompt_len[p] for p in prompts)
-        current["response_tokens"] = current.get("response_tokens", 0) + sum(
-            len(c) for c in completion_ids)
-        current["samples"] = current.get("samples", 0) + len(completion_ids)
-        return [parity_reward(c) for c in completion_ids]
-
     n = spec["answer_tokens"]
-    config = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(out_dir), seed=spec["seed"], max_steps=spec["steps"],
         per_device_train_batch_size=spec["micro_batch"],
         gradient_accumulation_steps=batch // spec["micro_batch"],
@@ -517,6 +510,35 @@ def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         shuffle_dataset=False, logging_steps=1, save_strategy="no", report_to=[],
         disable_tqdm=True, dataloader_num_workers=0,
     )
+
+
+def run_trl(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """TRL's `GRPOTrainer` on the same prompts, settings as in the module docstring."""
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    from prompt_task import load_prompts, parity_reward
+
+    cuda = spec["device"].startswith("cuda")
+    use_vllm = spec["engine"] == "vllm"
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    records = load_prompts(spec["prompts"])
+    prompt_len = {r.prompt: len(tokenizer(r.prompt)["input_ids"]) for r in records}
+    dataset = Dataset.from_list([{"prompt": r.prompt} for r in records])
+    current: dict[str, float] = {}
+
+    def parity(prompts: list[str], completion_ids: list[list[int]], **_: Any) -> list[float]:
+        current["prompt_tokens"] = current.get("prompt_tokens", 0) + sum(
+            prompt_len[p] for p in prompts)
+        current["response_tokens"] = current.get("response_tokens", 0) + sum(
+            len(c) for c in completion_ids)
+        current["samples"] = current.get("samples", 0) + len(completion_ids)
+        return [parity_reward(c) for c in completion_ids]
+
+    config = trl_config(spec, out_dir)
     rows: list[dict[str, Any]] = []
 
     class StepTimer(TrainerCallback):

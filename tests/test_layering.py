@@ -312,7 +312,8 @@ def long_functions(folders: tuple[str, ...] = ("memrl", "benchmarks"),
     """(lines, "path:line name") of every function over `limit` lines, longest first."""
     found = []
     for folder in folders:
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        where = ROOT / folder
+        for path in sorted(where.rglob("*.py") if where.is_dir() else [where]):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     size = node.end_lineno - node.lineno + 1
@@ -331,12 +332,15 @@ def test_no_function_over_100_lines_in_memrl_or_benchmarks():
     assert size <= 100
 
 
-def test_no_function_over_80_lines_in_training_and_the_apps():
-    """The rooms of training (memrl.rl's maths and trainer, the run infrastructure, the
-    recipes) and the apps at the tighter limit: each function, `Actor.update` included,
-    reads alone."""
-    assert long_functions(("memrl/rl", "memrl/run", "memrl/recipes", "memrl/apps"),
-                          limit=80) == []
+def test_no_function_over_80_lines_but_in_the_commands():
+    """Every package of memrl/ (its top-level modules too) and benchmarks/ at the tighter
+    limit: each function, `Actor.update` included, reads alone. The commands (`memrl.cli`)
+    are held to 100 lines only."""
+    folders = [str(path.relative_to(ROOT)) for path in sorted(PACKAGE.iterdir())
+               if (path.is_dir() and path.name != "cli" and (path / "__init__.py").is_file())
+               or path.suffix == ".py"]
+    assert "memrl/rl" in folders and "memrl/config.py" in folders
+    assert long_functions((*folders, "benchmarks"), limit=80) == []
 
 
 def test_no_module_of_memrl_over_600_lines():

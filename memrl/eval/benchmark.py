@@ -1,6 +1,7 @@
 """Evaluation = agent x benchmark: a `Benchmark` gives its records by slice (a length: N
-documents), scores and aggregates the rows any agent's task writes, and reports; the one
-runner (`memrl.eval.runner`) rolls the agent out, resumes and spreads the work.
+documents, or a named set: LoCoMo's conversations of a split), scores and aggregates the rows
+any agent's task writes, and reports; the one runner (`memrl.eval.runner`) rolls the agent
+out, resumes and spreads the work.
 
     bench = benchmark_of("where-now", data_dir, num_docs=[2, 8], limit=16)
     results = evaluate_benchmark(task, engine, bench, out_dir=..., header=...)
@@ -9,13 +10,14 @@ Benchmarks are named like agents: a key of `BENCHMARKS` or an import path
 `package.module:attr`, `attr` being a callable `(name, data_dir, num_docs, limit)` that
 returns a Benchmark. The registered ones all read RULER-HQA's `eval_{N}.json` files
 (`RulerFormat`): RULER-HQA itself, the biographies and the state-tracking sets that
-`memrl prepare ...` writes. A row is scored by the benchmark, not by the agent: the
-answer the task's log row holds (`answer`) against the record's gold answers
-(`memrl.rewards.qa.qa_scores`), so every agent is measured alike; the task's own scores
-stay in the row.
+`memrl prepare ...` writes; `locomo` (`memrl.eval.locomo:LocomoBenchmark`) reads a
+`memrl prepare locomo` directory, one slice a conversation split, for the memupdate agent.
+A row is scored by the benchmark, not by the agent: the answer the task's log row holds
+(`answer`) against the record's gold answers (`memrl.rewards.qa.qa_scores`), so every
+agent is measured alike; the task's own scores stay in the row.
 
-A run directory holds `trajectories_{N}.jsonl`, `results.json` (per N, every N ever run
-there), `results.md` and `plot.png` (score against N). `write_leaderboard` writes the
+A run directory holds `trajectories_{slice}.jsonl`, `results.json` (per slice, every slice
+ever run there), `results.md` and `plot.png` (score against N). `write_leaderboard` writes the
 summary across benchmarks of a suite (`leaderboard.md` / `.json`, diffable between models).
 """
 
@@ -37,12 +39,15 @@ BENCHMARKS: dict[str, str] = {
     name: "memrl.eval.benchmark:RulerFormat"
     for name in ("ruler-hqa", "biographies", "where-now", "where-before", "who-has",
                  "counting", "knowledge-update")
-}
+} | {"locomo": "memrl.eval.locomo:LocomoBenchmark"}
 """Benchmark name -> "module:attr" of its factory (imported on first use)."""
 
 HEADLINE: dict[str, str] = {"ruler-hqa": "sub_em", "biographies": "sub_em"}
-"""The headline metric of a registered benchmark; the others (state tracking: short
-answers) exact match, `em`."""
+"""The headline metric of a registered `RulerFormat` benchmark; the others (state tracking:
+short answers) exact match, `em`."""
+
+SliceKey = int | str
+"""A slice of a benchmark: a length (N, documents per context) or the name of a set."""
 
 METRICS = ("em", "f1", "sub_em")
 REQUIRED = ("name", "metric", "slices", "records", "score", "aggregate", "report")
@@ -57,19 +62,21 @@ class Benchmark(Protocol):
     metric: str
     """The key of `score`'s result that is the benchmark's headline (a fraction)."""
 
-    def slices(self) -> list[int]:
-        """The lengths to run (N, documents per context), in order."""
+    def slices(self) -> list[SliceKey]:
+        """The slices to run, in order: lengths (N, documents per context) or named sets."""
         ...
 
-    def records(self, key: int) -> list[Any]:
+    def records(self, key: SliceKey) -> list[Any]:
         """The records of one slice (each with a unique `.id`)."""
         ...
 
-    def score(self, row: Mapping[str, Any], record: Any) -> dict[str, float] | None:
-        """The benchmark's scores of one log row of `record` (None: keep the task's)."""
+    def score(self, rows: list[dict[str, Any]], records: Mapping[str, Any]) -> None:
+        """Add the benchmark's scores to log rows, in place (`records`: id -> record); the
+        rows of one run of the runner come together, so a judge model can take them at
+        once. The task's own scores stay in each row."""
         ...
 
-    def aggregate(self, key: int, rows: Sequence[Mapping[str, Any]],
+    def aggregate(self, key: SliceKey, rows: Sequence[Mapping[str, Any]],
                   records: Sequence[Any]) -> dict[str, Any]:
         """The slice's results (with `score`, the headline in %, or None)."""
         ...
@@ -132,10 +139,10 @@ class RulerFormat:
         prepare = self.name if self.name in BENCHMARKS else "ruler-hqa"
         check_ruler_files(self.data_dir, self.num_docs, self.pool, prepare)
 
-    def slices(self) -> list[int]:
+    def slices(self) -> list[SliceKey]:
         return list(self.num_docs or ())
 
-    def records(self, key: int) -> list[Any]:
+    def records(self, key: SliceKey) -> list[Any]:
         from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
         from memrl.eval.ruler_hqa import clean_record
 
@@ -150,13 +157,16 @@ class RulerFormat:
 
         return None if self.pool is None else LazyPool(self.pool)
 
-    def score(self, row: Mapping[str, Any], record: Any) -> dict[str, float] | None:
+    def score(self, rows: list[dict[str, Any]], records: Mapping[str, Any]) -> None:
+        """`benchmark_scores` of each row: EM / F1 / sub-EM of its `answer`."""
         from memrl.rewards.qa import qa_scores
 
-        answer = row.get("answer")
-        return qa_scores(answer if isinstance(answer, str) else None, record.answers)
+        for row in rows:
+            answer = row.get("answer")
+            row["benchmark_scores"] = qa_scores(answer if isinstance(answer, str) else None,
+                                                records[row["id"]].answers)
 
-    def aggregate(self, key: int, rows: Sequence[Mapping[str, Any]],
+    def aggregate(self, key: SliceKey, rows: Sequence[Mapping[str, Any]],
                   records: Sequence[Any]) -> dict[str, Any]:
         return score_means(rows, self.metric, context_words=_mean_words(records))
 
@@ -226,28 +236,45 @@ def evaluate_benchmark(
     per: dict[str, Any] = dict(previous.get("results") or {})
     timings = dict((previous.get("timings") or {}).get("per_num_docs_s") or {})
     if previous:
-        results["num_docs"] = sorted({*map(int, per), *bench.slices()})
+        results["num_docs"] = [slice_key(k) for k in sorted(
+            {*per, *map(str, bench.slices())}, key=slice_order)]
     results.update(results=per, timings={"per_num_docs_s": timings, "total_s": 0.0})
     run.write()
     with progress_bars(run.console, show_progress and run.main) as bars:
         for n in bench.slices():
             records = bench.records(n)
+            label = slice_label(n)
             rows, elapsed, resumed = run_episodes(
                 task, engine, records, run.out / f"trajectories_{n}.jsonl",
                 num_samples=num_samples, per_run=per_run, seed_of=lambda i, n=n: seed_of(n, i),
-                console=run.console, label=f"N={n}: ", dist=run.dist,
-                **_progress(bench, records, bars, f"N={n}", progress_of))
+                console=run.console, label=f"{label}: ", dist=run.dist,
+                **_progress(bench, records, bars, label, progress_of))
             timings[str(n)] = timings.get(str(n), 0.0) * resumed + elapsed
-            per[str(n)] = {"num_docs": n, "num_records": len(records),
-                           "num_samples": num_samples, **bench.aggregate(n, rows, records),
-                           "seconds": timings[str(n)]}
+            per[str(n)] = {("slice" if isinstance(n, str) else "num_docs"): n,
+                           "num_records": len(records), "num_samples": num_samples,
+                           **bench.aggregate(n, rows, records), "seconds": timings[str(n)]}
             results["timings"]["total_s"] = time.perf_counter() - run.started
             run.write()
-    results["results"] = per = dict(sorted(per.items(), key=lambda kv: int(kv[0])))
+    results["results"] = per = dict(sorted(per.items(), key=lambda kv: slice_order(kv[0])))
     run.finish()
     if run.main:
         bench.report(run, per)
     return results
+
+
+def slice_order(key: str) -> tuple[int, int, str]:
+    """Sorts the keys of results.json's slices: lengths by N, then named sets by name."""
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+
+def slice_key(key: str) -> SliceKey:
+    """A slice's key as `Benchmark.slices` gives it, from its key in results.json."""
+    return int(key) if key.isdigit() else key
+
+
+def slice_label(key: SliceKey | str) -> str:
+    """How reports and progress name a slice: `N=8` for a length, else its name."""
+    return f"N={key}" if str(key).isdigit() else str(key)
 
 
 def _progress(bench: Benchmark, records: Sequence[Any], bars: Any, label: str,
@@ -259,10 +286,7 @@ def _progress(bench: Benchmark, records: Sequence[Any], bars: Any, label: str,
                                                              total=len(records))
 
     def add_to_rows(rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            scores = bench.score(row, by_id[row["id"]])
-            if scores is not None:
-                row["benchmark_scores"] = scores
+        bench.score(rows, by_id)
         if bar is not None:
             bars.advance(bar, len({r["id"] for r in rows}))
 
@@ -273,29 +297,30 @@ def _progress(bench: Benchmark, records: Sequence[Any], bars: Any, label: str,
 def write_leaderboard(out_dir: str | Path, model: str, agent: str,
                       per_benchmark: Mapping[str, Mapping[str, Any]]) -> Path:
     """`leaderboard.md` and `leaderboard.json` in `out_dir`: the headline score (%) of each
-    benchmark at each N and its mean over the N that ran, one row a benchmark (sorted
-    keys, no timings or dates: two models' files diff line by line)."""
+    benchmark at each slice (N, or a named set) and its mean over the slices that ran, one
+    row a benchmark (sorted keys, no timings or dates: two models' files diff line by
+    line)."""
     from memrl.eval.report import markdown_table
     from memrl.eval.resume import encode_text
     from memrl.fileio import write_atomic
 
-    lengths = sorted({int(n) for r in per_benchmark.values() for n in r["results"]})
+    lengths = sorted({n for r in per_benchmark.values() for n in r["results"]}, key=slice_order)
     board: dict[str, Any] = {"model": model, "agent": agent, "benchmarks": {}}
     rows = []
     for name in sorted(per_benchmark):
         res = per_benchmark[name]["results"]
-        scores = {str(n): res[str(n)]["score"] for n in lengths if str(n) in res}
+        scores = {n: res[n]["score"] for n in lengths if n in res}
         ran = [s for s in scores.values() if s is not None]
         mean = sum(ran) / len(ran) if ran and len(ran) == len(scores) else None
         board["benchmarks"][name] = {"metric": per_benchmark[name].get("metric"),
                                      "scores": scores, "mean": mean}
         rows.append([name, per_benchmark[name].get("metric"),
-                     *(scores.get(str(n), "") for n in lengths), mean])
-    columns = ("benchmark", "metric", *(f"N={n}" for n in lengths), "mean")
+                     *(scores.get(n, "") for n in lengths), mean])
+    columns = ("benchmark", "metric", *map(slice_label, lengths), "mean")
     out = Path(out_dir)
     write_json(out / "leaderboard.json", board)
     text = (f"# Leaderboard · {agent} · {model}\n\n" + markdown_table(columns, rows)
-            + "\nScores in %; `mean` over the N of the row (none where one did not run).\n")
+            + "\nScores in %; `mean` over the slices of the row (none where one did not run).\n")
     write_atomic(out / "leaderboard.md", encode_text(text))
     return out / "leaderboard.md"
 

@@ -46,7 +46,8 @@ judge, else a one-line error) skips the episodes already there and finishes the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from memrl.data.locomo import (
     CATEGORY_NAMES,
     MemoryEpisode,
     check_split,
+    load_episodes,
     split_by_conversation,
 )
 from memrl.distributed import Dist
@@ -241,14 +243,22 @@ def evaluate_locomo(
     (in lockstep on the HF engine, as independent coroutines on vLLM and the server pool)
     and are appended to trajectories.jsonl together. `judge` (any Generator, e.g.
     a local model or a remote server) adds the LLM-judge accuracy. Finished episodes in
-    `out_dir` are reused; `resume=True` additionally requires that there are some.
+    `out_dir` are reused; `resume=True` additionally requires that there are some. The
+    records, their scoring, the aggregate and the report are `LocomoBenchmark`'s.
     """
     categories = check_categories([int(c) for c in categories])
     check_counts(limit=limit, samples=num_samples, episodes_per_run=episodes_per_run)
     split = check_split(split)
-    task, episodes = _setup(data, config, categories, split, limit, embedder)
+    check_data(data)
+    config = config.model_copy(
+        update={"include_adversarial": ADVERSARIAL_CATEGORY in categories}
+    )
+    task = MemoryUpdateTask(config, embedder=embedder)
     judge_id = None if judge is None else (
         judge_name or getattr(judge, "name_or_path", None) or type(judge).__name__)
+    bench = LocomoBenchmark("locomo", data, limit=limit, categories=categories, split=split,
+                            judge=judge, judge_id=judge_id, task=task)
+    episodes = bench.records(split)
     run = open_run(out_dir, run_header(
         "locomo", generator, model_name, task.config,
         protocol=f"literature (judge: {judge_id})", data=str(data), split=split,
@@ -256,52 +266,104 @@ def evaluate_locomo(
         num_episodes=len(episodes), embedder=task.embedder.name, judge=judge_id,
         metric="f1_final",
     ), resume=resume, console=console, dist=dist)
-
-    def add_literature(rows: list[dict[str, Any]]) -> None:
-        scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
-        verdicts = dict(zip((id(r) for r in scored),
-                            judge_rows(judge, scored, seed) if judge else [], strict=False))
-        for r in rows:
-            r["literature"] = literature_scores(r, verdicts.get(id(r)), judge is not None)
-
     seed = task.config.seed or 0
+    by_id = {e.id: e for e in episodes}
     with progress_bars(run.console, show_progress and run.main) as progress:
-        bar = progress.add_task("LoCoMo episodes", total=len(episodes))
+        bar = progress.add_task("LoCoMo episodes", total=len(episodes) * num_samples)
         rows, elapsed, _ = run_episodes(
             task, generator, episodes, run.out / "trajectories.jsonl", num_samples=num_samples,
             per_run=episodes_per_run, seed_of=lambda i: derive_seed(seed, "locomo", i),
-            progress=lambda done: progress.advance(bar, done), add_to_rows=add_literature,
+            progress=lambda event: progress.advance(bar, event.episodes),
+            add_to_rows=lambda rows: bench.score(rows, by_id),
             console=run.console, dist=run.dist)
-    per_category = aggregate_categories(rows, categories)
-    run.results["results"] = per_category
+    results = bench.aggregate(split, rows, episodes)
+    run.results["results"] = results["categories"]
     run.results["timings"] = {"rollout_s": elapsed, "per_episode_s": elapsed / len(episodes)}
     run.finish()
     if run.main:
-        report(run, per_category, task, split, judge_id)
+        bench.report(run, {split: results})
     return run.results
 
 
-def _setup(data: str | Path, config: MemUpdateConfig, categories: Sequence[int], split: str,
-           limit: int | None, embedder: Embedder | None
-           ) -> tuple[MemoryUpdateTask, list[MemoryEpisode]]:
-    """The task and the episodes of the chosen categories and split (the first `limit`)."""
+def check_data(data: str | Path) -> Path:
+    """The `memrl prepare locomo` directory (or file), which must exist."""
     data = Path(data)
     if not data.exists():
         raise MemrlInputError("LoCoMo data not found (build it with `memrl prepare locomo`)",
                               location=str(data))
-    config = config.model_copy(
-        update={"include_adversarial": ADVERSARIAL_CATEGORY in categories}
-    )
-    task = MemoryUpdateTask(config, embedder=embedder)
-    loaded: list[MemoryEpisode] = task.load(str(data), "locomo", what="evaluation")
-    episodes = [e for e in split_by_conversation(loaded, split)
-                if e.category in categories][:limit]
-    if not episodes:
-        raise MemrlInputError(
-            f"no episodes of categories {', '.join(map(str, categories))} in split {split}",
-            location=str(data),
-        )
-    return task, episodes
+    return data
+
+
+@dataclass
+class LocomoBenchmark:
+    """LoCoMo as a `memrl.eval.benchmark.Benchmark`: one slice a conversation split
+    (`split`: all, train or held-out), the episodes of `categories` (the first `limit`),
+    each row scored as the literature scores it (`literature`: set-F1, BLEU-1 and, with a
+    `judge`, mem0's judge) and aggregated per category (`categories`; the headline `score`
+    the F1 over the final memory of categories 1-4, in %). It reads the memupdate agent's
+    rows (answers over its memory store). With `task` (the MemoryUpdateTask that runs) the
+    records are its `load` (precomputed embeddings used); without (`memrl eval agent
+    --benchmark locomo=DIR`) they are the directory's episodes. `num_docs` is not used:
+    LoCoMo has no lengths."""
+
+    name: str
+    data_dir: str | Path
+    num_docs: Sequence[int] | None = None
+    limit: int | None = None
+    categories: Sequence[int] = DEFAULT_CATEGORIES
+    split: str = "all"
+    judge: Generator | None = None
+    judge_id: str | None = None
+    judge_seed: int = 0
+    task: MemoryUpdateTask | None = None
+    metric: str = "f1_final"
+
+    def __post_init__(self) -> None:
+        check_counts(limit=self.limit)
+        self.data_dir = check_data(self.data_dir)
+        self.categories = check_categories([int(c) for c in self.categories])
+        self.split = check_split(self.split)
+        if self.task is not None:
+            self.judge_seed = self.task.config.seed or 0
+
+    def slices(self) -> list[int | str]:
+        return [self.split]
+
+    def records(self, key: int | str) -> list[MemoryEpisode]:
+        """The episodes of the split `key` and of the chosen categories (the first `limit`)."""
+        loaded = (self.task.load(str(self.data_dir), "locomo", what="evaluation")
+                  if self.task is not None else load_episodes(self.data_dir))
+        episodes = [e for e in split_by_conversation(loaded, str(key))
+                    if e.category in self.categories][:self.limit]
+        if not episodes:
+            raise MemrlInputError(
+                f"no episodes of categories {', '.join(map(str, self.categories))} in split "
+                f"{key}", location=str(self.data_dir))
+        return episodes
+
+    def score(self, rows: list[dict[str, Any]], records: Mapping[str, Any]) -> None:
+        """`literature` of each row (the judge asked once for the rows of categories 1-4)."""
+        if any("hits_final" not in r for r in rows):
+            raise MemrlInputError("the locomo benchmark scores the memupdate agent (answers "
+                                  "over its memory store); run it with --agent memupdate",
+                                  location="--benchmark")
+        scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
+        verdicts = dict(zip((id(r) for r in scored),
+                            judge_rows(self.judge, scored, self.judge_seed)
+                            if self.judge else [], strict=False))
+        for r in rows:
+            r["literature"] = literature_scores(r, verdicts.get(id(r)), self.judge is not None)
+
+    def aggregate(self, key: int | str, rows: Sequence[Mapping[str, Any]],
+                  records: Sequence[Any]) -> dict[str, Any]:
+        per_category = aggregate_categories(rows, self.categories)
+        overall = (per_category.get("all") or {}).get("f1_final")
+        return {"n": len(rows), "score": None if overall is None else 100.0 * overall,
+                "categories": per_category}
+
+    def report(self, run: EvalRun, per_slice: dict[str, Any]) -> None:
+        for key, results in per_slice.items():
+            report(run, results["categories"], str(key), self.judge_id)
 
 
 def aggregate_categories(rows: Sequence[dict[str, Any]],
@@ -318,16 +380,18 @@ def aggregate_categories(rows: Sequence[dict[str, Any]],
     return per_category
 
 
-def report(run: EvalRun, per_category: dict[str, dict[str, Any]], task: MemoryUpdateTask,
-           split: str, judge_id: str | None) -> None:
-    """results.md and the console tables: ours, the literature's, memory per session."""
-    config = task.config
-    source = ("the llm answerer's answer" if config.answerer == "llm"
+def report(run: EvalRun, per_category: dict[str, dict[str, Any]], split: str,
+           judge_id: str | None) -> None:
+    """results.md and the console tables: ours, the literature's, memory per session (the
+    answerer and embedder as the run's header has them)."""
+    config = run.results["config"]
+    embedder = run.results.get("embedder") or config["embedder"]
+    source = ("the llm answerer's answer" if config["answerer"] == "llm"
               else "the top retrieved memory (retrieval answerer: a proxy, not comparable "
               "with published numbers)")
     note = (
-        f"\nAnswerer `{config.answerer}` over the top {config.top_k} memories "
-        f"({task.embedder.name}); scores and recall in %, edits and growth per episode. "
+        f"\nAnswerer `{config['answerer']}` over the top {config['top_k']} memories "
+        f"({embedder}); scores and recall in %, edits and growth per episode. "
         f"Split `{split}`. set-F1 (mem0's token-set F1), BLEU-1 and judge (mem0's judge "
         f"prompt, {judge_id or 'no judge given'}) score {source} against the first gold "
         "answer; category 5 is not scored. See docs/protocols.md.\n"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -101,15 +102,8 @@ def plot_scores(
 
     `labels` annotate each x point (e.g. "N=50").
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    try:
+    with saved_figure(path, figsize=(6.4, 4.2), dpi=120) as (_, axes):
+        ax = axes[0][0]
         for name, ys in series.items():
             ax.plot(list(x), list(ys), marker="o", label=name)
         if logx and all(v > 0 for v in x):
@@ -128,11 +122,29 @@ def plot_scores(
             ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    return Path(path)
+
+
+@contextmanager
+def saved_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int,
+                 columns: int = 1) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure of `columns` side-by-side axes (headless Agg backend), yielded as
+    (figure, axes[0][i]); laid out and saved as the PNG `path` (its folder made) when the
+    block ends, and closed however it ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, columns, figsize=figsize, squeeze=False)
+    try:
+        yield fig, axes
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)
-    return path
 
 
 def plot_panels(
@@ -144,15 +156,8 @@ def plot_panels(
     """Side-by-side line plots (PNG, headless Agg backend). Each panel is a mapping with
     `series` ({name: (xs, ys)}; a None y is a gap), `xlabel`, `ylabel` and optionally
     `title` and `ylim`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.0), squeeze=False)
-    try:
+    with saved_figure(path, figsize=(4.6 * len(panels), 4.0), dpi=110,
+                      columns=len(panels)) as (fig, axes):
         for ax, panel in zip(axes[0], panels, strict=True):
             for name, (xs, ys) in panel["series"].items():
                 y = [math.nan if v is None else v for v in ys]
@@ -169,11 +174,7 @@ def plot_panels(
                 ax.legend(fontsize=8)
         if title:
             fig.suptitle(title, fontsize=11)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
-    return path
+    return Path(path)
 
 
 def run_header(

@@ -174,8 +174,8 @@ class MemAgentRulerHQA(RulerFormat):
     protocol: str = PROTOCOLS[0]
     memory: dict[str, Any] = field(default_factory=dict)
 
-    def score(self, row: Mapping[str, Any], record: Any) -> dict[str, float] | None:
-        return None
+    def score(self, rows: list[dict[str, Any]], records: Mapping[str, Any]) -> None:
+        """Nothing added: the protocol scores the task's own answers (`aggregate`)."""
 
     def aggregate(self, key: int, rows: Sequence[Mapping[str, Any]],
                   records: Sequence[Any]) -> dict[str, Any]:

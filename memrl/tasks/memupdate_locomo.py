@@ -40,10 +40,11 @@ from memrl.data.locomo import (
 )
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generator, Sampler
+from memrl.inference.schedule import ProgressEvent
 from memrl.memory.embedder import Embedder
 from memrl.memory.store import MemoryBackend, MemoryStore
 from memrl.rewards.locomo_metrics import compression_reward
-from memrl.tasks.base import RolloutSpec, Sampling, Task
+from memrl.tasks.base import RolloutSpec, Sampling, Task, report
 from memrl.rewards.memory_delta import (
     efficiency_factor,
     error_rate,
@@ -310,21 +311,22 @@ class MemoryUpdateTask(Task):
         """The tool agent's episodes, each in a trial namespace forked from its episode's
         base namespace (made here when missing); `score_all` releases the trials."""
         self.ensure_bases(records)
+        report(spec, ProgressEvent("start", episodes=len(records) * spec.num_samples))
         agent = MemoryUpdateAgent(engine, self.store, self.config)
         return agent.run(records, spec.num_samples, keep_token_ids=spec.keep_token_ids,
                          mode=spec.mode, sampler=sampler)
 
     def score_all(self, engine: Generator, trajectories: Sequence[Trajectory],
                   records: Mapping[str, MemoryEpisode], spec: RolloutSpec) -> list[Trajectory]:
-        """Scored trajectories (their trials released); `spec.progress` is called with the
-        number of episodes finished."""
+        """Scored trajectories (their trials released); a "final" ProgressEvent for each
+        once the batch is scored."""
         try:
             scored = self._score(trajectories, list(records.values()), engine, spec.seed)
         finally:
             for t in trajectories:
                 self.store.release(t.details.namespace, missing_ok=True)
-        if spec.progress is not None:
-            spec.progress(len(records))
+        for t in scored:
+            report(spec, ProgressEvent("final", episodes=1, turn=t.turns[-1] if t.turns else None))
         return scored
 
     def _initial_scores(

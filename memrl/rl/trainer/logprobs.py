@@ -43,29 +43,13 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     return decoder, head
 
 
-def response_logprobs(
-    model: Any,
-    tensors: dict[str, Tensor],
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-    device: torch.device | None = None,
-    remove_padding: bool = False,
-) -> tuple[Tensor, Tensor | None]:
+def response_logprobs(model: Any, tensors: dict[str, Tensor],
+                      **options: Any) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of the response tokens of a collated batch, as (B, L)
-    float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere).
-
-    Logits are computed at response positions only. ``temperature`` is the sampling
-    temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
-    forward runs (None: the device of the model's parameters). ``remove_padding``: the
-    forward pass runs on the conversations packed into one row
-    (`memrl.rl.trainer.packing`); the result
-    has the same layout.
-    """
-    logprobs, entropy, _ = response_pass(
-        model, tensors, temperature=temperature, with_entropy=with_entropy,
-        entropy_grad=entropy_grad, device=device, remove_padding=remove_padding)
+    float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere): `response_pass`
+    without a value head, `options` its keywords (temperature, with_entropy, entropy_grad,
+    device, remove_padding)."""
+    logprobs, entropy, _ = response_pass(model, tensors, **options)
     return logprobs, entropy
 
 
@@ -80,10 +64,19 @@ def response_pass(
     remove_padding: bool = False,
     value_head: torch.nn.Module | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """`response_logprobs`, and with `value_head` (a value head on the policy) the values
-    it reads from the same final hidden states at the same positions, V(s_t) at every
-    response token (B, L) float32, 0 elsewhere; else None. Needs a model whose logits are a
-    plain projection of its last hidden state (`policy_hidden_states_error`)."""
+    """Log-probs (and entropies) of the response tokens of a collated batch, as (B, L)
+    float32 tensors aligned with ``tensors["response_mask"]`` (0 elsewhere).
+
+    Logits are computed at response positions only. ``temperature`` is the sampling
+    temperature of the rollout (log-probs of softmax(logits / T)). ``device``: where the
+    forward runs (None: the device of the model's parameters). ``remove_padding``: the
+    forward pass runs on the conversations packed into one row
+    (`memrl.rl.trainer.packing`); the result has the same layout.
+
+    With `value_head` (a value head on the policy) the third tensor is the values it reads
+    from the same final hidden states at the same positions, V(s_t) at every response token
+    (B, L) float32, 0 elsewhere; else None. Needs a model whose logits are a plain
+    projection of its last hidden state (`policy_hidden_states_error`)."""
     device = device or next(model.parameters()).device
     mask = tensors["response_mask"].to(device, non_blocking=True)
     varlen = remove_padding and uses_varlen(model)
