@@ -51,3 +51,71 @@ def test_memrl_eval_ruler_hqa_reads_the_benchmark(tiny_model_dir, tmp_path, caps
     assert main(["eval", "long-context", "--model", str(tiny_model_dir), "--data", str(data),
                  "--num-docs", "1", "--out", str(base), "--max-new-tokens", "4"]) == 0
     assert json.loads((base / "results.json").read_text())["results"]["1"]["n"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The state an overwrite memory should hold (memrl.data.state_tracking.state_facts) and the
+# warm start's oracle that writes it.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import json  # noqa: E402
+
+from memrl.data.state_tracking import SPLITS, state_facts, state_items  # noqa: E402
+
+TRACKED_TASKS = ("where-now", "who-has", "counting", "knowledge-update")
+
+
+def test_state_facts_by_hand():
+    text = ("Mary went to the kitchen. Filler about Lisbon. John moved to the garden. "
+            "Mary journeyed to the cellar. John picked up the apple. Mary lives in Oslo. "
+            "Mary has since moved to Vienna. John gave the apple to")  # cut mid-sentence
+    assert state_facts("Where is Mary?", text) == ["Mary journeyed to the cellar."]
+    assert state_facts("Where is Mary?", text[:30]) == ["Mary went to the kitchen."]
+    assert state_facts("Where is Sandra?", text) == []  # nothing about her yet
+    assert state_facts("Who has the apple now?", text) == ["John picked up the apple."]
+    assert state_facts("Where does Mary live now?", text) == ["Mary has since moved to Vienna."]
+    assert state_facts("How many times did Mary go to the kitchen?", text) == [
+        "Mary went to the kitchen."]
+    assert state_facts("How many objects is John carrying now?", text) == [
+        "John picked up the apple."]
+    # a trail (where-before) and any other question are no tracked state
+    assert state_facts("Where was the apple before the garden?", text) is None
+    assert state_facts("Which country was the author of Hamlet born in?", text) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(task=st.sampled_from(TRACKED_TASKS), index=st.integers(0, 5000),
+       split=st.sampled_from(SPLITS), n=st.integers(1, 12), cut=st.floats(0, 1))
+def test_state_facts_rederive_the_gold_facts_and_every_earlier_state(task, index, split, n, cut):
+    item = state_items(task, 1, n, split=split, start=index)[0]
+    assert state_facts(item["input"], item["context"]) == item["facts"]
+    if task == "where-now":  # on any prefix: the asked person's latest move read so far
+        person = item["facts"][0].split()[0]
+        end = int(cut * len(item["context"]))
+        read = [e for e, p in zip(item["events"], item["event_positions"], strict=True)
+                if p + len(e) <= end and e.startswith(person + " ")]
+        assert state_facts(item["input"], item["context"][:end]) == read[-1:]
+
+
+def test_the_oracle_overwrites_the_memory_on_where_now(tiny_tokenizer, tmp_path):
+    from memrl.agents.memagent import MemAgentConfig
+    from memrl.agents.oracle import OracleGenerator
+    from memrl.data.ruler_hqa import load_ruler_hqa
+    from memrl.tasks.memagent_qa import MemAgentQATask
+
+    config = MemAgentConfig(chunk_size=64, max_memory_tokens=64, max_final_tokens=24,
+                            temperature=0)
+    items = state_items("where-now", 12, 3, split="train")
+    (tmp_path / "train.json").write_text(json.dumps(items))
+    records = load_ruler_hqa(tmp_path / "train.json")
+    assert len({r.question for r in records}) < len(records)  # questions repeat
+    trajs = MemAgentQATask(config).rollout(OracleGenerator(tiny_tokenizer, records, config),
+                                           records, num_samples=1, seed=0)
+    overwritten = 0
+    for t, item in zip(trajs, items, strict=True):
+        assert t.reward == 1.0 and t.details.memories[-1] == item["facts"][0]
+        overwritten += any(f"the {old}." in m for m in t.details.memories
+                           for old in item["superseded"])
+    assert overwritten >= 6  # most episodes first hold a place that a later move replaces
