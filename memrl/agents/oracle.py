@@ -12,6 +12,11 @@ each prompt, finds its record by the question, and answers
     final answer:   \\boxed{first gold answer} ("Therefore, the answer is <first gold
                     answer>." where the prompts ask for that: `answer_format` answer_is)
 
+State tracking (`memrl prepare where-now|who-has|counting|knowledge-update`): the memory
+is the asked state as the text read so far sets it (`memrl.data.state_tracking.state_facts`:
+for "Where is John?" John's latest move so far), so a later move overwrites an earlier one;
+a where-before question keeps the facts as above.
+
 Corrections (`MemAgentConfig.oracle_corrections`, a share of the episodes, chosen by a hash
 of the record id): in a chosen episode the oracle also makes one mistake, at the chunk that
 completes the record's hard distractor (`hard_distractor`: the sentence outside the needed
@@ -43,6 +48,7 @@ from typing import Any
 from memrl.agents.memagent import MemAgent, MemAgentConfig, MemAgentDetails, MemAgentTurn
 from memrl.agents.prompts import MemAgentPrompts
 from memrl.data.records import QARecord, supporting_facts
+from memrl.data.state_tracking.solver import state_facts
 from memrl.errors import MemrlInputError
 from memrl.inference.base import Generation, SamplingParams, request_params
 from memrl.trajectory import Trajectory, Turn
@@ -114,7 +120,7 @@ class OracleGenerator:
         prompts: MemAgentPrompts = self.agent.prompts
         self._update = _template_pattern(prompts.update_template)
         self._final = _template_pattern(prompts.final_template)
-        self._records: dict[str, QARecord] = {}
+        self._records: dict[str, list[QARecord]] = {}
         for r in records:
             if not needed_facts(r):
                 raise MemrlInputError(
@@ -123,7 +129,7 @@ class OracleGenerator:
                     "trajectories file)",
                     location=r.id,
                 )
-            self._records.setdefault(r.question.strip(), r)
+            self._records.setdefault(r.question.strip(), []).append(r)
         self._chunks: dict[str, list[str]] = {}
         self._share = config.oracle_corrections
         self._distractors: dict[str, str | None] = {}
@@ -135,15 +141,12 @@ class OracleGenerator:
         final = self._final.search(prompt_text)
         update = self._update.search(prompt_text)
         if update is not None:
-            record = self._record(update["prompt"])
-            chunks = self._chunks.setdefault(record.id, self.agent.chunk(record).texts)
             chunk = update["chunk"]
-            if chunk not in chunks:
-                raise ValueError(f"the oracle got a chunk of {record.id} it did not cut")
+            record, chunks = self._record_with(update["prompt"], chunk)
             index = chunks.index(chunk)
             read = "".join(chunks[: index + 1])
             facts = needed_facts(record)
-            memory = oracle_memory(facts, read, self.agent.prompts.no_memory)
+            memory = self._memory(record, facts, read)
             if corrected(record.id, self._share):
                 if record.id not in self._distractors:  # one scan of the context per record
                     self._distractors[record.id] = hard_distractor(record, facts)
@@ -154,11 +157,19 @@ class OracleGenerator:
                         f"{memory} {wrong}")
             return memory
         if final is not None:
-            gold = self._record(final["prompt"]).answers[0]
+            gold = self._final_record(final["prompt"], final.groupdict().get("memory") or "").answers[0]
             if self.agent.prompts.answer_format == "answer_is":
                 return f"Therefore, the answer is {gold}."
             return f"\\boxed{{{gold}}}"
         raise ValueError("the oracle got a prompt that is neither a memory update nor final")
+
+    def _memory(self, record: QARecord, facts: Sequence[str], read: str) -> str:
+        """The right memory after reading `read`: the tracked state for a state-tracking
+        question, else the needed facts seen so far."""
+        state = state_facts(record.question, read)
+        if state is None:
+            return oracle_memory(facts, read, self.agent.prompts.no_memory)
+        return " ".join(state) or self.agent.prompts.no_memory
 
     def without_mistakes(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
         """The trajectories without the memory updates this oracle answered with a mistake
@@ -171,11 +182,33 @@ class OracleGenerator:
             out.append(t if len(turns) == len(t.turns) else dataclasses.replace(t, turns=turns))
         return out
 
-    def _record(self, question: str) -> QARecord:
+    def _candidates(self, question: str) -> list[QARecord]:
         try:
             return self._records[question.strip()]
         except KeyError:
             raise ValueError(f"the oracle knows no record with question {question!r}") from None
+
+    def _cut(self, record: QARecord) -> list[str]:
+        return self._chunks.setdefault(record.id, self.agent.chunk(record).texts)
+
+    def _record_with(self, question: str, chunk: str) -> tuple[QARecord, list[str]]:
+        """The record asking `question` that was cut into `chunk` (records may share a
+        question: "Where is John?"), and its chunks."""
+        for record in self._candidates(question):
+            if chunk in (chunks := self._cut(record)):
+                return record, chunks
+        raise ValueError(f"the oracle got a chunk of {question!r} it did not cut")
+
+    def _final_record(self, question: str, memory: str) -> QARecord:
+        """The record asking `question` whose right final memory is `memory` (the first of
+        them, or of all that ask it when none is)."""
+        candidates = self._candidates(question)
+        if len(candidates) > 1:
+            for record in candidates:
+                read = "".join(self._cut(record))
+                if self._memory(record, needed_facts(record), read) == memory.strip():
+                    return record
+        return candidates[0]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]

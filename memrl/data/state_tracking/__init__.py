@@ -36,6 +36,7 @@ from memrl.data.state_tracking.language import (
     all_names,
     count_answers,
 )
+from memrl.data.state_tracking.solver import TRACKED, parse_events, parse_question, state_facts
 from memrl.data.state_tracking.stories import TASKS, Event, Story, make_story
 
 __all__ = [
@@ -55,15 +56,19 @@ __all__ = [
     "StateFiles",
     "Story",
     "TASKS",
+    "TRACKED",
     "VALIDATION_START",
     "WRITE_SPLITS",
     "all_names",
     "biography_filler",
     "count_answers",
     "make_story",
+    "parse_events",
+    "parse_question",
     "pack_blocks",
     "place_story",
     "read_haystack",
+    "state_facts",
     "state_item",
     "state_items",
     "write_state_tracking",
