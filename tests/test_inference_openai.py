@@ -100,6 +100,9 @@ def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys
     assert "error: --engine bogus: choose one of hf, vllm, openai" in capsys.readouterr().err
     assert cli_main([*base, "--engine", "openai"]) == 2
     assert "needs at least one --base-url" in capsys.readouterr().err
+    assert cli_main([*base, "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: --base-url: servers are read by --engine openai" in err
 
 
 # One xdist worker runs every test of the module's server (scripts/test.sh: --dist loadgroup).

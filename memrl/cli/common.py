@@ -72,6 +72,9 @@ def load_engine(
 
     if engine not in ENGINES:
         raise MemrlInputError(f"choose one of {', '.join(ENGINES)}", location=f"--engine {engine}")
+    if base_urls and engine != "openai":  # (it was ignored: the model ran on `engine`)
+        raise MemrlInputError(f"servers are read by --engine openai, not {engine}: add "
+                              "--engine openai, or drop --base-url", location="--base-url")
     if engine == "openai":
         from memrl.inference.config import OpenAIConfig
 
