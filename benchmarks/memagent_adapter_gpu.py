@@ -121,8 +121,10 @@ def report(plan, res: Path, ranks: list[int], tolerance: float) -> dict:
               "tolerance_points": tolerance, "smallest_rank_within": min(within, default=None)}
     keys = list(full)
     lines = ["| model | size | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    row_sizes = {"warm_start": "-", **{f"adapter_r{r}": f"{b / 2**20:.1f} MiB"
+                                       for r, b in sizes.items()}}
     for row, scores in table.items():
-        size = "-" if row == "warm_start" else f"{sizes[int(row[9:])] / 2**20:.1f} MiB"
+        size = row_sizes[row]
         cells = ["-" if scores[k] is None else f"{scores[k]:.1f}" for k in keys]
         lines.append(f"| {row} | {size} | " + " | ".join(cells) + " |")
     (res / "adapter_report.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -8,9 +8,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-benchmarks/results/scaling}"
 shape="${2:-0.5b}"
-# the GPUs this process may use: CUDA_VISIBLE_DEVICES when set (a host shared with other runs)
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then n=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
-else n=$(nvidia-smi -L | grep -c '^GPU '); fi
+n=$(bash scripts/visible_gpus.sh)  # CUDA_VISIBLE_DEVICES's, else the host's
 mkdir -p "$out"
 launch() {  # N SCRIPT ARGS...
   local k=$1; shift

@@ -11,9 +11,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${1:-runs/multi_gpu_check}"
-# the GPUs this process may use: CUDA_VISIBLE_DEVICES when set (a host shared with other runs)
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then n=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
-else n=$(nvidia-smi -L | grep -c '^GPU '); fi
+n=$(bash scripts/visible_gpus.sh)  # CUDA_VISIBLE_DEVICES's, else the host's
 [ "$n" -ge 2 ] || { echo "needs 2 GPUs or more; this host has $n"; exit 1; }
 half=$(( n / 2 ))
 mkdir -p "$out"

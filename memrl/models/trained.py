@@ -71,7 +71,8 @@ def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path
 
     check_dtype(dtype)
     file = Path(adapter_file)
-    if sha256 is not None and (digest := sha256_file(file)) != sha256:
+    digest = sha256_file(file)
+    if sha256 is not None and digest != sha256:
         raise MemrlInputError(f"is not the adapter memrl shipped (sha256 {digest}, expected "
                               f"{sha256}): reinstall memrl", location=str(file))
     tensors, metadata = load_adapter(file)
@@ -88,7 +89,7 @@ def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path
     if end_of_turn:
         ids = {loaded.tokenizer.convert_tokens_to_ids(t) for t in end_of_turn}
         model.generation_config.eos_token_id = sorted(ids | {loaded.tokenizer.eos_token_id})
-    text = adapted_card(loaded, file, metadata, dtype, card)
+    text = adapted_card(loaded, file, digest, metadata, dtype, card)
     out = save_model_dir(model, loaded.tokenizer, out_dir, text)
     if settings is not None:
         from memrl.fileio import write_text_atomic
@@ -98,12 +99,11 @@ def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path
     return out
 
 
-def adapted_card(loaded: Any, adapter_file: Path, metadata: dict[str, str], dtype: str,
-                 body: str) -> str:
+def adapted_card(loaded: Any, adapter_file: Path, digest: str, metadata: dict[str, str],
+                 dtype: str, body: str) -> str:
     """README.md of a model written by `write_adapted_model`: the base's provenance, the
-    adapter's, then `body` (training and scores)."""
+    adapter's (`digest`: its file's sha256), then `body` (training and scores)."""
     from memrl import __version__
-    from memrl.models.pretrained import sha256_file
 
     source = loaded.source
     params = sum(p.numel() for p in loaded.model.parameters())
@@ -120,7 +120,7 @@ tags:
 Written by `memrl init-model` (memrl {__version__}): {source.title} de-quantized from the
 {source.quantization} GGUF of the PyPI package `{source.distribution}` {source.version}
 (sha256 `{source.sha256}`), rounded to {metadata.get("memrl.base_dtype", "bfloat16")}, plus
-memrl's adapter `{adapter_file.name}` (sha256 `{sha256_file(adapter_file)}`, rank
+memrl's adapter `{adapter_file.name}` (sha256 `{digest}`, rank
 {metadata.get("memrl.rank", "?")}: the trained weights' difference from that base, every
 matrix kept to that rank by a truncated SVD), stored in {dtype}; {params:,} parameters.
 
