@@ -217,6 +217,45 @@ def load_config(model: type[T], path: str | Path | None, overrides: list[str] = 
     return validate_config(model, data, source=source)
 
 
+def split_config_args(args: list[str] | tuple[str, ...] | None) -> tuple[Path | None, list[str]]:
+    """A command's positional arguments, `[CONFIG] [key.path=value ...]`, as (the config file
+    or None, the overrides): the first argument is the config file when it has no `=`; every
+    other one must be an override (one-line error naming it otherwise)."""
+    items = list(args or [])
+    config = None
+    if items and "=" not in items[0]:
+        config = Path(items.pop(0))
+    for item in items:
+        if "=" not in item:
+            raise MemrlInputError(
+                f"{item!r} is not of the form key.path=value (a config file comes first, once)")
+    return config, items
+
+
+def load_command_config(model: type[T], args: list[str] | tuple[str, ...] | None, *,
+                        base: dict[str, Any] | None = None) -> T:
+    """`[CONFIG] [key.path=value ...]` of a command as a validated `model`: the file when
+    given (`base`, settings the command's own options fill in, is applied under it), then
+    the overrides; an unknown key or a bad value is a one-line error naming it."""
+    config, overrides = split_config_args(args)
+    if config is None:
+        return load_config(model, None, overrides, base=base or {})
+    data = apply_overrides(_deep_merge(base or {}, load_yaml(config)), overrides)
+    source = str(config) + (" + overrides" if overrides else "")
+    return validate_config(model, data, source=source)
+
+
+def _deep_merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `under`, section by section (a copy)."""
+    out = copy.deepcopy(under)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def config_to_yaml(config: BaseModel) -> str:
     """Serialise a config so that load_config() reads back the same values."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -107,3 +107,37 @@ def test_old_key_names_are_unknown_keys():
 
     with pytest.raises(MemrlInputError, match=r"rl\.rollout_n: unknown key"):
         load_config(TrainConfig, None, ["model.path=m", "data.train_file=d", "rl.rollout_n=4"])
+
+
+def test_split_config_args_config_first_then_overrides():
+    from memrl.config import split_config_args
+
+    assert split_config_args(None) == (None, [])
+    assert split_config_args(["a.b=1", "c=x"]) == (None, ["a.b=1", "c=x"])
+    cfg, overrides = split_config_args(["run.yaml", "a.b=1"])
+    assert str(cfg) == "run.yaml" and overrides == ["a.b=1"]
+    with pytest.raises(MemrlInputError, match="'other.yaml' is not of the form key.path=value"):
+        split_config_args(["run.yaml", "other.yaml"])
+
+
+def test_load_command_config_base_under_file_under_overrides(tmp_path):
+    from pydantic import Field
+
+    from memrl.config import StrictModel, load_command_config
+
+    class Inner(StrictModel):
+        x: int = 1
+        y: int = 2
+
+    class Cmd(StrictModel):
+        inner: Inner = Inner()
+        name: str = Field("a")
+
+    assert load_command_config(Cmd, ["inner.x=5"]).inner.x == 5
+    assert load_command_config(Cmd, [], base={"name": "b"}).name == "b"
+    f = tmp_path / "c.yaml"
+    f.write_text("inner: {y: 7}\n")
+    got = load_command_config(Cmd, [str(f), "name=z"], base={"inner": {"x": 3}, "name": "b"})
+    assert (got.inner.x, got.inner.y, got.name) == (3, 7, "z")
+    with pytest.raises(MemrlInputError, match="inner.z: unknown key"):
+        load_command_config(Cmd, ["inner.z=1"])
