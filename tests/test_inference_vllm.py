@@ -385,3 +385,18 @@ def test_sync_merges_lora_adapters(engine, tiny_model_dir, prompts):
     assert max_logprob_gap(lora, prompts, gens, 0) < ATOL
     with lora.disable_adapter():  # the base weights alone would not give these log-probs
         assert max_logprob_gap(lora, prompts, gens, 0) > 1e-2
+
+
+def test_load_hint_names_what_to_try():
+    """The failure seen with five engines started at once on one H200 (2026-11-28): its hint
+    names the measurement, not the model runner."""
+    from memrl.inference.vllm import load_hint
+
+    no_cache = ValueError("No available memory for the cache blocks. Try increasing "
+                          "`gpu_memory_utilization` when initializing the engine.")
+    for v2 in (True, False):
+        assert "one after another" in load_hint(no_cache, v2)
+        assert "kv_cache_memory_bytes" in load_hint(no_cache, v2)
+    other = OSError("config.json not found")
+    assert "model_runner=v1" in load_hint(other, True)
+    assert load_hint(other, False) == ""

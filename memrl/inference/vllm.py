@@ -74,6 +74,23 @@ CPU_KV_CACHE_BYTES = 1 << 30
 """KV cache of the engine on CPU when `kv_cache_memory_bytes` is not set (1 GiB)."""
 
 
+
+NO_CACHE_MEMORY = "No available memory for the cache blocks"
+"""vLLM's words when the memory it measured leaves nothing for the KV cache."""
+
+
+def load_hint(exc: BaseException, v2: bool) -> str:
+    """What to try after vLLM failed to load (appended to its first line): with no memory
+    left for the KV cache, that memory other processes took on the GPU while vLLM measured
+    counts against its share (seen with several engines started at once on one GPU); else,
+    on the v2 model runner, the older runner."""
+    if NO_CACHE_MEMORY in str(exc):
+        return ("; memory other processes take on the GPU while vLLM measures it counts "
+                "against rollout.vllm.gpu_memory_utilization: start engines that share a GPU "
+                "one after another, raise it, or give rollout.vllm.kv_cache_memory_bytes")
+    return "; rollout.vllm.model_runner=v1 runs vLLM's older model runner" if v2 else ""
+
+
 class VLLMEngine:
     """Batched sampling with an in-process vLLM engine whose weights follow the policy."""
 
@@ -122,10 +139,8 @@ class VLLMEngine:
             with _launcher_environment(kwargs):
                 self.llm = vllm.LLM(**kwargs)
         except (OSError, ValueError) as exc:
-            hint = "; rollout.vllm.model_runner=v1 runs vLLM's older model runner" if v2 else ""
-            raise MemrlInputError(
-                f"vLLM cannot load it: {_first_line(exc)}{hint}", location=self.name_or_path
-            ) from None
+            raise MemrlInputError(f"vLLM cannot load it: {_first_line(exc)}{load_hint(exc, v2)}",
+                                  location=self.name_or_path) from None
         except Exception as exc:
             if not v2:
                 raise
