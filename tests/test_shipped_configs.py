@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from memrl.config import load_config
+from memrl.config import load_config, load_yaml
 from memrl.recipes.config import TrainConfig
+from memrl.recipes.evaluate import EvalConfig
 from memrl.recipes.sft_config import SFTConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -14,11 +15,13 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_config_validates(path):
-    """`*_sft.yaml` configs are `memrl sft` configs; the others `memrl train` configs. None
-    raises a warning."""
+    """`*_sft.yaml` configs are `memrl sft` configs, those with an `eval` section `memrl eval`
+    configs, the others `memrl train` configs. None raises a warning."""
+    kind = SFTConfig if path.stem.endswith("_sft") else (
+        EvalConfig if "eval" in load_yaml(path) else TrainConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(SFTConfig if path.stem.endswith("_sft") else TrainConfig, path)
+        load_config(kind, path)
 
 
 def test_memagent_example_mirrors_published_hyperparameters():
