@@ -302,11 +302,16 @@ def test_malformed_structure_names_file_and_json_path(edit, location, message):
     assert info.value.location == location
 
 
-@pytest.mark.parametrize("data", [{}, [], "x"])
-def test_top_level_must_be_a_non_empty_list(data):
+@pytest.mark.parametrize("data, message", [
+    ({}, "expected a JSON list of conversations, got an object"),
+    ([], "file has no conversations (empty list)"),
+    ("x", "expected a JSON list of conversations, got a string"),
+])
+def test_top_level_must_be_a_non_empty_list(data, message):
     with pytest.raises(MemrlInputError) as info:
         build(data)
     assert info.value.location == "tiny.json"
+    assert str(info.value).endswith(message)
 
 
 def _json_values():

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from memrl.data.io import (
     check_unique_ids,
     clean_answers,
+    expect_list,
     expect_object,
     first_jsonl_value,
     get_field,
@@ -143,12 +144,7 @@ def load_official_hotpotqa(path: str | Path) -> list[QARecord]:
 
 
 def _official_from_value(data: Any, path: Path) -> list[QARecord]:
-    if not isinstance(data, list):
-        raise MemrlInputError(
-            f"expected a JSON list of HotpotQA questions, got {type_name(data)}", location=str(path)
-        )
-    if not data:
-        raise MemrlInputError("file has no questions (empty list)", location=str(path))
+    expect_list(data, str(path), "questions", "HotpotQA questions")
     locations = [f"{path} item {i}" for i in range(len(data))]
     records = [official_record(item, loc) for item, loc in zip(data, locations)]
     return check_unique_ids(records, locations)

@@ -112,6 +112,17 @@ def first_jsonl_value(path: str | Path) -> Any:
 # field access with located errors
 
 
+def expect_list(value: Any, location: str, items: str, kind: str = "") -> list[Any]:
+    """Check that a file's parsed JSON is a non-empty list of `items` (`kind`, when given,
+    names them in full in the first error: "HotpotQA questions")."""
+    if not isinstance(value, list):
+        raise MemrlInputError(f"expected a JSON list of {kind or items}, got {type_name(value)}",
+                              location=location)
+    if not value:
+        raise MemrlInputError(f"file has no {items} (empty list)", location=location)
+    return value
+
+
 def expect_object(value: Any, location: str, what: str = "record") -> Mapping[str, Any]:
     """Check that a parsed value is a JSON object."""
     if not isinstance(value, dict):

@@ -243,6 +243,20 @@ def gguf_tensor_types(path: Path) -> Counter[str]:
     return Counter(t.tensor_type.name for t in GGUFReader(str(path)).tensors)
 
 
+def card_front_matter(source: GGUFSource, tag: str) -> str:
+    """The YAML front matter of every model card memrl writes from `source`: its licence, base
+    model and library, tagged memrl and `tag`."""
+    return f"""---
+license: {source.license.lower()}
+base_model: {source.upstream}
+library_name: transformers
+tags:
+- memrl
+- {tag}
+---
+"""
+
+
 def model_card(source: GGUFSource, gguf_path: Path, model, tokenizer, dtype: str) -> str:
     """README.md of a converted model: provenance, licence, what the weights are."""
     import transformers
@@ -252,15 +266,7 @@ def model_card(source: GGUFSource, gguf_path: Path, model, tokenizer, dtype: str
     types = ", ".join(f"{n} {t}" for t, n in gguf_tensor_types(gguf_path).most_common())
     params = sum(p.numel() for p in model.parameters())
     cfg = model.config
-    return f"""---
-license: {source.license.lower()}
-base_model: {source.upstream}
-library_name: transformers
-tags:
-- memrl
-- de-quantized
----
-# {source.title}, de-quantized from {source.quantization}
+    return card_front_matter(source, "de-quantized") + f"""# {source.title}, de-quantized from {source.quantization}
 
 Written by `memrl init-model` (memrl {__version__}, transformers {transformers.__version__}).
 

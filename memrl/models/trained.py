@@ -104,18 +104,11 @@ def adapted_card(loaded: Any, adapter_file: Path, digest: str, metadata: dict[st
     """README.md of a model written by `write_adapted_model`: the base's provenance, the
     adapter's (`digest`: its file's sha256), then `body` (training and scores)."""
     from memrl import __version__
+    from memrl.models.pretrained import card_front_matter
 
     source = loaded.source
     params = sum(p.numel() for p in loaded.model.parameters())
-    return f"""---
-license: {source.license.lower()}
-base_model: {source.upstream}
-library_name: transformers
-tags:
-- memrl
-- memory-agent
----
-# {metadata.get("memrl.title", adapter_file.stem)}
+    return card_front_matter(source, "memory-agent") + f"""# {metadata.get("memrl.title", adapter_file.stem)}
 
 Written by `memrl init-model` (memrl {__version__}): {source.title} de-quantized from the
 {source.quantization} GGUF of the PyPI package `{source.distribution}` {source.version}

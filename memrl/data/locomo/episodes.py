@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memrl.data.io import (
     check_unique_ids,
+    expect_list,
     expect_object,
     get_field,
     get_id,
@@ -396,12 +397,7 @@ def build_locomo_episodes(data: Any, *, source_path: str | Path
     `source_path` only names the file in error messages and skip notes.
     """
     where = _Where(str(source_path))
-    if not isinstance(data, list):
-        raise MemrlInputError(f"expected a JSON list of conversations, got {type_name(data)}",
-                              location=str(source_path))
-    if not data:
-        raise MemrlInputError("file has no conversations (empty list)",
-                              location=str(source_path))
+    expect_list(data, str(source_path), "conversations")
     episodes: list[MemoryEpisode] = []
     locations: list[str] = []
     skipped: list[SkipNote] = []

@@ -15,6 +15,7 @@ from typing import Any
 from memrl.data.io import (
     check_unique_ids,
     clean_answers,
+    expect_list,
     expect_object,
     get_field,
     get_id,
@@ -132,12 +133,7 @@ def load_ruler_hqa(path: str | Path, *, pool: PoolSource | None = None,
     if path.suffix.lower() == ".jsonl":
         items = [(f"{path}:{lineno}", value) for lineno, value in iter_jsonl(path)]
     else:
-        data = read_json(path)
-        if not isinstance(data, list):
-            raise MemrlInputError(f"expected a JSON list of RULER-HQA items, got {type_name(data)}",
-                                  location=str(path))
-        if not data:
-            raise MemrlInputError("file has no items (empty list)", location=str(path))
+        data = expect_list(read_json(path), str(path), "items", "RULER-HQA items")
         items = [(f"{path} item {i}", value) for i, value in enumerate(data)]
     source = _as_pool(pool)
     records = []

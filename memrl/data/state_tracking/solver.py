@@ -25,7 +25,7 @@ from memrl.data.state_tracking.language import (
     PLACES,
     QUESTION_FORMS,
 )
-from memrl.data.state_tracking.stories import Event, _World
+from memrl.data.state_tracking.stories import Event, World
 
 TRACKED = ("where-now", "who-has", "count-visits", "count-held", "city", "job")
 """Question kinds whose answer is a state the solver tracks (where-before is a trail)."""
@@ -93,14 +93,14 @@ def state_facts(question: str, text: str) -> list[str] | None:
         return None
     kind, slots = parsed
     events = parse_events(text)
-    world = _World()
+    world = World()
     for i, e in enumerate(events):
         if e.kind != "take" or e.person in world.place:  # a take where the taker is unknown
             world.apply(i, e)                             # is no event of a story
     return [events[i].sentence for i in _support(kind, slots, world)]
 
 
-def _support(kind: str, slots: dict[str, str], world: _World) -> list[int]:
+def _support(kind: str, slots: dict[str, str], world: World) -> list[int]:
     p, o = slots.get("p", ""), slots.get("o", "")
     if kind == "where-now":
         return [world.moved_by[p]] if p in world.moved_by else []

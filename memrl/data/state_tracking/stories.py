@@ -72,19 +72,30 @@ class Story:
 
 
 @dataclass
-class _World:
-    """The state after some events, and the events that set each part of it."""
+class World:
+    """The state after some events, and the events that set each part of it (by index).
+
+    A story draws its events against one (`make_story`); the reference solver
+    (`memrl.data.state_tracking.solver`) replays the events it reads from a text in one.
+    """
 
     place: dict[str, str] = field(default_factory=dict)
+    """Each person's place; `moved_by`: the move that put them there."""
     moved_by: dict[str, int] = field(default_factory=dict)
     holder: dict[str, str | None] = field(default_factory=dict)
+    """Each object's holder (None once dropped); `held_by`: the take or give that set it."""
     held_by: dict[str, int] = field(default_factory=dict)
     object_place: dict[str, str] = field(default_factory=dict)
     trail: dict[str, list[tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
+    """Each object's places in order, each with the events that brought it there."""
     visits: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    """The moves of each (person, place)."""
     value: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    """Each (person, city or job)'s latest value and the event that stated it."""
 
     def apply(self, i: int, e: Event) -> None:
+        """Event `e`, the story's event `i`, applied (a take needs its taker placed by an
+        earlier move)."""
         if e.kind == "move":
             self.place[e.person], self.moved_by[e.person] = e.target, i
             self.visits.setdefault((e.person, e.target), []).append(i)
@@ -115,7 +126,7 @@ def _sentence(rng: random.Random, kind: str, split: str, forms: Sequence[str] | 
     return form.format(**slots, a=article(slots["v"]) if "v" in slots else "")
 
 
-def _actions(rng: random.Random, world: _World, people: Sequence[str], places: Sequence[str],
+def _actions(rng: random.Random, world: World, people: Sequence[str], places: Sequence[str],
              objects: Sequence[str], split: str, weights: dict[str, int]) -> Event:
     """One valid random event: a move, take, drop or give, by `weights`."""
     while True:
@@ -141,10 +152,10 @@ def _actions(rng: random.Random, world: _World, people: Sequence[str], places: S
                 return Event("give", p, o, _sentence(rng, "give", split, p=p, o=o, q=q), q)
 
 
-def _simulate(events: Sequence[Event], query: Callable[[_World], str | None]
-              ) -> tuple[_World, list[str]]:
+def _simulate(events: Sequence[Event], query: Callable[[World], str | None]
+              ) -> tuple[World, list[str]]:
     """The final world and the distinct values `query` took before its final one."""
-    world, history = _World(), []
+    world, history = World(), []
     for i, e in enumerate(events):
         world.apply(i, e)
         value = query(world)
@@ -171,7 +182,7 @@ def _question(rng: random.Random, kind: str, split: str, **slots: str) -> str:
 
 def _events(rng: random.Random, count: int, people: Sequence[str], places: Sequence[str],
             objects: Sequence[str], split: str, weights: dict[str, int]) -> list[Event]:
-    world, events = _World(), []
+    world, events = World(), []
     for i in range(count):
         events.append(_actions(rng, world, people, places, objects, split, weights))
         world.apply(i, events[-1])
