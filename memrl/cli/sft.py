@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from memrl.cli.app import app
 from memrl.cli.train import ConfigArgument, OverridesArgument, ResumeOption, load_run_config
+
+MinScoreOption = Annotated[float | None, typer.Option(
+    "--min-score", help="Keep trajectories-file lines scoring at least this (data.min_score).")]
 
 
 @app.command("sft")
@@ -16,10 +19,7 @@ def sft(
     config: ConfigArgument,
     overrides: OverridesArgument = None,
     resume: ResumeOption = False,
-    min_score: float = typer.Option(
-        None, "--min-score", help="Keep trajectories-file lines scoring at least this "
-        "(data.min_score)."
-    ),
+    min_score: MinScoreOption = None,
 ) -> None:
     """Supervised fine-tuning on oracle trajectories or a filtered trajectories file.
 

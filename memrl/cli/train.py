@@ -19,6 +19,9 @@ OverridesArgument = Annotated[list[str] | None, typer.Argument(
     help="Dotted overrides, e.g. rollout.n=8 memagent.chunk_size=512 (YAML values).")]
 ResumeOption = Annotated[bool, typer.Option(
     "--resume", help="Continue from the latest checkpoint (trainer.resume=auto).")]
+NprocOption = Annotated[int, typer.Option(
+    "--nproc-per-node", min=1, help="Train on N processes of this machine (data parallel; one "
+    "GPU each on CUDA): memrl starts `torchrun --standalone --nproc-per-node N` on itself.")]
 
 
 def load_run_config(model: type[T], config: Path, overrides: list[str], resume: bool) -> T:
@@ -35,13 +38,7 @@ def train(
     config: ConfigArgument,
     overrides: OverridesArgument = None,
     resume: ResumeOption = False,
-    nproc_per_node: int = typer.Option(
-        1,
-        "--nproc-per-node",
-        min=1,
-        help="Train on N processes of this machine (data parallel; one GPU each on CUDA): "
-        "memrl starts `torchrun --standalone --nproc-per-node N` on itself.",
-    ),
+    nproc_per_node: NprocOption = 1,
 ) -> None:
     """Train a memory agent with GRPO-family RL.
 
