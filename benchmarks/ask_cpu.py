@@ -4,9 +4,9 @@ in the document's length, peak memory flat.
 Each size runs `memrl ask` as a fresh process (so its peak resident memory is its own, read
 with `os.wait4`), on a text file of synthetic sentences of about the number of tokens asked
 for (counted with the model's tokenizer). Printed per size: document tokens, chunks, tokens
-the model generated (from the run's --trace: a random model stops at a random EOS, so memory
-updates vary in length, and decoding is a large part of the time), the whole command's wall
-time, the reading time and document tokens/s that `memrl ask` reports (model loaded,
+the model generated (from the run's `ask.trace`: a random model stops at a random EOS, so
+memory updates vary in length, and decoding is a large part of the time), the whole command's
+wall time, the reading time and document tokens/s that `memrl ask` reports (model loaded,
 documents counted: the agent loop alone), the process's CPU time (user + system, from
 `os.wait4`: far less sensitive than wall time to other programs on the same cores), and peak
 RSS; then the ratios that the acceptance asks for: peak RSS of the largest run against the
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=5000)
     parser.add_argument("--max-memory-tokens", type=int, default=256)
     parser.add_argument("--max-final-tokens", type=int, default=64)
-    parser.add_argument("--engine", default="hf", help="memrl ask --engine (hf, vllm)")
+    parser.add_argument("--engine", default="hf", help="memrl ask's rollout.engine (hf, vllm)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of the `memrl ask` process (OMP_NUM_THREADS); "
                         "1 makes its CPU time the work done even when other programs share "
@@ -120,10 +120,11 @@ def main() -> None:
         write_document(doc, size, tokenizer)
         trace = args.work / f"trace_{size}.jsonl"
         cmd = [sys.executable, "-m", "memrl", "ask", "--model", str(model), "--document",
-               str(doc), "--question", "Who founded the university?", "--chunk-size",
-               str(args.chunk_size), "--max-memory-tokens", str(args.max_memory_tokens),
-               "--max-final-tokens", str(args.max_final_tokens), "--seed", "0",
-               "--trace", str(trace), "--engine", args.engine]
+               str(doc), "--question", "Who founded the university?",
+               f"memagent.chunk_size={args.chunk_size}",
+               f"memagent.max_memory_tokens={args.max_memory_tokens}",
+               f"memagent.max_final_tokens={args.max_final_tokens}", "seed=0",
+               f"ask.trace={trace}", f"rollout.engine={args.engine}"]
         print("$ memrl " + " ".join(cmd[3:]), flush=True)
         wall, cpu, peak, err = run_ask(cmd, env)
         match = SUMMARY.search(err)

@@ -91,10 +91,11 @@ def main() -> None:
     doc = args.work / "doc.txt"
     write_document(doc, args.doc_tokens, AutoTokenizer.from_pretrained(model))
     port = free_port()
-    cmd = [sys.executable, "-m", "memrl", "serve", "--model", str(model), "--port", str(port),
-           "--served-model-name", "tiny", "--chunk-size", str(args.chunk_size),
-           "--max-memory-tokens", str(args.max_memory_tokens), "--max-final-tokens",
-           str(args.max_final_tokens), "--seed", "0", "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "memrl", "serve", "--model", str(model), f"serve.port={port}",
+           "serve.served_model_name=tiny", f"memagent.chunk_size={args.chunk_size}",
+           f"memagent.max_memory_tokens={args.max_memory_tokens}",
+           f"memagent.max_final_tokens={args.max_final_tokens}", "seed=0",
+           "serve.log_level=warning"]
     import torch
 
     print(f"# {' '.join([Path(sys.executable).name, *sys.argv])}")

@@ -241,7 +241,8 @@ def stop_process(proc: subprocess.Popen) -> None:
 def start_tiny_server(model_dir: Path, log: Path, key: str, *options: str
                       ) -> tuple[subprocess.Popen, str]:
     """`memrl serve` on the tiny model (small chunks, memory and answers; `key` required),
-    on a free loopback port, with `options`; (process, base URL) once /health answers.
+    on a free loopback port, with `options` (`key.path=value` overrides, e.g.
+    `serve.max_document_tokens=3000`); (process, base URL) once /health answers.
     Its stdout and stderr go to `log`."""
     import urllib.request
 
@@ -251,8 +252,8 @@ def start_tiny_server(model_dir: Path, log: Path, key: str, *options: str
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root), "MEMRL_API_KEY": key, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "memrl", "serve", "--model", str(model_dir),
-           "--port", str(port), "--served-model-name", "tiny", "--chunk-size", "64",
-           "--max-memory-tokens", "4", "--max-final-tokens", "4", "--seed", "0", *options]
+           f"serve.port={port}", "serve.served_model_name=tiny", "memagent.chunk_size=64",
+           "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4", "seed=0", *options]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -234,7 +234,7 @@ def test_settings_come_from_the_exported_config_then_the_options(tmp_path):
     cfg = agent_config(stored, {"chunk_size": 100, "seed": None})
     assert (cfg.chunk_size, cfg.max_memory_tokens, cfg.max_chunks, cfg.temperature) == (
         100, 77, None, 0.7)
-    with pytest.raises(MemrlInputError, match="--top-p"):
+    with pytest.raises(MemrlInputError, match="memagent.top_p"):
         agent_config(stored, {"top_p": 2.0})
 
 

@@ -11,16 +11,18 @@ import sys
 
 import pytest
 from document_files import write_documents
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memrl.apps.ask.settings import STORED_CONFIG
-from memrl.cli import main
+from memrl.cli import OVERRIDE, expand_multi_value_options, main
 from memrl.config import config_to_yaml
 from memrl.recipes.config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = "\n".join(f"Note {i}: Alice Brightwater was born in Lyon in {1900 + i}." for i in range(12))
-SMALL = ["--chunk-size", "64", "--max-memory-tokens", "4", "--max-final-tokens", "4",
-         "--seed", "0"]
+SMALL = ["memagent.chunk_size=64", "memagent.max_memory_tokens=4",
+         "memagent.max_final_tokens=4", "seed=0"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def _ask(model, *args):
 def test_ask_reads_each_document_type(kind, docs, tiny_model_dir, tmp_path, capsys):
     trace = tmp_path / "trace.jsonl"
     code = _ask(tiny_model_dir, "--document", str(docs[kind]), "--question",
-                "Where was Alice born?", *SMALL, "--trace", str(trace))
+                "Where was Alice born?", *SMALL, f"ask.trace={trace}")
     out, err = capsys.readouterr()
     assert code == 0, err
     row = json.loads(trace.read_text())
@@ -53,7 +55,7 @@ def test_ask_reads_each_document_type(kind, docs, tiny_model_dir, tmp_path, caps
 def test_show_memory_several_documents_and_memrl_view(docs, tiny_model_dir, tmp_path, capsys):
     trace = tmp_path / "ask.jsonl"
     code = _ask(tiny_model_dir, "--document", *(str(p) for p in docs.values()), "--question",
-                "Where?", *SMALL, "--show-memory", "--trace", str(trace))
+                "Where?", *SMALL, "ask.show_memory=true", f"ask.trace={trace}")
     out, err = capsys.readouterr()
     assert code == 0, err
     row = json.loads(trace.read_text())
@@ -75,10 +77,10 @@ def test_settings_stored_with_the_model_and_options_over_them(tiny_model_dir, tm
                                                    "max_final_tokens": 5}})
     (model / STORED_CONFIG).write_text(config_to_yaml(cfg))
     rows = []
-    for extra in ([], ["--chunk-size", "150"]):
+    for extra in ([], ["memagent.chunk_size=150"]):
         trace = tmp_path / f"t{len(rows)}.jsonl"
-        assert _ask(model, "--document", str(docs["text"]), "--question", "Where?", "--quiet",
-                    "--trace", str(trace), *extra) == 0
+        assert _ask(model, "--document", str(docs["text"]), "--question", "Where?",
+                    "ask.quiet=true", f"ask.trace={trace}", *extra) == 0
         rows.append(json.loads(trace.read_text()))
     capsys.readouterr()
     assert [r["config"]["chunk_size"] for r in rows] == [100, 150]
@@ -131,10 +133,26 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys, docu
     assert out == ""
 
 
-def test_bad_options_name_themselves(tiny_model_dir, docs, capsys):
+@pytest.mark.parametrize("override,message", [
+    ("memagent.top_p=3", "memagent.top_p: "),
+    ("memagent.chunk_sise=64", "memagent.chunk_sise: unknown key"),
+    ("rollout.engine=torch", "rollout.engine: "),
+    ("rollout.engine=openai", "rollout.engine openai needs rollout.openai.base_urls"),
+    ("ask.threads=0", "ask.threads: "),
+    ("serve.port=1", "serve: unknown key"),
+    ("model.device=tpu", "model.device: unknown device"),
+    ("model.path=elsewhere", "model.path elsewhere: the model is --model's"),
+    ("agent=memupdate", "agent: memrl ask and memrl serve read with MemAgent"),
+])
+def test_bad_settings_name_their_key(tiny_model_dir, docs, capsys, override, message):
     assert _ask(tiny_model_dir, "--document", str(docs["text"]), "--question", "Q?",
-                "--top-p", "3") == 2
-    assert "--top-p" in capsys.readouterr().err
+                override) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert out == ""
+
+
+def test_bad_options_name_themselves(tiny_model_dir, docs, capsys):
     assert _ask(tiny_model_dir, "--document", "-", "-", "--question", "Q?") == 2
     assert "standard input can be read once" in capsys.readouterr().err
 
@@ -185,8 +203,9 @@ def test_greedy_by_default_and_the_summary_says_what_was_read(tiny_model_dir, do
     for k in range(2):
         trace = tmp_path / f"g{k}.jsonl"
         assert _ask(tiny_model_dir, "--document", str(docs["text"]), "--question", "Where?",
-                    "--chunk-size", "64", "--max-memory-tokens", "4", "--max-final-tokens",
-                    "12", "--max-chunks", "2", "--trace", str(trace)) == 0
+                    "memagent.chunk_size=64", "memagent.max_memory_tokens=4",
+                    "memagent.max_final_tokens=12", "memagent.max_chunks=2",
+                    f"ask.trace={trace}") == 0
         out, err = capsys.readouterr()
         answers.append(out)
         rows.append(json.loads(trace.read_text()))
@@ -196,3 +215,39 @@ def test_greedy_by_default_and_the_summary_says_what_was_read(tiny_model_dir, do
     assert row["capped"] and row["document_tokens_read"] == 128 < row["context_tokens"]
     assert (f"read 128 of {row['context_tokens']:,} tokens of 1 document(s) in 2 of "
             f"{total_chunks} chunks") in err
+
+
+def test_a_config_file_then_overrides_given_after_the_documents(tiny_model_dir, docs,
+                                                                 tmp_path, capsys):
+    """`memrl ask ... CONFIG key.path=value`: the file's settings, the overrides over them
+    (an override ends --document's list), sampling from rollout.* over the agent's."""
+    config = tmp_path / "ask.yaml"
+    config.write_text("seed: 3\nmemagent: {chunk_size: 80, max_memory_tokens: 4, "
+                      "max_final_tokens: 4}\nrollout: {temperature: 1.0, top_p: 0.9}\n"
+                      "ask: {quiet: true}\n")
+    trace = tmp_path / "t.jsonl"
+    assert main(["ask", str(config), "--model", str(tiny_model_dir), "--document",
+                 str(docs["text"]), "memagent.chunk_size=100", f"ask.trace={trace}",
+                 "--question", "Where?"]) == 0
+    out, err = capsys.readouterr()
+    row = json.loads(trace.read_text())
+    assert err == "" and out.strip()
+    assert row["documents"] == [str(docs["text"])]
+    assert {k: row["config"][k] for k in ("chunk_size", "max_memory_tokens", "temperature",
+                                          "top_p", "seed")} == {
+        "chunk_size": 100, "max_memory_tokens": 4, "temperature": 1.0, "top_p": 0.9,
+        "seed": 3}
+
+
+_NAMES = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1)
+
+
+@given(documents=st.lists(_NAMES.filter(lambda t: not t.startswith("-") or t == "-")
+                          .filter(lambda t: not OVERRIDE.match(t)), min_size=1, max_size=4),
+       overrides=st.lists(st.from_regex(r"[a-z_]{1,8}(\.[a-z_0-9]{1,8}){0,2}=[^\n]{0,8}",
+                                        fullmatch=True), max_size=3))
+def test_an_override_ends_the_documents(documents, overrides):
+    argv = ["ask", "--document", *documents, *overrides, "--question", "Q"]
+    assert expand_multi_value_options(argv) == [
+        "ask", *[x for d in documents for x in ("--document", d)], *overrides, "--question",
+        "Q"]

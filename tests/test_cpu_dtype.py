@@ -76,8 +76,8 @@ def test_fast_follows_the_cpu_auto_stays_float32_and_a_named_dtype_wins(monkeypa
     (AVX2_ONLY, [], "cpu, float32"),
     (ZEN4, [], "cpu, bfloat16"),
     (SAPPHIRE_RAPIDS, [], "cpu, bfloat16"),
-    (ZEN4, ["--dtype", "float32"], "cpu, float32"),
-    (AVX2_ONLY, ["--dtype", "bfloat16"], "cpu, bfloat16"),
+    (ZEN4, ["model.dtype=float32"], "cpu, float32"),
+    (AVX2_ONLY, ["model.dtype=bfloat16"], "cpu, bfloat16"),
 ])
 def test_memrl_ask_loads_the_cpus_dtype_unless_told(monkeypatch, tiny_model_dir, tmp_path,
                                                      capsys, flags, option, expected):
@@ -85,8 +85,9 @@ def test_memrl_ask_loads_the_cpus_dtype_unless_told(monkeypatch, tiny_model_dir,
     doc = tmp_path / "doc.txt"
     doc.write_text("Alice Brightwater was born in Lyon in 1901. " * 4)
     code = main(["ask", "--model", str(tiny_model_dir), "--document", str(doc), "--question",
-                 "Where was Alice born?", "--chunk-size", "32", "--max-memory-tokens", "2",
-                 "--max-final-tokens", "2", "--device", "cpu", *option])
+                 "Where was Alice born?", "memagent.chunk_size=32",
+                 "memagent.max_memory_tokens=2", "memagent.max_final_tokens=2",
+                 "model.device=cpu", *option])
     err = capsys.readouterr().err
     assert code == 0, err
     assert f"tokens/s on {expected}, 1 thread)" in err
@@ -103,8 +104,8 @@ def test_memrl_ask_threads(tiny_model_dir, tmp_path):
     doc.write_text("Alice Brightwater was born in Lyon in 1901.")
     done = subprocess.run(
         [sys.executable, "-m", "memrl", "ask", "--model", str(tiny_model_dir), "--document",
-         str(doc), "--question", "Where?", "--max-memory-tokens", "2", "--max-final-tokens",
-         "2", "--device", "cpu", "--threads", "2"],
+         str(doc), "--question", "Where?", "memagent.max_memory_tokens=2",
+         "memagent.max_final_tokens=2", "model.device=cpu", "ask.threads=2"],
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert done.returncode == 0, done.stderr[-3000:]

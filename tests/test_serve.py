@@ -125,8 +125,8 @@ def server(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("uvicorn")
     log = tmp_path_factory.mktemp("serve") / "server.log"
     proc, base = start_tiny_server(
-        tiny_model_dir, log, KEY, "--max-document-tokens", "3000", "--max-request-bytes",
-        "60000", "--max-concurrent-requests", "16")
+        tiny_model_dir, log, KEY, "serve.max_document_tokens=3000",
+        "serve.max_request_bytes=60000", "serve.max_concurrent_requests=16")
     yield {"base": base, "proc": proc, "log": log}
     stop_process(proc)
 

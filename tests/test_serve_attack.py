@@ -76,9 +76,9 @@ def server(tiny_model_dir, tmp_path_factory):
     pytest.importorskip("uvicorn")
     log = tmp_path_factory.mktemp("attack") / "server.log"
     proc, base = start_tiny_server(
-        tiny_model_dir, log, KEY, "--max-concurrent-requests", "64",
-        "--max-connections-per-client", "70", "--header-timeout-s", str(TIMEOUT_S),
-        "--body-timeout-s", str(TIMEOUT_S), "--shutdown-timeout-s", "5")
+        tiny_model_dir, log, KEY, "serve.max_concurrent_requests=64",
+        "serve.max_connections_per_client=70", f"serve.header_timeout_s={TIMEOUT_S}",
+        f"serve.body_timeout_s={TIMEOUT_S}", "serve.shutdown_timeout_s=5")
     port = int(base.rsplit(":", 1)[1])
     yield {"base": base, "port": port, "proc": proc, "log": log}
     stop_process(proc)

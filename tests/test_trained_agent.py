@@ -140,9 +140,10 @@ def test_served_it_answers_the_openai_client(agent_dir: Path, biographies: Path,
     from helpers import start_tiny_server, stop_process
 
     record = json.loads((biographies / "eval_24.json").read_text())[3]
-    proc, base = start_tiny_server(agent_dir, tmp_path / "serve.log", "k-1", "--chunk-size",
-                                   "512", "--max-memory-tokens", "96", "--max-final-tokens",
-                                   "32", "--served-model-name", NAME)
+    proc, base = start_tiny_server(agent_dir, tmp_path / "serve.log", "k-1",
+                                   "memagent.chunk_size=512", "memagent.max_memory_tokens=96",
+                                   "memagent.max_final_tokens=32",
+                                   f"serve.served_model_name={NAME}")
     try:
         client = openai.OpenAI(base_url=base + "/v1", api_key="k-1")
         reply = client.chat.completions.create(model=NAME, temperature=0, messages=[

@@ -75,17 +75,23 @@ def option_counts() -> dict[str, int]:
 
 MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document", "--benchmark"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
+OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
+"""A config override `key.path=value` (what ends the values of a multi-value option)."""
 
 
 def expand_multi_value_options(argv: list[str]) -> list[str]:
     """Rewrite `--opt a b c` as `--opt a --opt b --opt c`, the form typer/click accept.
 
     Values end at the next token that starts with `-` (negative numbers are not values here),
-    except `-` alone (standard input, as in `--document a.txt -`).
+    except `-` alone (standard input, as in `--document a.txt -`), and at a config override
+    `key.path=value` (`--document a.txt memagent.chunk_size=512`; a file named like one is
+    given as `./name`).
     """
     out: list[str] = []
     current: str | None = None
     for token in argv:
+        if current is not None and OVERRIDE.match(token):
+            current = None
         if token.startswith("-") and token != "-":
             current = token if token in MULTI_VALUE_OPTIONS else None
             if current is None:

@@ -1,4 +1,5 @@
-"""`memrl ask --model DIR --document FILE [FILE ...] --question "..."`: read, remember, answer."""
+"""`memrl ask --model DIR --document FILE [FILE ...] --question "..." [CONFIG] [key.path=value
+...]`: read, remember, answer (the config: `memrl.recipes.reading.AskConfig`)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,15 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.cli.app import app
 from memrl.cli import common
 
-AGENT_OPTIONS = ["chunk_size", "max_chunks", "max_memory_tokens", "max_final_tokens",
-                 "temperature", "top_p", "seed", "prompts"]
-"""The agent settings `ask` and `serve` take as options (over those stored with the model)."""
 ASK_DEFAULTS = {"temperature": 0.0}
-"""`memrl ask` answers greedily unless sampling is asked for: the same answer every run.
-It runs on one torch thread unless --threads says otherwise: reading one document decodes
-one token at a time, which a second thread does not speed up, and on a CPU busy with other
-work each step waits for it (docs/lab/benchmarks.md, SmolLM2 MemAgent reading)."""
+"""`memrl ask` answers greedily unless sampling is asked for (`memagent.temperature`, or
+`rollout.temperature`): the same answer every run."""
+CONFIG_HELP = ("A config (YAML), then dotted overrides key.path=value, e.g. "
+               "memagent.chunk_size=512 rollout.engine=vllm (the keys: docs/configuration.md).")
+CONFIG_METAVAR = "CONFIG KEY.PATH=VALUE"
 
 
 @app.command("ask")
-@common.engine_options([*common.LOCAL, "base_url"], threads=1)
-@common.config_options(MemAgentConfig, AGENT_OPTIONS, overrides=True)
 def ask(
     model: common.ModelOption,
     document: Annotated[
@@ -33,46 +30,43 @@ def ask(
                      "or PDF files of any length; - reads standard input."),
     ],
     question: Annotated[str, typer.Option("--question", help="What to ask about them.")],
-    config: dict[str, Any],
-    serving: common.EngineChoice,
-    show_memory: Annotated[
-        bool, typer.Option("--show-memory", help="Print the memory after each chunk.")
-    ] = False,
-    trace: Annotated[
-        Path | None,
-        typer.Option("--trace", help="Write the episode to this JSONL file (open it with "
-                     "`memrl view FILE`)."),
-    ] = None,
-    quiet: Annotated[bool, typer.Option(help="No progress bar and no summary.")] = False,
+    args: list[str] = typer.Argument(None, help=CONFIG_HELP, metavar=CONFIG_METAVAR),
 ) -> None:
     """Read the documents chunk by chunk into a fixed-size memory and answer the question.
 
-    Agent settings (chunk size, memory and answer lengths, prompts) are those stored with
-    a model memrl trained, unless given here. Decoding is greedy (temperature 0: the same
-    answer every run) unless --temperature (with --top-p, --seed) asks to sample. The
-    answer goes to standard output; the progress bar and a summary of what was read to
+    Every setting is a key (docs/configuration.md, `memrl ask`): the agent's `memagent.*`
+    (chunk_size, max_chunks, max_memory_tokens, max_final_tokens, prompts, temperature,
+    top_p), `model.dtype`, `model.device`, `seed`, the engine `rollout.*` (engine,
+    openai.base_urls, vllm.*, generation_batch_size) and `ask.*` (show_memory, trace, quiet,
+    threads). The agent settings are those stored with a model memrl trained, unless given.
+    Decoding is greedy unless memagent.temperature (or rollout.temperature) asks to sample.
+    The answer goes to standard output; the progress bar and a summary of what was read to
     standard error (docs/ask.md)."""
     from memrl.apps.ask.api import check_question, document_chunks
     from memrl.apps.ask.documents import STDIN, open_document, spool_stdin
+    from memrl.apps.ask.settings import load_reading_config
     from memrl.errors import MemrlInputError
     from memrl.inference.loader import load_tokenizer
+    from memrl.recipes.reading import AskConfig, reading_agent, reading_engine
 
     common.check_model_dir(model)
     question = check_question(question, "--question")
+    cfg = load_reading_config(AskConfig, model, args, command="ask",
+                              agent_defaults=ASK_DEFAULTS, warn=common.print_warning)
     if document.count(STDIN) > 1:
         raise MemrlInputError("standard input can be read once", location="--document -")
     docs = [open_document(spool_stdin(), name="standard input") if d == STDIN
             else open_document(Path(d)) for d in document]
+    trace = Path(cfg.ask.trace) if cfg.ask.trace is not None else None
     if trace is not None:
         from memrl.fileio import check_output_file
 
-        check_output_file(trace, location=f"--trace {trace}")
-    cfg = model_agent_config(model, {**ASK_DEFAULTS, **config}, "ask")
-    chunks = document_chunks(load_tokenizer(model), docs, cfg)
-    serving = common.reading_dtype(serving)
-    generator = serving.load(model, seed=cfg.seed)
-    result = run_with_progress(generator, chunks, question, cfg, show_memory=show_memory,
-                               quiet=quiet)
+        check_output_file(trace, location=f"ask.trace {trace}")
+    agent = reading_agent(cfg)
+    chunks = document_chunks(load_tokenizer(model), docs, agent)
+    generator = reading_engine(cfg, threads=cfg.ask.threads)
+    result = run_with_progress(generator, chunks, question, agent,
+                               show_memory=cfg.ask.show_memory, quiet=cfg.ask.quiet)
     if trace is not None:
         import json
 
@@ -80,7 +74,7 @@ def ask(
 
         write_text_atomic(trace, json.dumps(result.trace_row(), ensure_ascii=False) + "\n")
     typer.echo(result.text)
-    if not quiet:
+    if not cfg.ask.quiet:
         print(summary(result, placement(generator))
               + (f"; trace in {trace}" if trace is not None else ""), file=sys.stderr)
 
@@ -103,7 +97,7 @@ def placement(generator: Any) -> str | None:
 
 
 def summary(result: Any, where: str | None = None) -> str:
-    """The line `memrl ask` ends with: what was read (of how much, when --max-chunks cut
+    """The line `memrl ask` ends with: what was read (of how much, when max_chunks cut
     the documents), how fast (and `where`: device and dtype), the memory's largest size,
     the tokens processed."""
     read, total = result.document_tokens_read, result.context_tokens
@@ -119,19 +113,6 @@ def summary(result: Any, where: str | None = None) -> str:
     on = f" on {where}" if where else ""
     return (f"{what} in {result.elapsed_s:.1f} s ({rate:,.0f} tokens/s{on}); memory at most "
             f"{longest:,} tokens; {result.usage.total_tokens:,} tokens processed")
-
-
-def model_agent_config(model: Path, overrides: dict[str, Any], command: str
-                       ) -> MemAgentConfig:
-    """The agent settings stored with `model` (memrl.apps.ask.settings) under the options given;
-    a warning when the model was trained as another agent."""
-    from memrl.apps.ask.settings import agent_config, stored_settings
-
-    stored = stored_settings(model)
-    if stored.agent not in (None, "memagent"):
-        common.print_warning(f"{model} was trained as a {stored.agent} agent; {command} reads "
-                             "with MemAgent and its default settings")
-    return agent_config(stored, overrides)
 
 
 def run_with_progress(generator: Any, chunks: Any, question: str, config: MemAgentConfig, *,

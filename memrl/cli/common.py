@@ -290,16 +290,6 @@ class EngineChoice(BaseModel):
                 close()
 
 
-def reading_dtype(serving: EngineChoice) -> EngineChoice:
-    """`memrl ask` / `memrl serve`: without --dtype, the dtype this machine reads fastest in
-    (on a CPU with bfloat16 instructions bfloat16, `memrl.inference.loader.
-    cpu_compute_dtype`); evaluations keep float32 on a CPU, so that their numbers do not
-    depend on the CPU."""
-    if serving.dtype is not None or serving.engine != "hf":
-        return serving
-    return serving.model_copy(update={"dtype": "fast"})
-
-
 DATA_PARALLEL = ["data_parallel"]
 """The `EngineChoice` option of the evaluations that share episodes out over processes."""
 EVAL_DIST_TIMEOUT_S = 3600.0

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from memrl.cli.app import app
-from memrl.cli.train import ResumeOption
+from memrl.cli.train import ConfigArgument, OverridesArgument, ResumeOption, load_run_config
+
+MinScoreOption = Annotated[float | None, typer.Option(
+    "--min-score", help="Keep trajectories-file lines scoring at least this (data.min_score).")]
 
 
 @app.command("sft")
 def sft(
-    config: Path = typer.Argument(..., help="Warm-start config (YAML)."),
-    overrides: list[str] = typer.Argument(
-        None, help="Dotted overrides, e.g. data.trajectories=runs/eval/trajectories_50.jsonl"
-    ),
+    config: ConfigArgument,
+    overrides: OverridesArgument = None,
     resume: ResumeOption = False,
-    min_score: float = typer.Option(
-        None, "--min-score", help="Keep trajectories-file lines scoring at least this "
-        "(data.min_score)."
-    ),
+    min_score: MinScoreOption = None,
 ) -> None:
     """Supervised fine-tuning on oracle trajectories or a filtered trajectories file.
 
@@ -31,25 +29,19 @@ def sft(
     from rich.console import Console
 
     from memrl.recipes.launch import record_training, resume_command
-    from memrl.config import load_config
     from memrl.fileio import check_output_dir
     from memrl.interrupt import exit_on_signals
     from memrl.recipes import sft as recipe
     from memrl.recipes.sft_config import SFTConfig
 
-    extra = list(overrides or [])
-    if min_score is not None:
-        extra.append(f"data.min_score={min_score}")
-    if resume:
-        extra.append("trainer.resume=auto")
-    cfg = load_config(SFTConfig, config, extra)
+    given = [*(overrides or []), *([f"data.min_score={min_score}"] if min_score is not None
+                                   else [])]
+    cfg = load_run_config(SFTConfig, config, given, resume)
     console = Console()
     source = cfg.data.trajectories or f"the oracle on {cfg.data.train_file}"
     console.print(f"warm start from {source} → {cfg.trainer.out_dir}")
     out_dir = Path(cfg.trainer.out_dir)
     check_output_dir(out_dir, location=f"trainer.out_dir {out_dir}")
-    given = [*(overrides or []), *([f"data.min_score={min_score}"] if min_score is not None
-                                   else [])]
     how = "continue with: " + resume_command(config, given, "sft")
     with record_training("sft", cfg, None), \
             exit_on_signals(f"during the warm start in {out_dir}", how):

@@ -5,30 +5,40 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from memrl.cli.app import app
 
+T = TypeVar("T")
+
+ConfigArgument = Annotated[Path, typer.Argument(
+    help="The run's config (YAML; its keys: docs/configuration.md).")]
+OverridesArgument = Annotated[list[str] | None, typer.Argument(
+    help="Dotted overrides, e.g. rollout.n=8 memagent.chunk_size=512 (YAML values).")]
 ResumeOption = Annotated[bool, typer.Option(
     "--resume", help="Continue from the latest checkpoint (trainer.resume=auto).")]
+NprocOption = Annotated[int, typer.Option(
+    "--nproc-per-node", min=1, help="Train on N processes of this machine (data parallel; one "
+    "GPU each on CUDA): memrl starts `torchrun --standalone --nproc-per-node N` on itself.")]
+
+
+def load_run_config(model: type[T], config: Path, overrides: list[str], resume: bool) -> T:
+    """`CONFIG [key.path=value ...] [--resume]` of `memrl train` / `memrl sft` as a validated
+    `model` (--resume is trainer.resume=auto)."""
+    from memrl.config import load_config
+
+    return load_config(model, config, [*overrides, *(["trainer.resume=auto"] if resume
+                                                     else [])])
 
 
 @app.command("train")
 def train(
-    config: Path = typer.Argument(..., help="Training config (YAML)."),
-    overrides: list[str] = typer.Argument(
-        None, help="Dotted overrides, e.g. rollout.n=8 memagent.chunk_size=512"
-    ),
+    config: ConfigArgument,
+    overrides: OverridesArgument = None,
     resume: ResumeOption = False,
-    nproc_per_node: int = typer.Option(
-        1,
-        "--nproc-per-node",
-        min=1,
-        help="Train on N processes of this machine (data parallel; one GPU each on CUDA): "
-        "memrl starts `torchrun --standalone --nproc-per-node N` on itself.",
-    ),
+    nproc_per_node: NprocOption = 1,
 ) -> None:
     """Train a memory agent with GRPO-family RL.
 
@@ -39,15 +49,11 @@ def train(
     """
     from rich.console import Console
 
-    from memrl.config import load_config
     from memrl.distributed import launched, relaunch
     from memrl.recipes import launch
     from memrl.recipes.config import TrainConfig
 
-    extra = list(overrides or [])
-    if resume:
-        extra.append("trainer.resume=auto")
-    cfg = load_config(TrainConfig, config, extra)
+    cfg = load_run_config(TrainConfig, config, list(overrides or []), resume)
     launch.check_launcher(cfg.trainer.launcher == "ray", nproc_per_node)
     if nproc_per_node > 1 and not launched():
         raise typer.Exit(

@@ -110,6 +110,7 @@ def render() -> str:
         parts += section(config_class, name, None, config_class.__doc__)
     parts += ["# `memrl sft`", "", *sft_sections(TrainConfig, SFTConfig)]
     parts += ["", *eval_sections()]
+    parts += ["", *reading_sections()]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -149,5 +150,26 @@ def eval_sections() -> list[str]:
             *section(BenchmarkEntry, "eval.benchmarks[]", None, BenchmarkEntry.__doc__)]
 
 
+def reading_sections() -> list[str]:
+    """`memrl ask` and `memrl serve`: the sections only they have (the shared ones are
+    training's and `memrl eval`'s)."""
+    from memrl.recipes.reading import AskSection, ReadingConfig, ServeConfig
+
+    seed = ReadingConfig.model_fields["seed"]
+    intro = ("`memrl ask --model DIR --document FILE [FILE ...] --question Q [CONFIG] "
+             "[key.path=value ...]` and `memrl serve --model DIR [CONFIG] [key.path=value "
+             "...]` read the `memagent` section (over the settings stored with the model; "
+             "`memrl ask` decodes at temperature 0 unless told) and `rollout` as `memrl train` "
+             "does (`rollout.temperature` / `top_p`, when given, over the agent's; no "
+             "`rollout.openai.weights_dir`), `model` as `memrl eval` does (`model.path` is "
+             f"--model; without `model.dtype` on a CPU with bfloat16 instructions bfloat16), "
+             f"`seed` ({one_line(seed.description)} Default {default_text(seed.default)}.), "
+             "and these:")
+    return ["# `memrl ask` and `memrl serve`", "", intro, "",
+            *section(AskSection, "ask", None, AskSection.__doc__),
+            *section(ServeConfig, "serve", None, ServeConfig.__doc__)]
+
+
 if __name__ == "__main__":
     print(render(), end="")
+

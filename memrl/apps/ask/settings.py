@@ -12,19 +12,23 @@ and its `memagent` section gives the settings that say how the model learned to 
 evaluation's defaults (`MemAgentConfig`): `max_chunks` none (a document is read whole),
 sampling as MemAgent's published evaluation (temperature 0.7, top-p 0.95) rather than the
 training rollouts' exploration. A model without a stored config gets those defaults too.
-Options given by the user win over both.
+The settings given by the user (`memagent.*` keys of `memrl ask` / `memrl serve`, or `ask()`'s
+`config`) win over both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memrl.agents.memagent import MemAgentConfig
 from memrl.config import load_yaml, validate_config
 from memrl.errors import MemrlInputError
 from memrl.modelfiles import EXPORTED_CONFIG
+
+T = TypeVar("T")
 
 STORED_CONFIG = EXPORTED_CONFIG
 """What `memrl export` writes next to a model: the config of the run that trained it."""
@@ -66,7 +70,8 @@ def stored_settings(model_dir: str | Path | None) -> StoredSettings:
     if not isinstance(section, dict):
         raise MemrlInputError("memagent is not a mapping", location=str(path))
     config = validate_config(MemAgentConfig, section, source=f"{path}: memagent")
-    values = {key: getattr(config, key) for key in INHERITED if key in section}
+    dumped = config.model_dump(mode="json")
+    values = {key: dumped[key] for key in INHERITED if key in section}
     agent = data.get("agent")
     return StoredSettings(values, path, agent if isinstance(agent, str) else None)
 
@@ -83,6 +88,29 @@ def agent_config(
         errors = getattr(exc, "errors", None)
         if callable(errors):
             err = errors()[0]
-            option = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "config"
-            raise MemrlInputError(err["msg"], location=option) from None
+            key = "memagent." + ".".join(map(str, err["loc"])) if err["loc"] else "memagent"
+            raise MemrlInputError(err["msg"], location=key) from None
         raise MemrlInputError(str(exc)) from None
+
+
+def load_reading_config(model_class: type[T], model: Path, args: list[str] | None, *,
+                        command: str, agent_defaults: dict[str, Any] | None = None,
+                        warn: Callable[[str], None] | None = None) -> T:
+    """The config of `memrl ask` / `memrl serve` (`memrl.recipes.reading`): `model.path` is
+    `model` (the command's --model), the agent's section is MemAgentConfig's defaults, then
+    `agent_defaults` (the command's own), then the settings stored with the model, then
+    `[CONFIG] [key.path=value ...]` (`args`). A model trained as another agent: `warn` is
+    told."""
+    from memrl.config import load_command_config
+
+    stored = stored_settings(model)
+    if stored.agent not in (None, "memagent") and warn is not None:
+        warn(f"{model} was trained as a {stored.agent} agent; {command} reads with MemAgent "
+             "and its default settings")
+    base = {"model": {"path": str(model)},
+            "memagent": {**(agent_defaults or {}), **stored.values}}
+    cfg = load_command_config(model_class, args, base=base)
+    if cfg.model.path != str(model):
+        raise MemrlInputError(f"the model is --model's ({model}): give it once",
+                              location=f"model.path {cfg.model.path}")
+    return cfg

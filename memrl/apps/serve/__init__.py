@@ -2,6 +2,6 @@
 
 from memrl.apps.serve.app import build_app, serve
 from memrl.apps.serve.batching import BatchingEngine
-from memrl.apps.serve.config import ServeConfig
+from memrl.recipes.reading import ServeConfig
 
 __all__ = ["BatchingEngine", "ServeConfig", "build_app", "serve"]

@@ -40,7 +40,7 @@ from memrl.agents.memagent import MemAgentConfig
 from memrl.apps.ask.api import AskProgress, document_chunks, read
 from memrl.apps.ask.chunking import DocumentChunks, TooManyTokens
 from memrl.apps.ask.documents import open_document
-from memrl.apps.serve.config import ServeConfig
+from memrl.recipes.reading import ServeConfig
 from memrl.apps.serve.protocol import (
     ApiError,
     ChatRequest,

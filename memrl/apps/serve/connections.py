@@ -22,7 +22,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-from memrl.apps.serve.config import ServeConfig
+from memrl.recipes.reading import ServeConfig
 
 log = logging.getLogger("memrl.apps.serve")
 
