@@ -283,9 +283,9 @@ def test_lora_checkpoint_roundtrip_and_merged_export(tmp_path, tiny_model_dir, t
     assert torch.allclose(_logits(exported, ids), _logits(merged, ids), atol=1e-6)
     assert torch.allclose(_logits(exported, ids), expected, atol=1e-4)
 
-    # A base path that does not exist here needs --base-model.
+    # A base path that does not exist here needs model.path=BASE.
     (path / "config.yaml").write_text("model:\n  path: /nowhere/base-model\n")
-    with pytest.raises(MemrlInputError, match="--base-model"):
+    with pytest.raises(MemrlInputError, match="model.path=PATH"):
         export_checkpoint(path, tmp_path / "export2")
     out3 = export_checkpoint(path, tmp_path / "export3", base_model_path=str(tiny_model_dir))
     assert torch.allclose(_logits(_model(out3), ids), expected, atol=1e-4)

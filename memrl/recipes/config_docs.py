@@ -36,6 +36,8 @@ decisions behind the defaults: [training.md](training.md). Shipped configs: `con
 def type_name(annotation: Any) -> str:
     """A short, readable name of a field's type: `int`, `auto | bool`, `list[str]`."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a) if isinstance(a, str) else str(a).lower()
                             for a in typing.get_args(annotation))
@@ -110,6 +112,7 @@ def render() -> str:
         parts += section(config_class, name, None, config_class.__doc__)
     parts += ["# `memrl sft`", "", *sft_sections(TrainConfig, SFTConfig)]
     parts += ["", *eval_sections()]
+    parts += ["", *prepare_sections()]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -147,6 +150,21 @@ def eval_sections() -> list[str]:
             *section(EvalSection, "eval", None, EvalConfig.model_fields["eval"].description
                      or EvalSection.__doc__),
             *section(BenchmarkEntry, "eval.benchmarks[]", None, BenchmarkEntry.__doc__)]
+
+
+def prepare_sections() -> list[str]:
+    """`memrl prepare NAME`: each generator's keys (memrl.data.prepare_config)."""
+    from memrl.data.prepare_config import PREPARE_CONFIGS
+
+    intro = ("`memrl prepare NAME --input SRC --out DEST [CONFIG] [key.path=value ...]`: the "
+             "paths a generator reads and writes are options, its settings these keys (a YAML "
+             "list in quotes for the shell: `'num_docs=[16,32]'`).")
+    out = ["# `memrl prepare`", "", intro, ""]
+    for name, config_class in PREPARE_CONFIGS.items():
+        command = f"prepare {name}"
+        out += [line.replace(f"| `{command}.", "| `", 1) for line in
+                section(config_class, command, None, config_class.__doc__)]
+    return out
 
 
 if __name__ == "__main__":
