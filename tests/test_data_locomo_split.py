@@ -1,5 +1,5 @@
 """The training / held-out split of LoCoMo's conversations: by sample id, the same in any file
-order and on a file that holds one side already; `memrl prepare locomo --split` writes each
+order and on a file that holds one side already; `memrl prepare locomo split=...` writes each
 side, and on the real file the two sides share no conversation and no session."""
 
 from __future__ import annotations
