@@ -9,22 +9,8 @@ from typing import Annotated
 import typer
 
 from memrl.cli.app import app
-from memrl.config import StrictModel, load_command_config
-
-
-class ExportModelConfig(StrictModel):
-    """The model a checkpoint was trained from."""
-
-    path: str | None = None
-    """Base model of a LoRA checkpoint (default: model.path of the checkpoint's
-    config.yaml)."""
-
-
-class ExportConfig(StrictModel):
-    """`memrl export CHECKPOINT OUT_DIR [key=value ...]`."""
-
-    model: ExportModelConfig = ExportModelConfig()
-    """The base model, as training names it."""
+from memrl.command_config import ExportConfig
+from memrl.config import load_command_config
 
 
 @app.command("export")

@@ -12,37 +12,9 @@ from typing import Annotated
 import typer
 
 from memrl.cli.app import app
-from memrl.config import StrictModel, load_command_config
+from memrl.command_config import InitModelConfig, TinyModelConfig
+from memrl.config import load_command_config
 from memrl.errors import MemrlInputError
-
-
-class TinyModelConfig(StrictModel):
-    """`memrl init-tiny-model OUT_DIR [key=value ...]`: the random model's shape (the
-    arguments of `memrl.models.tiny.build_tiny_model`)."""
-
-    seed: int = 0
-    """Seed of the random weights."""
-    hidden_size: int = 128
-    """Width of the residual stream."""
-    num_layers: int = 2
-    """Number of transformer blocks."""
-    num_heads: int = 4
-    """Attention heads."""
-    num_kv_heads: int = 2
-    """Key/value heads (GQA)."""
-    intermediate_size: int = 256
-    """Width of the MLP."""
-    vocab_size: int = 1024
-    """Upper bound on the BPE vocabulary trained on the fly."""
-
-
-class InitModelConfig(StrictModel):
-    """`memrl init-model NAME OUT_DIR [key=value ...]`."""
-
-    dtype: str | None = None
-    """Weights dtype of a pretrained model on disk: bfloat16 (default: half the size) or
-    float32. The dtype it runs in is chosen when it loads (float32 on a CPU without bfloat16
-    instructions). The tiny model is always float32."""
 
 
 Keys = Annotated[list[str] | None, typer.Argument(

@@ -6,32 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from pydantic import Field
 
 from memrl.cli.app import app
-from memrl.config import StrictModel, load_config, split_config_args
+from memrl.command_config import QuickstartCommand, QuickstartSettings
+from memrl.config import load_config, split_config_args
 
 OWN_PREFIX = "quickstart."
 """Keys of the quickstart itself (`quickstart.threads=2`); every other key is the GRPO
 config's."""
-
-
-class QuickstartSettings(StrictModel):
-    """The quickstart's own keys, beside those of its GRPO config."""
-
-    sft_config: Path = Path("configs/quickstart_sft.yaml")
-    """The warm start's config (`memrl sft`'s); the quickstart fills in its model, data,
-    output directory, seed and agent section."""
-    threads: int | None = Field(None, ge=0)
-    """torch CPU threads (0: torch's default, one per core); default: QuickstartPlan.threads,
-    1, which suits the tiny model on a shared CPU."""
-
-
-class QuickstartCommand(StrictModel):
-    """`quickstart.*`: the section the quickstart's own keys are read into."""
-
-    quickstart: QuickstartSettings = QuickstartSettings()
-    """The quickstart's own keys."""
 
 
 def split_quickstart_args(args: list[str] | None) -> tuple[Path, list[str], QuickstartSettings]:

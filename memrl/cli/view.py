@@ -8,15 +8,8 @@ from pathlib import Path
 import typer
 
 from memrl.cli.app import app
-from memrl.config import StrictModel, load_command_config
-
-
-class ViewConfig(StrictModel):
-    """`memrl view RUN_DIR [--out FILE] [key=value ...]`."""
-
-    steps: list[int] | None = None
-    """Training steps whose trajectory records to list, e.g. [10, 20]; default: the last 50
-    logged."""
+from memrl.command_config import ViewConfig
+from memrl.config import load_command_config
 
 
 @app.command("view")

@@ -153,17 +153,28 @@ def eval_sections() -> list[str]:
 
 
 def prepare_sections() -> list[str]:
-    """`memrl prepare NAME`: each generator's keys (memrl.data.prepare_config)."""
+    """`memrl prepare NAME` (each generator's keys, memrl.data.prepare_config), then the other
+    commands' keys (memrl.command_config)."""
+    from memrl.command_config import COMMAND_CONFIGS
     from memrl.data.prepare_config import PREPARE_CONFIGS
 
     intro = ("`memrl prepare NAME --input SRC --out DEST [CONFIG] [key.path=value ...]`: the "
              "paths a generator reads and writes are options, its settings these keys (a YAML "
              "list in quotes for the shell: `'num_docs=[16,32]'`).")
     out = ["# `memrl prepare`", "", intro, ""]
-    for name, config_class in PREPARE_CONFIGS.items():
-        command = f"prepare {name}"
-        out += [line.replace(f"| `{command}.", "| `", 1) for line in
-                section(config_class, command, None, config_class.__doc__)]
+    out += command_sections({f"prepare {n}": c for n, c in PREPARE_CONFIGS.items()})
+    intro = ("The paths a command reads and writes are its arguments and options, its "
+             "settings these keys.")
+    return [*out, "# Other commands", "", intro, "", *command_sections(COMMAND_CONFIGS)]
+
+
+def command_sections(configs: dict[str, type[BaseModel]]) -> list[str]:
+    """A section per command (`## prepare where-now`), its keys without the command's name."""
+    out = []
+    for command, config_class in configs.items():
+        out += [line.replace(f"| `{command}.", "| `", 1)
+                .replace(f"## `{command}.", f"## `{command}`: section `", 1)
+                for line in section(config_class, command, None, config_class.__doc__)]
     return out
 
 
