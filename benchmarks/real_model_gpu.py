@@ -144,7 +144,7 @@ class Plan:
     """The colocated vLLM engine's share of GPU memory in each RL run (GRPO and PPO side by
     side with the warm start's evaluations)."""
     names: str = "distinct"
-    """How the biographies name people (`memrl prepare biographies --names`)."""
+    """How the biographies name people (`memrl prepare biographies names=...`)."""
     curriculum: tuple[tuple[int, int], ...] = ()
     """(length multiple, first step) of each later stage of GRPO's training data
     (`data.curriculum`): the same questions over that multiple of the training length."""
@@ -258,7 +258,7 @@ SCALED = Plan(
     seeds=(0, 1),
 )
 """Issue 43's recipe for one 4-GPU hold: the published plan's format and corrective warm start
-on biographies with shared names (`--names shared`: namesakes with the asked attribute in every
+on biographies with shared names (`names=shared`: namesakes with the asked attribute in every
 context), then GRPO data-parallel on 4 ranks (torchrun, colocated vLLM on each GPU) for 200
 steps x 64 questions x 8 samples = 102,400 trajectories (27x the published plan's 3,840),
 steps 1-100 at the training length and 101-200 over 4x the documents (`data.curriculum`),
@@ -512,22 +512,22 @@ def prepare_biographies(plan: Plan, runner: Runner, data: Path) -> Path:
     training length, evaluation files at every length), the same training questions at each
     curriculum multiple (DATA/bio_<m>x/train.jsonl) and the validation questions at the long
     validation multiple (DATA/bio_val_<m>x/val.jsonl; its one training question unused)."""
-    bio, names, docs = data / "bio", ("--names", plan.names), plan.bio.train_docs
+    bio, names, docs = data / "bio", f"names={plan.names}", plan.bio.train_docs
     if not (bio / "val.jsonl").is_file():
         runner.run("data_bio", "prepare", "biographies", "--out", str(bio),
-                   "--train-docs", str(docs), "--num-docs", *map(str, plan.bio.eval_docs),
-                   "--train-questions", str(plan.train_questions),
-                   "--val-questions", str(plan.val_questions),
-                   "--eval-questions", str(plan.bio.questions), *names)
+                   f"train_docs={docs}", f"num_docs={list(plan.bio.eval_docs)}",
+                   f"train_questions={plan.train_questions}",
+                   f"val_questions={plan.val_questions}",
+                   f"eval_questions={plan.bio.questions}", names)
     later = [(f"bio_{m}x", m, plan.train_questions, 0, "train.jsonl") for m, _ in plan.curriculum]
     if plan.long_val:
         later.append((f"bio_val_{plan.long_val}x", plan.long_val, 1, plan.val_questions,
                       "val.jsonl"))
     for name, m, questions, val, made in later:
         if not (data / name / made).is_file():
-            runner.run(f"data_{name}", "prepare", "biographies", "--split", "train", "--out",
-                       str(data / name), "--train-docs", str(docs * m), "--train-questions",
-                       str(questions), "--val-questions", str(val), *names)
+            runner.run(f"data_{name}", "prepare", "biographies", "split=train", "--out",
+                       str(data / name), f"train_docs={docs * m}",
+                       f"train_questions={questions}", f"val_questions={val}", names)
     return bio
 
 
@@ -543,10 +543,10 @@ def prepare_ruler_hqa(plan: Plan, runner: Runner, data: Path, hotpotqa: Path
     if not ruler_hqa_path(hqa_eval, plan.hqa.eval_docs[-1]).is_file():
         train_pool, eval_pool = split_hotpotqa(hotpotqa, data / "hotpotqa_split")
         runner.run("data_hqa_train", "prepare", "ruler-hqa", "-i", str(train_pool),
-                   "--num-docs", str(plan.hqa.train_docs), "--out", str(hqa_train))
+                   f"num_docs={plan.hqa.train_docs}", "--out", str(hqa_train))
         runner.run("data_hqa_eval", "prepare", "ruler-hqa", "-i", str(eval_pool),
-                   "--num-docs", *map(str, plan.hqa.eval_docs), "--num-questions",
-                   str(plan.hqa.questions), "--out", str(hqa_eval))
+                   f"num_docs={list(plan.hqa.eval_docs)}",
+                   f"num_questions={plan.hqa.questions}", "--out", str(hqa_eval))
     return hqa_eval, ruler_hqa_path(hqa_train, plan.hqa.train_docs)
 
 

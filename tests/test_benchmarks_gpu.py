@@ -472,7 +472,7 @@ def test_the_tiny_plan_runs_the_scaled_pipeline_on_cpu(tmp_path, tiny_model_dir)
          str(work), "--out", str(out), "--hotpotqa", "none", "--rows", "warm_start,rl"],
         env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "--names shared" in proc.stdout and "--nproc-per-node 2" in proc.stdout
+    assert "names=shared" in proc.stdout and "--nproc-per-node 2" in proc.stdout
     result = json.loads((out / "smollm2_memagent_rl_scaled.json").read_text())
     assert result["seeds"] == [0, 1] and result["protocol"] == "memagent"
     for row in ("warm_start", "rl"):

@@ -283,12 +283,16 @@ def test_lora_checkpoint_roundtrip_and_merged_export(tmp_path, tiny_model_dir, t
     assert torch.allclose(_logits(exported, ids), _logits(merged, ids), atol=1e-6)
     assert torch.allclose(_logits(exported, ids), expected, atol=1e-4)
 
-    # A base path that does not exist here needs --base-model.
+    # A base path that does not exist here needs model.path=BASE.
     (path / "config.yaml").write_text("model:\n  path: /nowhere/base-model\n")
-    with pytest.raises(MemrlInputError, match="--base-model"):
+    with pytest.raises(MemrlInputError, match="model.path=PATH"):
         export_checkpoint(path, tmp_path / "export2")
     out3 = export_checkpoint(path, tmp_path / "export3", base_model_path=str(tiny_model_dir))
     assert torch.allclose(_logits(_model(out3), ids), expected, atol=1e-4)
+    # `memrl export CKPT OUT model.path=BASE`: the same, from the command line
+    assert main(["export", str(path), str(tmp_path / "export4"),
+                 f"model.path={tiny_model_dir}"]) == 0
+    assert torch.allclose(_logits(_model(tmp_path / "export4"), ids), expected, atol=1e-4)
 
 
 def test_resolve_checkpoint_from_run_dir_root_or_checkpoint(tmp_path, saved):
@@ -317,6 +321,9 @@ def test_cli_export(tmp_path, saved, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert str(tmp_path / "missing") in err
+    assert main(["export", str(run), str(tmp_path / "hf3"), "model.pth=x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "model.pth: unknown key" in err and err.count("\n") == 1
 
 
 # ----------------------------------------------------------------------------- issue 9

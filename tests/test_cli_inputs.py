@@ -46,8 +46,7 @@ def one_error_line(err: str, *needles: str) -> str:
         (["eval", "ruler-hqa", "--num-docs", "10", "x"], ["memrl eval ruler-hqa:", "--num-docs"]),
         (["init-tiny-model"], ["memrl init-tiny-model:", "Missing argument", "out_dir"]),
         (["init-tiny-model", "DIR", "--bogus"], ["memrl init-tiny-model:", "--bogus"]),
-        (["init-tiny-model", "DIR", "--seed"], ["memrl init-tiny-model:", "--seed"]),
-        (["init-tiny-model", "DIR", "--seed", "x"], ["memrl init-tiny-model:", "--seed"]),
+        (["init-tiny-model", "DIR", "--seed", "1"], ["memrl init-tiny-model:", "--seed"]),
         (["no-such-command"], ["memrl:", "no-such-command"]),
         (["eval", "nope"], ["memrl eval:", "nope"]),
         (["train"], ["memrl train:", "Missing argument"]),
@@ -170,9 +169,9 @@ def test_error_lines_scrub_secrets_from_any_message(capsys, monkeypatch):
 @pytest.mark.parametrize("size", ["0", "100", "258", "-5"])
 def test_vocab_size_below_minimum_is_one_line(capsys, tmp_path, size):
     out_dir = tmp_path / "m"
-    code, _, err = run(capsys, ["init-tiny-model", str(out_dir), "--vocab-size", size])
+    code, _, err = run(capsys, ["init-tiny-model", str(out_dir), f"vocab_size={size}"])
     assert code == 2
-    one_error_line(err, "--vocab-size:", "at least 259", f"got {size}")
+    one_error_line(err, "vocab_size:", "at least 259", f"got {size}")
     assert not out_dir.exists()
 
 
@@ -209,6 +208,29 @@ def test_an_interrupted_quickstart_says_the_same_command_continues(capsys, monke
         "interrupted (SIGINT) in 'memrl quickstart'; run the same command again to continue "
         "where it stopped (--fresh starts over)"
     ]
+
+
+def test_quickstart_reads_its_config_keys_and_its_own(capsys, monkeypatch, tmp_path):
+    """`memrl quickstart [CONFIG] [key=value ...] [--fresh]`: the GRPO config and its
+    overrides, the quickstart's own keys under `quickstart.`, unknown ones one line."""
+    calls = []
+    monkeypatch.setattr("memrl.apps.quickstart.run_quickstart",
+                        lambda *args, **kwargs: calls.append((args, kwargs)))
+    assert run(capsys, ["quickstart"])[0] == 0
+    (config, overrides), kwargs = calls.pop()
+    assert (str(config), overrides, kwargs["fresh"]) == ("configs/quickstart.yaml", [], False)
+    assert str(kwargs["sft_config_path"]) == "configs/quickstart_sft.yaml"
+    assert kwargs["plan"].threads == 1
+    code, _, _ = run(capsys, ["quickstart", "my.yaml", "trainer.total_steps=5",
+                              "quickstart.threads=0", f"quickstart.sft_config={tmp_path}/s.yaml",
+                              "--fresh"])
+    (config, overrides), kwargs = calls.pop()
+    assert code == 0 and (str(config), overrides) == ("my.yaml", ["trainer.total_steps=5"])
+    assert kwargs["fresh"] and kwargs["plan"].threads is None
+    assert kwargs["sft_config_path"] == tmp_path / "s.yaml"
+    code, _, err = run(capsys, ["quickstart", "quickstart.thread=2"])
+    assert code == 2 and not calls
+    one_error_line(err, "quickstart.thread: unknown key")
 
 
 # ----------------------------------------------------------------------------- LoCoMo

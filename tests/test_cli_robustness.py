@@ -113,7 +113,7 @@ def output_cases(tmp_path: Path, model: Path, data: Path) -> dict[str, tuple[lis
         "prepare synthetic --out is a directory": (
             ["prepare", "synthetic", "--out", d], d, f"--out {d}"),
         "prepare ruler-hqa --out is a file": (
-            ["prepare", "ruler-hqa", "--input", tmp_path / "in.json", "--num-docs", "2",
+            ["prepare", "ruler-hqa", "--input", tmp_path / "in.json", "num_docs=2",
              "--out", f], f, f"--out {f}"),
         "prepare locomo --out is a file": (
             ["prepare", "locomo", "--input", tmp_path / "in.json", "--out", f], f, f"--out {f}"),

@@ -400,13 +400,13 @@ def test_shared_names_train_and_eval_are_held_out(tmp_path):
 
 
 def test_cli_writes_the_shared_names_task(tmp_path, capsys):
-    assert main(["prepare", "biographies", "--out", str(tmp_path), "--names", "shared",
-                 "--train-questions", "5", "--train-docs", "4", "--val-questions", "2",
-                 "--eval-questions", "3", "--num-docs", "4", "8"]) == 0
+    assert main(["prepare", "biographies", "--out", str(tmp_path), "names=shared",
+                 "train_questions=5", "train_docs=4", "val_questions=2",
+                 "eval_questions=3", "num_docs=[4,8]"]) == 0
     assert load_hotpotqa(tmp_path / "train.jsonl") == make_biography_records(
         5, 4, 0, split="train", names="shared")
-    assert main(["prepare", "biographies", "--out", str(tmp_path / "x"), "--names", "few"]) == 2
-    assert "--names must be one of distinct, shared" in capsys.readouterr().err
+    assert main(["prepare", "biographies", "--out", str(tmp_path / "x"), "names=few"]) == 2
+    assert "names: must be one of distinct, shared" in capsys.readouterr().err
 
 
 # --- the oracle reads them --------------------------------------------------------------------
@@ -488,9 +488,8 @@ def test_oracle_corrections_train_the_recovery_never_the_mistake(tiny_tokenizer)
 
 
 def test_cli_writes_the_task_deterministically(tmp_path, capsys):
-    args = ["prepare", "biographies", "--out", str(tmp_path / "a"), "--train-questions", "12",
-            "--train-docs", "5", "--val-questions", "3", "--eval-questions", "4",
-            "--num-docs", "5", "10", "--seed", "7"]
+    args = ["prepare", "biographies", "--out", str(tmp_path / "a"), "train_questions=12",
+            "train_docs=5", "val_questions=3", "eval_questions=4", "num_docs=[5,10]", "seed=7"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.count("wrote") == 4 and "eval_10.json" in out
@@ -501,17 +500,18 @@ def test_cli_writes_the_task_deterministically(tmp_path, capsys):
     assert main(args) == 0
     for name in ("train.jsonl", "val.jsonl", "eval_5.json", "eval_10.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    assert main(["prepare", "biographies", "--out", str(tmp_path / "c"), "--split", "eval",
-                 "--eval-questions", "2", "--num-docs", "3"]) == 0
+    assert main(["prepare", "biographies", "--out", str(tmp_path / "c"), "split=eval",
+                 "eval_questions=2", "num_docs=3"]) == 0
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["eval_3.json"]
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--split", "dev"], "--split must be one of all, train, eval"),
-    (["--hard-share", "2"], "hard_share must be a number from 0 to 1"),
-    (["--split", "train", "--num-docs", "8"], "--num-docs: sets the evaluation files' N"),
-    (["--train-docs", "0"], "num_docs must be an integer of at least 1"),
-    (["--split", "eval", "--eval-questions", "0"], "num_questions must be an integer"),
+    (["split=dev"], "split: must be one of all, train, eval"),
+    (["hard_share=2"], "hard_share must be a number from 0 to 1"),
+    (["split=train", "num_docs=[8]"], "num_docs: sets the evaluation files' N"),
+    (["train_docs=0"], "num_docs must be an integer of at least 1"),
+    (["split=eval", "eval_questions=0"], "num_questions must be an integer"),
+    (["num_docs=[]"], "num_docs: Value should have at least 1 item"),
 ])
 def test_cli_bad_arguments_are_one_line_errors(tmp_path, capsys, extra, message):
     assert main(["prepare", "biographies", "--out", str(tmp_path / "o"), *extra]) == 2

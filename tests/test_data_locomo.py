@@ -484,8 +484,8 @@ def test_cli_prepare_locomo(tmp_path, capsys, monkeypatch):
     src = tmp_path / "tiny.json"
     src.write_text(json.dumps(tiny_locomo()))
     out = tmp_path / "out"
-    assert main(["prepare", "locomo", "--input", str(src), "--out", str(out), "--embed",
-                 "--embed-batch-size", "2"]) == 0
+    assert main(["prepare", "locomo", "--input", str(src), "--out", str(out), "embed=true",
+                 "embed_batch_size=2"]) == 0
     text = capsys.readouterr().out
     assert "adversarial (category 5): 2" in text
     assert "skipped: 3" in text and "2 × no evidence id resolves" in text
@@ -514,8 +514,8 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
     assert main(["prepare", "locomo", "--input", str(tmp_path / "none.json"), "--out", out]) == 2
     _one_line_error(capsys, "file not found")
     assert main(["prepare", "locomo", "--input", str(src), "--out", out,
-                 "--embed-batch-size", "0"]) == 2
-    _one_line_error(capsys, "--embed-batch-size must be at least 1")
+                 "embed_batch_size=0"]) == 2
+    _one_line_error(capsys, "embed_batch_size: Input should be greater than or equal to 1")
 
 
 # ---------------------------------------------------------------------------------------------

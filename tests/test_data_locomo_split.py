@@ -1,5 +1,5 @@
 """The training / held-out split of LoCoMo's conversations: by sample id, the same in any file
-order and on a file that holds one side already; `memrl prepare locomo --split` writes each
+order and on a file that holds one side already; `memrl prepare locomo split=...` writes each
 side, and on the real file the two sides share no conversation and no session."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_cli_prepare_writes_one_side(shared_data, tmp_path, capsys):
                           ("train", 1345, set(LOCOMO_IDS) - set(HELDOUT_CONVERSATIONS))):
         out = tmp_path / split
         assert main(["prepare", "locomo", "--input", str(src), "--out", str(out),
-                     "--split", split]) == 0
+                     f"split={split}"]) == 0
         assert f"(split {split}: {len(ids)} conversations)" in capsys.readouterr().out
         episodes = load_episodes(out)
         assert len(episodes) == n and {e.sample_id for e in episodes} == ids
@@ -91,8 +91,8 @@ def test_cli_prepare_split_errors_are_one_line(tmp_path, capsys):
                                    "evidence": ["D1:1"], "category": 4}]}]))
     out = str(tmp_path / "out")
     assert main(["prepare", "locomo", "--input", str(src), "--out", out,
-                 "--split", "heldout"]) == 2
+                 "split=heldout"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no episodes of the held-out conversations (conv-48" in err[0]
-    assert main(["prepare", "locomo", "--input", str(src), "--out", out, "--split", "dev"]) == 2
-    assert "unknown split 'dev'" in capsys.readouterr().err
+    assert main(["prepare", "locomo", "--input", str(src), "--out", out, "split=dev"]) == 2
+    assert "split: must be one of all, train, heldout, got 'dev'" in capsys.readouterr().err

@@ -250,29 +250,29 @@ def cli(capsys, args):
 def test_cli_memagent_style(official, tmp_path, capsys):
     out = tmp_path / "ruler"
     code, stdout, _ = cli(capsys, [
-        "prepare", "ruler-hqa", "--style", "memagent", "-i", str(official), "--num-docs", "5",
-        "--num-docs", "9", "--num-questions", "4", "--index-list-from", "9", "--out", str(out)])
+        "prepare", "ruler-hqa", "style=memagent", "-i", str(official), "num_docs=[5,9]",
+        "num_questions=4", "index_list_from=9", "--out", str(out)])
     assert code == 0 and "4 questions, pool of 9 paragraphs" in stdout
     assert "index list (load with --pool" in stdout
     assert len(load_ruler_hqa(out / "eval_9.json", pool=official)) == 4
-    code, _, err = cli(capsys, ["prepare", "ruler-hqa", "--style", "memagent", "-i",
-                                str(official), "--num-docs", "5", "--include", "all",
-                                "--out", str(out)])
+    code, _, err = cli(capsys, ["prepare", "ruler-hqa", "style=memagent", "-i",
+                                str(official), "num_docs=5", "include=all", "--out", str(out)])
     assert code == 2 and err.strip().splitlines() == [
-        "error: --include: only with --style memrl (MemAgent keeps all of a question's own "
-        "paragraphs)"]
-    code, _, err = cli(capsys, ["prepare", "ruler-hqa", "-i", str(official), "--num-docs", "5",
-                                "--index-list-from", "9", "--out", str(out)])
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--index-list-from" in err
+        "error: overrides: include: only with style=memrl (MemAgent keeps all of a question's "
+        "own paragraphs)"]
+    code, _, err = cli(capsys, ["prepare", "ruler-hqa", "-i", str(official), "num_docs=5",
+                                "index_list_from=9", "--out", str(out)])
+    assert code == 2 and err.strip().splitlines() == [
+        "error: overrides: index_list_from: only with style=memagent"]
 
 
 def test_cli_index_lists_need_the_official_json(shared_data, tmp_path, capsys):
     code, _, err = cli(capsys, [
-        "prepare", "ruler-hqa", "--style", "memagent", "-i",
-        str(shared_data / "hotpotqa" / "dev_subsampled.jsonl"), "--num-docs", "50",
-        "--index-list-from", "50", "--out", str(tmp_path)])
+        "prepare", "ruler-hqa", "style=memagent", "-i",
+        str(shared_data / "hotpotqa" / "dev_subsampled.jsonl"), "num_docs=50",
+        "index_list_from=50", "--out", str(tmp_path)])
     assert code == 2 and err.strip().splitlines() == [
-        "error: --index-list-from: index-list files need the official HotpotQA JSON as "
+        "error: index_list_from: index-list files need the official HotpotQA JSON as "
         "--input (its pool is what --pool reads back)"]
 
 
@@ -280,9 +280,9 @@ def test_cli_memagent_parquet_with_a_filter_model(official, tmp_path, capsys, ti
     """The filter through the in-process HF engine: a tiny random model answers nothing."""
     out = tmp_path / "train.parquet"
     code, stdout, _ = cli(capsys, [
-        "prepare", "memagent-parquet", "-i", str(official), "--num-docs", "6",
-        "--num-questions", "2", "--filter-model", str(tiny_model_dir), "--filter-samples", "1",
-        "--filter-batch-size", "2", "--device", "cpu", "-o", str(out)])
+        "prepare", "memagent-parquet", "-i", str(official), "num_docs=6",
+        "num_questions=2", f"filter.models=[{tiny_model_dir}]", "filter.samples=1",
+        "filter.batch_size=2", "filter.device=cpu", "-o", str(out)])
     assert code == 0, stdout
     assert "2 questions asked, 2 not answered" in stdout
     assert [r.id for r in load_memagent_parquet(out)] == ["0", "1"]

@@ -263,19 +263,19 @@ def test_prepare_cli_writes_files_eval_reads(tmp_path, capsys):
     from memrl.cli import main
 
     out = tmp_path / "kn"
-    assert main(["prepare", "knowledge-update", "--out", str(out), "--train-questions", "4",
-                 "--val-questions", "2", "--eval-questions", "3", "--num-docs", "4",
-                 "--num-docs", "16"]) == 0
+    assert main(["prepare", "knowledge-update", "--out", str(out), "train_questions=4",
+                 "val_questions=2", "eval_questions=3", "num_docs=[4,16]"]) == 0
     assert "wrote" in capsys.readouterr().out
     files = load_ruler_hqa_dir(out, [4, 16])
     assert [r.question for r in files[4]] == [r.question for r in files[16]]
     assert len(files[16][0].context) > 3 * len(files[4][0].context)
     cases = [
-        (["--split", "test"], "--split: must be one of all, train, eval"),
-        (["--split", "train", "--num-docs", "4"], "--num-docs: sets the evaluation"),
-        (["--haystack", str(tmp_path / "none.txt")], "haystack file not found"),
-        (["--num-docs", "0"], "num_docs must be an integer of at least 1"),
-        (["--block-chars", "0"], "block_chars must be an integer of at least 1"),
+        (["split=test"], "split: must be one of all, train, eval"),
+        (["split=train", "num_docs=4"], "num_docs: sets the evaluation"),
+        ([f"haystack={tmp_path / 'none.txt'}"], "haystack file not found"),
+        (["num_docs=0"], "num_docs.0: Input should be greater than or equal to 1"),
+        (["block_chars=0"], "block_chars must be an integer of at least 1"),
+        (["--split", "eval"], "--split"),
     ]
     for args, message in cases:
         assert main(["prepare", "counting", "--out", str(tmp_path / "x"), *args]) == 2

@@ -223,8 +223,8 @@ def test_unknown_name_is_one_line_listing_the_names(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "parts"),
     [
-        ([NAME, "--dtype", "float16"], ["--dtype", "bfloat16, float32", "'float16'"]),
-        (["tiny", "--dtype", "bfloat16"], ["--dtype", "float32 only"]),
+        ([NAME, "dtype=float16"], ["dtype", "bfloat16, float32", "'float16'"]),
+        (["tiny", "dtype=bfloat16"], ["dtype", "float32 only"]),
     ],
 )
 def test_bad_dtype_is_one_line(capsys, tmp_path, argv, parts):

@@ -161,8 +161,8 @@ def test_quickstart_command_on_vllm_repeats_its_tokens(tiny_model_dir, tmp_path,
     split one: see the module docstring), and a re-run of its first step samples the same
     tokens."""
     data = tmp_path / "t.jsonl"
-    assert cli_main(["prepare", "synthetic", "--out", str(data), "--num-questions", "8",
-                     "--num-docs", "2"]) == 0
+    assert cli_main(["prepare", "synthetic", "--out", str(data), "num_questions=8",
+                     "num_docs=2"]) == 0
     config = Path(__file__).parents[1] / "configs" / "quickstart.yaml"
     record = record_engine_requests(monkeypatch)
     runs = []

@@ -139,8 +139,8 @@ def test_cli_init_tiny_model(tmp_path, capsys) -> None:
     from transformers import AutoConfig
 
     out = tmp_path / "cli_model"
-    code = main(["init-tiny-model", str(out), "--seed", "1", "--hidden-size", "64",
-                 "--num-layers", "1", "--vocab-size", "600"])
+    code = main(["init-tiny-model", str(out), "seed=1", "hidden_size=64", "num_layers=1",
+                 "vocab_size=600"])
     assert code == 0
     printed = capsys.readouterr().out
     n = count_parameters(out)
@@ -151,7 +151,12 @@ def test_cli_init_tiny_model(tmp_path, capsys) -> None:
 
 
 def test_cli_init_tiny_model_bad_arguments(tmp_path, capsys) -> None:
-    assert main(["init-tiny-model", str(tmp_path / "m"), "--hidden-size", "66"]) == 2
+    assert main(["init-tiny-model", str(tmp_path / "m"), "hidden_size=66"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert main(["init-tiny-model", str(tmp_path / "m"), "hidden_siz=64"]) == 2
+    assert "hidden_siz: unknown key" in capsys.readouterr().err
+    assert main(["init-tiny-model", str(tmp_path / "m"), "num_layers=two"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     a_file = tmp_path / "file"

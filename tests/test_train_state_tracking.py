@@ -19,8 +19,8 @@ from memrl.run.metrics import read_metrics
 
 def test_two_grpo_steps_on_where_now(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "where-now"
-    assert main(["prepare", "where-now", "--out", str(data), "--split", "train",
-                 "--train-questions", "8", "--val-questions", "2", "--train-docs", "2"]) == 0
+    assert main(["prepare", "where-now", "--out", str(data), "split=train",
+                 "train_questions=8", "val_questions=2", "train_docs=2"]) == 0
     config = tmp_path / "train.yaml"
     config.write_text(
         f"model:\n  path: {tiny_model_dir}\n"
@@ -40,8 +40,8 @@ def test_two_grpo_steps_on_where_now(tiny_model_dir, tmp_path, capsys):
 
 def test_memrl_eval_ruler_hqa_reads_the_benchmark(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "counting"
-    assert main(["prepare", "counting", "--out", str(data), "--split", "eval",
-                 "--eval-questions", "2", "--num-docs", "1", "--num-docs", "2"]) == 0
+    assert main(["prepare", "counting", "--out", str(data), "split=eval",
+                 "eval_questions=2", "num_docs=[1,2]"]) == 0
     out = tmp_path / "eval"
     assert main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
                  "--num-docs", "1", "--num-docs", "2", "--out", str(out), "--quiet",
@@ -183,8 +183,8 @@ def test_the_where_now_warm_start_learns_to_keep_the_asked_state(tmp_path):
     from memrl.run.checkpoint import export_checkpoint, latest_checkpoint
 
     data = tmp_path / "data"
-    assert main(["prepare", "where-now", "--out", str(data), "--split", "train",
-                 "--train-docs", "1", "--train-questions", "400", "--val-questions", "0"]) == 0
+    assert main(["prepare", "where-now", "--out", str(data), "split=train",
+                 "train_docs=1", "train_questions=400", "val_questions=0"]) == 0
     build_tiny_model(tmp_path / "model", seed=0)
     cfg = load_config(TrainConfig, "configs/where_now_tiny.yaml", [
         f"model.path={tmp_path / 'model'}", f"data.train_file={data / 'train.json'}",

@@ -106,8 +106,8 @@ def agent_dir(tmp_path_factory) -> Path:
 def biographies(tmp_path_factory) -> Path:
     """Four held-out biography questions over 24 documents (`memrl prepare`, its seed)."""
     data = tmp_path_factory.mktemp("bio") / "bio"
-    assert main(["prepare", "biographies", "--out", str(data), "--split", "eval",
-                 "--num-docs", "24", "--eval-questions", "4"]) == 0
+    assert main(["prepare", "biographies", "--out", str(data), "split=eval",
+                 "num_docs=24", "eval_questions=4"]) == 0
     return data
 
 

@@ -200,7 +200,7 @@ def test_rows_carry_the_trainers_advantages_and_recompute_them(run):
 
 @pytest.mark.slow
 def test_view_lists_a_steps_trajectories(run, capsys):
-    assert cli_main(["view", str(run["dir"]), "--step", "1"]) == 0
+    assert cli_main(["view", str(run["dir"]), "steps=[1]"]) == 0
     page = (run["dir"] / "view.html").read_text()
     assert page.count('<details class="step"') == 1 and 'data-step="1"' in page
     assert "steps 1 of 2 logged" in page

@@ -118,6 +118,9 @@ def test_view_of_a_directory_without_trajectories_is_one_line(tmp_path, capsys):
     assert cli_main(["view", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no trajectories file" in err and err.count("\n") == 1
+    assert cli_main(["view", str(tmp_path), "steps=[one]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "steps.0:" in err and err.count("\n") == 1
 
 
 def chromium() -> str | None:

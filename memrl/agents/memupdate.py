@@ -157,7 +157,7 @@ def create_base_namespace(
     store: MemoryBackend, episode: MemoryEpisode, index: EmbeddingIndex | None = None
 ) -> str:
     """The episode's base namespace (`episode.id`) holding its initial memory, created if
-    missing; vectors come from `index` (precomputed by `prepare locomo --embed`) when given."""
+    missing; vectors come from `index` (precomputed by `prepare locomo embed=true`) when given."""
     if store.exists(episode.id):
         return episode.id
     texts = [f.text for f in episode.initial_memory]

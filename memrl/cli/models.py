@@ -1,6 +1,7 @@
-"""`memrl init-model NAME OUT_DIR`: write a model directory, the tiny random Qwen2 (offline runs
-and tests) or a real pretrained model converted from a pip-installed file
-(`memrl.models.pretrained`). `memrl init-tiny-model` is `init-model tiny` with shape options."""
+"""`memrl init-model NAME OUT_DIR [dtype=...]`: write a model directory, the tiny random
+Qwen2 (offline runs and tests) or a real pretrained model converted from a pip-installed file
+(`memrl.models.pretrained`). `memrl init-tiny-model` is `init-model tiny` with shape keys
+(`hidden_size=64`)."""
 
 from __future__ import annotations
 
@@ -11,47 +12,38 @@ from typing import Annotated
 import typer
 
 from memrl.cli.app import app
+from memrl.command_config import InitModelConfig, TinyModelConfig
+from memrl.config import load_command_config
 from memrl.errors import MemrlInputError
+
+
+Keys = Annotated[list[str] | None, typer.Argument(
+    help="CONFIG and/or key=value settings (the keys above).", show_default=False)]
 
 
 @app.command("init-tiny-model")
 def init_tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
-    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
-    hidden_size: Annotated[int, typer.Option(help="Width of the residual stream.")] = 128,
-    num_layers: Annotated[int, typer.Option(help="Number of transformer blocks.")] = 2,
-    num_heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
-    num_kv_heads: Annotated[int, typer.Option(help="Key/value heads (GQA).")] = 2,
-    intermediate_size: Annotated[int, typer.Option(help="Width of the MLP.")] = 256,
-    vocab_size: Annotated[
-        int, typer.Option(help="Upper bound on the BPE vocabulary trained on the fly.")
-    ] = 1024,
+    args: Keys = None,
 ) -> None:
     """Build a random-weight Qwen2 model + BPE tokenizer (ChatML) loadable by AutoModel
-    (`init-model tiny` with shape options)."""
+    (`init-model tiny` with shape keys: seed, hidden_size, num_layers, num_heads,
+    num_kv_heads, intermediate_size, vocab_size)."""
     from memrl.models.tiny import MIN_VOCAB_SIZE, check_vocab_size
 
+    cfg = load_command_config(TinyModelConfig, args)
     try:
-        check_vocab_size(vocab_size)
+        check_vocab_size(cfg.vocab_size)
     except MemrlInputError as exc:
         raise MemrlInputError(
             f"must be at least {MIN_VOCAB_SIZE} (the 256 byte symbols and the special tokens "
-            f"of a byte-level BPE), got {vocab_size}",
-            location="--vocab-size",
+            f"of a byte-level BPE), got {cfg.vocab_size}",
+            location="vocab_size",
         ) from exc
     _check_out_dir(out_dir)
     from memrl.models.tiny import build_tiny_model, count_parameters
 
-    path = _writing(out_dir, lambda: build_tiny_model(
-        out_dir,
-        seed=seed,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab_size,
-    ))
+    path = _writing(out_dir, lambda: build_tiny_model(out_dir, **cfg.model_dump()))
     typer.echo(f"tiny model: {count_parameters(path):,} parameters, written to {path}")
 
 
@@ -63,12 +55,10 @@ def init_model(
              "smollm2-135m-memagent (that model trained by memrl as a MemAgent: an adapter "
              "shipped with memrl applied to it; `memrl ask --model DIR` reads with it).")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
-    dtype: Annotated[str | None, typer.Option(
-        help="Weights dtype of a pretrained model on disk: bfloat16 (default: half the "
-             "size) or float32. The dtype it runs in is chosen when it loads (float32 on a "
-             "CPU without bfloat16 instructions). The tiny model is always float32.")] = None,
+    args: Keys = None,
 ) -> None:
-    """Write model NAME as a Hugging Face directory that transformers and vLLM load."""
+    """Write model NAME as a Hugging Face directory that transformers and vLLM load. Key:
+    dtype (bfloat16, the default, or float32: the weights' dtype on disk)."""
     import time
 
     from memrl.models.pretrained import check_dtype, check_model_name, convert_pretrained
@@ -76,10 +66,11 @@ def init_model(
     from memrl.models.trained import TRAINED_AGENTS, write_trained_agent
 
     check_model_name(name)
+    dtype = load_command_config(InitModelConfig, args).dtype
     if dtype is not None:
-        check_dtype(dtype, location="--dtype")
+        check_dtype(dtype, location="dtype")
     if name == "tiny" and dtype not in (None, "float32"):
-        raise MemrlInputError("the tiny model is written in float32 only", location="--dtype")
+        raise MemrlInputError("the tiny model is written in float32 only", location="dtype")
     _check_out_dir(out_dir)
     start = time.monotonic()
     if name == "tiny":

@@ -1,4 +1,8 @@
-"""`memrl prepare ...`: convert data sets into memrl's files (thin wrappers over memrl.data)."""
+"""`memrl prepare ...`: convert data sets into memrl's files (thin wrappers over memrl.data).
+
+Every command is `memrl prepare NAME --input SRC --out DEST [CONFIG] [key=value ...]`: the paths
+are options, the settings keys of the generator's typed config (memrl.data.prepare_config;
+docs/configuration.md lists them)."""
 
 from __future__ import annotations
 
@@ -9,19 +13,19 @@ import typer
 from rich.console import Console
 
 from memrl.cli.app import prepare_app
-from memrl.data.biographies import (
-    DEFAULT_HARD_SHARE,
-    NAME_POOLS,
-    WRITE_SPLITS,
-    write_biographies,
+from memrl.config import load_command_config
+from memrl.data.biographies import write_biographies
+from memrl.data.hotpotqa import load_hotpotqa, save_memagent_rows, save_records
+from memrl.data.prepare_config import (
+    BiographiesPrepare,
+    HotpotqaPrepare,
+    MemagentParquetPrepare,
+    MemagentQuestions,
+    RulerHqaPrepare,
+    SyntheticPrepare,
 )
-from memrl.data.hotpotqa import FORMATS, load_hotpotqa, save_memagent_rows, save_records
 from memrl.data.records import QARecord
 from memrl.data.ruler_hqa import (
-    INCLUDE_MODES,
-    MEMAGENT_SEED,
-    MEMAGENT_SHUFFLE_SEED,
-    STYLES,
     load_hotpotqa_pool,
     memagent_pool,
     memagent_training_rows,
@@ -34,6 +38,10 @@ from memrl.fileio import check_output_dir, check_output_file
 
 console = Console(soft_wrap=True)
 
+Keys = Annotated[list[str] | None, typer.Argument(
+    help="CONFIG and/or key=value settings of the generator (docs/configuration.md, "
+         "`memrl prepare`), e.g. num_docs=[50,100] seed=1.", show_default=False)]
+
 
 def _describe(records: list[QARecord]) -> str:
     n_docs = sum(len(r.documents) for r in records)
@@ -44,151 +52,91 @@ def _describe(records: list[QARecord]) -> str:
     return text
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise MemrlInputError(f"{name} must be one of {', '.join(choices)}, got '{value}'")
-
-
 @prepare_app.command("hotpotqa")
 def prepare_hotpotqa(
     input: Annotated[str, typer.Option("--input", "-i", help="File, or hf:NAME[:SPLIT].")],
     output: Annotated[Path, typer.Option("--output", "-o", help="OUT.jsonl or OUT.parquet.")],
-    format: Annotated[
-        str, typer.Option("--format", help=f"One of: {', '.join(FORMATS)}.")
-    ] = "auto",
+    args: Keys = None,
 ) -> None:
-    """Read HotpotQA (official / IRCoT / memrl / parquet / hf) and write memrl JSONL or parquet."""
-    _check_choice("--format", format, FORMATS)
+    """Read HotpotQA (official / IRCoT / memrl / parquet / hf) and write memrl JSONL or parquet.
+    Key: format (auto, official, ircot, memrl, parquet, hf)."""
+    cfg = load_command_config(HotpotqaPrepare, args)
     if output.suffix.lower() not in (".jsonl", ".parquet"):
         raise MemrlInputError(f"--output must end in .jsonl or .parquet, got '{output}'")
     check_output_file(output, location=f"--output {output}")
-    records = load_hotpotqa(input, format=format)
+    records = load_hotpotqa(input, format=cfg.format)
     path = save_records(records, output)
     console.print(f"[green]wrote[/green] {path}: {_describe(records)}")
 
 
-def _question_positions(records: list[QARecord], num_questions: int | None,
-                        filter_models: list[str] | None, filter_samples: int,
-                        device: str | None, dtype: str | None,
-                        filter_batch_size: int) -> list[int]:
-    """MemAgent's selection: the first K questions in input order, or with --filter-model the
-    first K that no filter model answers without context."""
-    if num_questions is not None and num_questions < 1:
-        raise MemrlInputError(f"must be at least 1, got {num_questions}",
-                              location="--num-questions")
-    if not filter_models:
-        if num_questions is not None and num_questions > len(records):
+def _memagent_questions(records: list[QARecord], cfg: MemagentQuestions) -> list[int]:
+    """MemAgent's selection of the questions: the first `num_questions` in input order, or
+    with `filter.models` the first that no filter model answers without context."""
+    n = cfg.num_questions
+    if not cfg.filter.models:
+        if n is not None and n > len(records):
             raise MemrlInputError(
-                f"{num_questions} asked for but the input has only {len(records)} questions",
-                location="--num-questions",
-            )
-        return list(range(len(records) if num_questions is None else num_questions))
+                f"{n} asked for but the input has only {len(records)} questions",
+                location="num_questions")
+        return list(range(len(records) if n is None else n))
     from memrl.cli.common import config_from_options, load_engine
     from memrl.eval.closed_book import ClosedBookConfig, select_unanswered
 
-    config = config_from_options(ClosedBookConfig, samples=filter_samples,
-                                 batch_size=filter_batch_size)
-    generators = [load_engine(Path(m), device=device, dtype=dtype,
-                              generation_batch_size=filter_batch_size * filter_samples,
-                              seed=None)
-                  for m in filter_models]
+    f = cfg.filter
+    config = config_from_options(ClosedBookConfig, samples=f.samples, batch_size=f.batch_size)
+    generators = [load_engine(Path(m), device=f.device, dtype=f.dtype,
+                              generation_batch_size=f.batch_size * f.samples, seed=None)
+                  for m in f.models]
 
     def report(done: int, kept: int) -> None:
         console.print(f"filter: {done} questions asked, {kept} not answered without context")
 
-    kept = select_unanswered(generators, records, num_questions, config, progress=report)
+    kept = select_unanswered(generators, records, n, config, progress=report)
     if not kept:
         raise MemrlInputError("every question was answered without context by the filter "
-                              "model(s); nothing to write", location="--filter-model")
-    if num_questions is not None and len(kept) < num_questions:
+                              "model(s); nothing to write", location="filter.models")
+    if n is not None and len(kept) < n:
         console.print(f"[yellow]warning[/yellow]: only {len(kept)} of {len(records)} questions "
-                      f"pass the filter (asked for {num_questions}); writing those")
+                      f"pass the filter (asked for {n}); writing those")
     return kept
-
-
-FilterModels = Annotated[list[str] | None, typer.Option(
-    "--filter-model", help="Keep only questions this model (HF directory or cached hub id) "
-    "cannot answer without context (MemAgent's filter). Repeat for several models.")]
-FilterSamples = Annotated[int, typer.Option(
-    "--filter-samples", help="Replies per filter model and question (MemAgent: 2).")]
-FilterBatch = Annotated[int, typer.Option(
-    "--filter-batch-size", help="Questions per generate call of the filter.")]
-Device = Annotated[str | None, typer.Option("--device", help="Filter models' device.")]
-Dtype = Annotated[str | None, typer.Option("--dtype", help="Filter models' dtype.")]
 
 
 @prepare_app.command("ruler-hqa")
 def prepare_ruler_hqa(
     input: Annotated[str, typer.Option("--input", "-i", help="HotpotQA source (any format).")],
-    num_docs: Annotated[
-        list[int], typer.Option("--num-docs", help="Documents per context, e.g. 50 100 200.")
-    ],
     out: Annotated[Path, typer.Option("--out", help="Directory for eval_{N}.json.")],
-    seed: Annotated[int, typer.Option("--seed")] = 42,
-    num_questions: Annotated[
-        int | None, typer.Option("--num-questions", help=(
-            "memrl style: sample K questions; memagent style: the first K (after the filter)."
-        ))
-    ] = None,
-    include: Annotated[str | None, typer.Option("--include", help=(
-        "memrl style only. gold: gold + other questions' paragraphs (default); all: the "
-        "question's own paragraphs first."
-    ))] = None,
-    style: Annotated[str, typer.Option("--style", help=(
-        "memrl: memrl's builder; memagent: MemAgent's published builder (each question's own "
-        "paragraphs + random ones from the whole input pool, one permutation per N)."
-    ))] = "memrl",
-    shuffle_seed: Annotated[int, typer.Option(
-        "--shuffle-seed", help="memagent style: seed of the one permutation per N.")
-    ] = MEMAGENT_SHUFFLE_SEED,
-    index_list_from: Annotated[int | None, typer.Option(
-        "--index-list-from", help="memagent style: files with N at least this store context "
-        "as pool indices (MemAgent: N > 10000); needs the official HotpotQA JSON as input.")
-    ] = None,
-    filter_model: FilterModels = None,
-    filter_samples: FilterSamples = 2,
-    filter_batch_size: FilterBatch = 64,
-    device: Device = None,
-    dtype: Dtype = None,
+    args: Keys = None,
 ) -> None:
-    """Build RULER-HQA files (MemAgent's eval_{N}.json) from HotpotQA questions."""
-    _check_choice("--style", style, STYLES)
+    """Build RULER-HQA files (MemAgent's eval_{N}.json) from HotpotQA questions. Keys:
+    num_docs (required, e.g. [50,100,200]), seed, num_questions, style (memrl, memagent),
+    include, shuffle_seed, index_list_from, filter.models / samples / batch_size / device /
+    dtype (docs/configuration.md)."""
+    cfg = load_command_config(RulerHqaPrepare, args)
     check_output_dir(out, location=f"--out {out}")
-    if style == "memrl":
-        for flag, given in (("--index-list-from", index_list_from is not None),
-                            ("--filter-model", bool(filter_model)),
-                            ("--shuffle-seed", shuffle_seed != MEMAGENT_SHUFFLE_SEED)):
-            if given:
-                raise MemrlInputError("only with --style memagent", location=flag)
-        include = include or "gold"
-        _check_choice("--include", include, INCLUDE_MODES)
+    if cfg.style == "memrl":
+        include = cfg.include or "gold"
         records = load_hotpotqa(input)
-        paths = write_ruler_hqa(records, out, num_docs, seed, num_questions=num_questions,
-                                include=include)
-        n_questions = num_questions if num_questions is not None else len(records)
-        console.print(
-            f"RULER-HQA from {input}: {n_questions} questions, seed {seed}, include {include}"
-        )
+        paths = write_ruler_hqa(records, out, cfg.num_docs, cfg.seed,
+                                num_questions=cfg.num_questions, include=include)
+        n_questions = cfg.num_questions if cfg.num_questions is not None else len(records)
+        console.print(f"RULER-HQA from {input}: {n_questions} questions, seed {cfg.seed}, "
+                      f"include {include}")
     else:
-        if include is not None:
-            raise MemrlInputError("only with --style memrl (MemAgent keeps all of a "
-                                  "question's own paragraphs)", location="--include")
         records = load_hotpotqa(input)
-        if index_list_from is not None and any(n >= index_list_from for n in num_docs):
+        if cfg.index_list_from is not None and max(cfg.num_docs) >= cfg.index_list_from:
             _check_pool_file(input, records)
-        positions = _question_positions(records, num_questions, filter_model, filter_samples,
-                                        device, dtype, filter_batch_size)
-        paths = write_memagent_ruler_hqa(records, out, num_docs, questions=positions,
-                                         seed=seed, shuffle_seed=shuffle_seed,
-                                         index_list_from=index_list_from)
+        positions = _memagent_questions(records, cfg)
+        paths = write_memagent_ruler_hqa(records, out, cfg.num_docs, questions=positions,
+                                         seed=cfg.seed, shuffle_seed=cfg.shuffle_seed,
+                                         index_list_from=cfg.index_list_from)
         console.print(
             f"RULER-HQA (MemAgent style) from {input}: {len(positions)} questions, pool of "
-            f"{len(memagent_pool(records).docs)} paragraphs, seed {seed}, shuffle seed "
-            f"{shuffle_seed}"
-        )
-    for n, path in zip(dict.fromkeys(num_docs), paths):
+            f"{len(memagent_pool(records).docs)} paragraphs, seed {cfg.seed}, shuffle seed "
+            f"{cfg.shuffle_seed}")
+    for n, path in zip(dict.fromkeys(cfg.num_docs), paths):
         size = path.stat().st_size / 1e6
-        listed = style == "memagent" and index_list_from is not None and n >= index_list_from
+        listed = (cfg.style == "memagent" and cfg.index_list_from is not None
+                  and n >= cfg.index_list_from)
         kind = ", index list (load with --pool " + input + ")" if listed else ""
         console.print(f"[green]wrote[/green] {path}: num_docs={n}, {size:.1f} MB{kind}")
 
@@ -203,7 +151,7 @@ def _check_pool_file(input: str, records: list[QARecord]) -> None:
     if docs != memagent_pool(records).docs:
         raise MemrlInputError(
             "index-list files need the official HotpotQA JSON as --input (its pool is what "
-            "--pool reads back)", location="--index-list-from"
+            "--pool reads back)", location="index_list_from"
         )
 
 
@@ -211,51 +159,35 @@ def _check_pool_file(input: str, records: list[QARecord]) -> None:
 def prepare_memagent_parquet(
     input: Annotated[str, typer.Option("--input", "-i", help="HotpotQA source (any format).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="OUT.parquet.")],
-    num_docs: Annotated[int, typer.Option(
-        "--num-docs", help="Paragraphs per question (MemAgent: 200).")] = 200,
-    num_questions: Annotated[int | None, typer.Option(
-        "--num-questions", help="The first K questions (after the filter); MemAgent: 8192 "
-        "for training, 128 for validation.")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = MEMAGENT_SEED,
-    shuffle_seed: Annotated[int, typer.Option(
-        "--shuffle-seed", help="Seed of the one permutation per N.")] = MEMAGENT_SHUFFLE_SEED,
-    filter_model: FilterModels = None,
-    filter_samples: FilterSamples = 2,
-    filter_batch_size: FilterBatch = 64,
-    device: Device = None,
-    dtype: Dtype = None,
+    args: Keys = None,
 ) -> None:
     """MemAgent-style training/validation parquet (data_source, prompt, context, ability,
-    reward_model, extra_info), built like `prepare ruler-hqa --style memagent`."""
+    reward_model, extra_info), built like `prepare ruler-hqa style=memagent`. Keys: num_docs,
+    num_questions, seed, shuffle_seed, filter.* (docs/configuration.md)."""
+    cfg = load_command_config(MemagentParquetPrepare, args)
     if output.suffix.lower() != ".parquet":
         raise MemrlInputError(f"must end in .parquet, got '{output}'", location="--output")
     check_output_file(output, location=f"--output {output}")
     records = load_hotpotqa(input)
-    positions = _question_positions(records, num_questions, filter_model, filter_samples,
-                                    device, dtype, filter_batch_size)
-    rows = memagent_training_rows(records, num_docs, questions=positions, seed=seed,
-                                  shuffle_seed=shuffle_seed)
+    positions = _memagent_questions(records, cfg)
+    rows = memagent_training_rows(records, cfg.num_docs, questions=positions, seed=cfg.seed,
+                                  shuffle_seed=cfg.shuffle_seed)
     path = save_memagent_rows(rows, output)
     size = path.stat().st_size / 1e6
-    console.print(f"[green]wrote[/green] {path}: {len(rows)} questions, num_docs={num_docs}, "
-                  f"{size:.1f} MB")
+    console.print(f"[green]wrote[/green] {path}: {len(rows)} questions, "
+                  f"num_docs={cfg.num_docs}, {size:.1f} MB")
 
 
 @prepare_app.command("synthetic")
 def prepare_synthetic(
     out: Annotated[Path, typer.Option("--out", "-o", help="OUT.jsonl or OUT.parquet.")],
-    num_questions: Annotated[int, typer.Option("--num-questions")] = 100,
-    num_docs: Annotated[
-        list[int] | None, typer.Option("--num-docs", help="Paragraphs per question (one value).")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    args: Keys = None,
 ) -> None:
-    """Write deterministic two-hop questions over fictional entities (offline data)."""
-    if num_docs and len(num_docs) > 1:
-        raise MemrlInputError(f"--num-docs takes one value here, got {len(num_docs)}")
+    """Write deterministic two-hop questions over fictional entities (offline data). Keys:
+    num_questions, num_docs, seed."""
+    cfg = load_command_config(SyntheticPrepare, args)
     check_output_file(out, location=f"--out {out}")
-    records = make_synthetic_records(num_questions, num_docs=num_docs[0] if num_docs else 10,
-                                     seed=seed)
+    records = make_synthetic_records(cfg.num_questions, num_docs=cfg.num_docs, seed=cfg.seed)
     path = save_records(records, out)
     console.print(f"[green]wrote[/green] {path}: {_describe(records)}")
 
@@ -263,40 +195,22 @@ def prepare_synthetic(
 @prepare_app.command("biographies")
 def prepare_biographies(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the files.")],
-    split: Annotated[str, typer.Option("--split", help=(
-        "train: train.jsonl + val.jsonl; eval: eval_{N}.json for each --num-docs; all: both."
-    ))] = "all",
-    train_questions: Annotated[int, typer.Option("--train-questions")] = 10_000,
-    train_docs: Annotated[int, typer.Option(
-        "--train-docs", help="Biographies per training (and validation) question.")] = 16,
-    val_questions: Annotated[int, typer.Option(
-        "--val-questions", help="Held-out validation questions (0: no val.jsonl).")] = 64,
-    eval_questions: Annotated[int, typer.Option(
-        "--eval-questions", help="Held-out questions, the same at every N.")] = 128,
-    num_docs: Annotated[list[int] | None, typer.Option(
-        "--num-docs", help="Biographies per evaluation question, e.g. 16 32 64 ... 1024.")
-    ] = None,
-    hard_share: Annotated[float, typer.Option(
-        "--hard-share", help="Share of distractors sharing the asked person's first or last "
-        "name.")] = DEFAULT_HARD_SHARE,
-    names: Annotated[str, typer.Option("--names", help=(
-        "distinct: names from ~1,100 first and last names per split, namesakes only where "
-        "placed; shared: a small pool of each, so first names and surnames recur among many "
-        "people and every context holds namesakes stating the asked attribute."))] = "distinct",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    args: Keys = None,
 ) -> None:
     """Write the biographies task (natural sentences, namesake distractors, held-out people
-    and sentence forms): train.jsonl, val.jsonl and eval_{N}.json."""
-    _check_choice("--split", split, WRITE_SPLITS)
-    _check_choice("--names", names, NAME_POOLS)
-    if num_docs and split == "train":
-        raise MemrlInputError("sets the evaluation files' N: not with --split train (use "
-                              "--train-docs)", location="--num-docs")
+    and sentence forms): train.jsonl, val.jsonl and eval_{N}.json. Keys: split, num_docs,
+    train_questions, train_docs, val_questions, eval_questions, hard_share, names, seed."""
+    cfg = load_command_config(BiographiesPrepare, args)
     check_output_dir(out, location=f"--out {out}")
-    eval_docs = num_docs or [16, 32, 64, 128, 256, 512, 1024]
-    paths = write_biographies(out, split=split, seed=seed, train_questions=train_questions,
-                              train_docs=train_docs, val_questions=val_questions,
-                              eval_questions=eval_questions, eval_docs=eval_docs,
-                              hard_share=hard_share, names=names)
+    paths = write_biographies(out, split=cfg.split, seed=cfg.seed,
+                              train_questions=cfg.train_questions, train_docs=cfg.train_docs,
+                              val_questions=cfg.val_questions,
+                              eval_questions=cfg.eval_questions, eval_docs=cfg.num_docs,
+                              hard_share=cfg.hard_share, names=cfg.names)
+    print_written(paths)
+
+
+def print_written(paths: list[Path]) -> None:
+    """`wrote PATH (SIZE MB)` for each file a generator wrote."""
     for path in paths:
         console.print(f"[green]wrote[/green] {path} ({path.stat().st_size / 1e6:.1f} MB)")

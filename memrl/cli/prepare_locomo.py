@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from memrl.cli.app import prepare_app
+from memrl.cli.prepare import Keys
+from memrl.config import load_command_config
 from memrl.data.locomo import (
     CATEGORY_NAMES,
     HELDOUT_CONVERSATIONS,
     SKIPPED_FILE,
-    check_split,
     load_locomo,
     precompute_embeddings,
     save_episodes,
@@ -24,6 +25,7 @@ from memrl.data.locomo import (
     split_by_conversation,
     unique_memory_texts,
 )
+from memrl.data.prepare_config import LocomoPrepare
 from memrl.errors import MemrlInputError
 from memrl.fileio import check_output_dir
 
@@ -34,19 +36,13 @@ console = Console(soft_wrap=True)
 def prepare_locomo(
     input: Annotated[Path, typer.Option("--input", "-i", help="LoCoMo JSON (locomo10.json).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for episodes.jsonl etc.")],
-    embed: Annotated[bool, typer.Option(
-        "--embed", help="Also embed the unique initial-memory facts with MiniLM."
-    )] = False,
-    embed_batch_size: Annotated[int, typer.Option("--embed-batch-size")] = 128,
-    split: Annotated[str, typer.Option(
-        "--split", help="Conversations to write: all, train, or heldout (conv-48, conv-49, "
-        "conv-50; docs/protocols.md)."
-    )] = "all",
+    args: Keys = None,
 ) -> None:
-    """Write one memory-update episode per LoCoMo QA pair; skipped pairs go to skipped.jsonl."""
-    if embed_batch_size < 1:
-        raise MemrlInputError(f"--embed-batch-size must be at least 1, got {embed_batch_size}")
-    split = check_split(split)
+    """Write one memory-update episode per LoCoMo QA pair; skipped pairs go to skipped.jsonl.
+    Keys: split (all, train, heldout: conv-48, conv-49, conv-50; docs/protocols.md), embed
+    (also embed the initial-memory facts with MiniLM), embed_batch_size."""
+    cfg = load_command_config(LocomoPrepare, args)
+    split = cfg.split
     check_output_dir(out, location=f"--out {out}")
     start = time.perf_counter()
     episodes, skipped = load_locomo(input)
@@ -83,13 +79,13 @@ def prepare_locomo(
     size = path.stat().st_size / 1e6
     console.print(f"[green]wrote[/green] {path} ({size:.1f} MB), {skipped_path}")
 
-    if embed:
+    if cfg.embed:
         from memrl.memory.embedder import default_embedder
 
         embedder = default_embedder()
         n_texts = len(unique_memory_texts(episodes))
         t0 = time.perf_counter()
-        index = precompute_embeddings(episodes, embedder, out, batch_size=embed_batch_size)
+        index = precompute_embeddings(episodes, embedder, out, batch_size=cfg.embed_batch_size)
         console.print(
             f"[green]embedded[/green] {n_texts} unique memory facts with {index.embedder_name} "
             f"(dim {index.dim}) in {time.perf_counter() - t0:.1f} s"

@@ -36,6 +36,8 @@ decisions behind the defaults: [training.md](training.md). Shipped configs: `con
 def type_name(annotation: Any) -> str:
     """A short, readable name of a field's type: `int`, `auto | bool`, `list[str]`."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a) if isinstance(a, str) else str(a).lower()
                             for a in typing.get_args(annotation))
@@ -111,6 +113,7 @@ def render() -> str:
     parts += ["# `memrl sft`", "", *sft_sections(TrainConfig, SFTConfig)]
     parts += ["", *eval_sections()]
     parts += ["", *reading_sections()]
+    parts += ["", *prepare_sections()]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -168,6 +171,32 @@ def reading_sections() -> list[str]:
     return ["# `memrl ask` and `memrl serve`", "", intro, "",
             *section(AskSection, "ask", None, AskSection.__doc__),
             *section(ServeConfig, "serve", None, ServeConfig.__doc__)]
+
+
+def prepare_sections() -> list[str]:
+    """`memrl prepare NAME` (each generator's keys, memrl.data.prepare_config), then the other
+    commands' keys (memrl.command_config)."""
+    from memrl.command_config import COMMAND_CONFIGS
+    from memrl.data.prepare_config import PREPARE_CONFIGS
+
+    intro = ("`memrl prepare NAME --input SRC --out DEST [CONFIG] [key.path=value ...]`: the "
+             "paths a generator reads and writes are options, its settings these keys (a YAML "
+             "list in quotes for the shell: `'num_docs=[16,32]'`).")
+    out = ["# `memrl prepare`", "", intro, ""]
+    out += command_sections({f"prepare {n}": c for n, c in PREPARE_CONFIGS.items()})
+    intro = ("The paths a command reads and writes are its arguments and options, its "
+             "settings these keys.")
+    return [*out, "# Other commands", "", intro, "", *command_sections(COMMAND_CONFIGS)]
+
+
+def command_sections(configs: dict[str, type[BaseModel]]) -> list[str]:
+    """A section per command (`## prepare where-now`), its keys without the command's name."""
+    out = []
+    for command, config_class in configs.items():
+        out += [line.replace(f"| `{command}.", "| `", 1)
+                .replace(f"## `{command}.", f"## `{command}`: section `", 1)
+                for line in section(config_class, command, None, config_class.__doc__)]
+    return out
 
 
 if __name__ == "__main__":

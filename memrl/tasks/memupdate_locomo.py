@@ -1,7 +1,7 @@
 """MemoryUpdate on LoCoMo: tool calls on a forked memory, rewarded by the QA improvement.
 
 Per rollout: make sure each episode's base namespace exists (its initial memory, created
-once per process from precomputed embeddings when `prepare locomo --embed` wrote them),
+once per process from precomputed embeddings when `prepare locomo embed=true` wrote them),
 run the agent (one trial namespace per sample), score the question over the base and over
 each trial (`memrl.rewards.memory_delta`), set `reward` and `metrics`, then release the
 trials. Category-5 (adversarial) episodes are left out of `load` unless

@@ -1,5 +1,5 @@
 """Embeddings of the LoCoMo episodes' initial memory, precomputed once per unique fact text
-(`precompute_embeddings`, `memrl prepare locomo --embed`) so that training never re-embeds the
+(`precompute_embeddings`, `memrl prepare locomo embed=true`) so that training never re-embeds the
 same observation thousands of times; `EmbeddingIndex` looks them up by text."""
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def load_embeddings(out_dir: str | Path, episodes: Sequence[MemoryEpisode] | Non
     dim = get_field(meta, "dim", int, str(meta_path))
     count = get_field(meta, "count", int, str(meta_path))
     sha = get_string(meta, "texts_sha256", str(meta_path))
-    rerun = "; rerun `memrl prepare locomo --embed`"
+    rerun = "; rerun `memrl prepare locomo embed=true`"
 
     texts_path = out_dir / TEXTS_FILE
     if not texts_path.is_file():

@@ -1,4 +1,4 @@
-"""MemAgent's RULER-HQA builder (`memrl prepare ruler-hqa --style memagent`) and its
+"""MemAgent's RULER-HQA builder (`memrl prepare ruler-hqa style=memagent`) and its
 training rows.
 
 As `generate_input_output` / `generate_index_only` in MemAgent's
@@ -36,7 +36,7 @@ from memrl.data.ruler_hqa.load import render_pool_context
 from memrl.errors import MemrlInputError
 
 STYLES = ("memrl", "memagent")
-"""`memrl prepare ruler-hqa --style`: memrl (gold paragraphs + other questions' paragraphs,
+"""`memrl prepare ruler-hqa style=...`: memrl (gold paragraphs + other questions' paragraphs,
 seeded per question) or memagent (MemAgent's published builder, above)."""
 
 MEMAGENT_SHUFFLE_SEED = 4

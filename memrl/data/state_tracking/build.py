@@ -78,16 +78,16 @@ def read_haystack(path: str | Path, block_chars: int = DEFAULT_BLOCK_CHARS) -> F
     """The blocks of a user's text file (UTF-8)."""
     path = Path(path)
     if not path.is_file():
-        raise MemrlInputError("haystack file not found", location=f"--haystack {path}")
+        raise MemrlInputError("haystack file not found", location=f"haystack {path}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise MemrlInputError(f"not UTF-8 text (byte {exc.start})",
-                              location=f"--haystack {path}") from None
+                              location=f"haystack {path}") from None
     blocks = pack_blocks(_SENTENCES.split(text), block_chars)
     if not blocks:
         raise MemrlInputError(f"holds no block of {block_chars} characters of text",
-                              location=f"--haystack {path}")
+                              location=f"haystack {path}")
     return Filler(tuple(blocks), str(path))
 
 

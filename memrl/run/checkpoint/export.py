@@ -68,13 +68,13 @@ def export_checkpoint(
         base = base_model_path or _config_model_path(ckpt) or marker.get("base_model")
         if not base:
             raise MemrlInputError(
-                "LoRA checkpoint without a base model: pass --base-model PATH",
+                "LoRA checkpoint without a base model: pass model.path=PATH",
                 location=str(ckpt),
             )
         try:
             base_model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
         except OSError as exc:  # not a local model dir and not a (cached) hub id
-            hint = "" if base_model_path else "; pass --base-model PATH"
+            hint = "" if base_model_path else "; pass model.path=PATH"
             raise MemrlInputError(
                 f"cannot load the base model {base!r} of this LoRA checkpoint "
                 f"({str(exc).splitlines()[0]}){hint}",
