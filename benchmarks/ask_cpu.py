@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--max-final-tokens", type=int, default=64)
     parser.add_argument("--engine", default="hf", help="memrl ask's rollout.engine (hf, vllm)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the `memrl ask` process (OMP_NUM_THREADS); "
+                        help="torch threads of the `memrl ask` process (ask.threads, OMP_NUM_THREADS); "
                         "1 makes its CPU time the work done even when other programs share "
                         "the cores (no OpenMP spinning)")
     args = parser.parse_args()
@@ -103,8 +103,8 @@ def main() -> None:
 
             build_tiny_model(model, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if args.threads is not None:
         env["OMP_NUM_THREADS"] = str(args.threads)
     import torch
@@ -124,7 +124,8 @@ def main() -> None:
                f"memagent.chunk_size={args.chunk_size}",
                f"memagent.max_memory_tokens={args.max_memory_tokens}",
                f"memagent.max_final_tokens={args.max_final_tokens}", "seed=0",
-               f"ask.trace={trace}", f"rollout.engine={args.engine}"]
+               f"ask.trace={trace}", f"rollout.engine={args.engine}",
+               *([f"ask.threads={args.threads}"] if args.threads is not None else [])]
         print("$ memrl " + " ".join(cmd[3:]), flush=True)
         wall, cpu, peak, err = run_ask(cmd, env)
         match = SUMMARY.search(err)

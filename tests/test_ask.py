@@ -7,6 +7,8 @@ import asyncio
 import io
 import json
 
+from pathlib import Path
+
 import pytest
 from document_files import write_documents, write_pdf
 from helpers import ScriptedAsyncEngine, assert_same_trajectories
@@ -104,6 +106,24 @@ def test_several_documents_are_rendered_as_in_ruler_hqa(tiny_tokenizer):
                                              open_document("Second text.", 2)], 1000)
     assert list(chunks) == ["Document 1:\ntext 1\nFirst text.\n\nDocument 2:\ntext 2\n"
                             "Second text."]
+
+
+def test_a_file_is_titled_by_its_name_wherever_the_command_runs(tiny_tokenizer, tmp_path,
+                                                                 monkeypatch):
+    """The prompt holds a file's name, not the path as typed: the same files read from
+    another directory give the agent the same text."""
+    (tmp_path / "papers").mkdir()
+    for name, text in (("a.txt", "First text."), ("b.md", "Second text.")):
+        (tmp_path / "papers" / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    here = list(DocumentChunks(tiny_tokenizer, [open_document(Path("papers/a.txt")),
+                                                open_document(Path("papers/b.md"), 2)], 1000))
+    monkeypatch.chdir(tmp_path / "papers")
+    there = list(DocumentChunks(tiny_tokenizer, [open_document(Path("a.txt")),
+                                                 open_document(Path("./b.md"), 2)], 1000))
+    assert here == there == ["Document 1:\na.txt\nFirst text.\n\nDocument 2:\nb.md\n"
+                             "Second text."]
+    assert open_document(Path("a.txt")).name == "a.txt"  # errors still name the path given
 
 
 def test_a_token_limit_is_refused_while_counting(tiny_tokenizer):

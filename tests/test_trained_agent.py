@@ -131,6 +131,19 @@ def test_init_model_writes_a_model_that_reads_as_trained(agent_dir: Path, biogra
 
 
 @needs_package
+def test_it_answers_the_readmes_question_from_a_real_document(agent_dir: Path, capsys):
+    """The README's example: IDLE's credits (CPython's own file, examples/documents), read in
+    two chunks; the memory keeps the sentence about the creator, the answer is the name."""
+    doc = Path(__file__).resolve().parents[1] / "examples" / "documents" / "idle" / "CREDITS.txt"
+    assert main(["ask", "--model", str(agent_dir), "--document", str(doc), "--question",
+                 "Who is the original creator of IDLE?", "ask.show_memory=true"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- memory after chunk") == 2
+    assert "original creator of IDLE" in out.split("--- memory after chunk 2/2")[1]
+    assert out.rstrip().splitlines()[-1] == "Guido van Rossum"
+
+
+@needs_package
 @pytest.mark.slow
 def test_served_it_answers_the_openai_client(agent_dir: Path, biographies: Path, tmp_path: Path):
     """docs/serving.md's client against `memrl serve --model DIR` on the CPU (the settings

@@ -85,10 +85,10 @@ def text_blocks(pieces: Iterable[str], block_chars: int = BLOCK_CHARS) -> Iterat
 
 def document_pieces(documents: Sequence[Document]) -> Iterator[str]:
     """The text the agent reads: one document as it is; several each rendered as in
-    RULER-HQA (`Document {i}:\\n{name}\\n{text}`, blank lines between)."""
+    RULER-HQA (`Document {i}:\\n{title}\\n{text}`, blank lines between; `Document.title`)."""
     for i, doc in enumerate(documents, start=1):
         if len(documents) > 1:
-            head = DOCUMENT_TEMPLATE.format(index=i, title=doc.name, text="")
+            head = DOCUMENT_TEMPLATE.format(index=i, title=doc.title, text="")
             yield ("\n\n" if i > 1 else "") + head
         yield from doc.pieces()
 

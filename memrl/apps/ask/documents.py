@@ -79,6 +79,13 @@ class Document:
     path: Path | None = None
     text: str | None = None
 
+    @property
+    def title(self) -> str:
+        """The name the agent reads above the document's text when it reads several: a
+        file's name without its folders (the prompt does not depend on the directory the
+        command runs in, nor on how the path was typed); a text's name as it is."""
+        return (Path(self.name).name or self.name) if self.path is not None else self.name
+
     def pieces(self) -> Iterator[str]:
         """The document's text, a piece at a time (never the whole file at once)."""
         if self.text is not None:
