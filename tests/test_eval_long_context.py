@@ -77,15 +77,15 @@ def test_window_must_leave_room(tmp_path, tiny_tokenizer):
 def test_cli_end_to_end_and_bad_input(tmp_path, tiny_model_dir, capsys):
     data = write_ruler_dir(tmp_path / "data", [2])
     out = tmp_path / "out"
-    args = ["eval", "long-context", "--model", str(tiny_model_dir), "--data", str(data),
-            "--num-docs", "2", "--out", str(out), "--max-new-tokens", "4"]
-    assert main(args) == 0
-    results = json.loads((out / "results.json").read_text())
-    assert results["benchmark"] == "long_context"
+    args = ["eval", "agent=long-context", f"model.path={tiny_model_dir}",
+            f"eval.benchmarks=[ruler-hqa={data}]", "eval.num_docs=[2]", f"eval.out_dir={out}"]
+    assert main([*args, "long_context.max_new_tokens=4"]) == 0
+    results = json.loads((out / "ruler-hqa" / "results.json").read_text())
+    assert results["benchmark"] == "ruler-hqa" and results["agent"].endswith("LongContextTask")
     window = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
     assert results["config"]["window"] == window  # the model's own window by default
-    assert main([*args[:-2], "--max-new-tokens", "0"]) == 2
-    assert "--max-new-tokens" in capsys.readouterr().err
-    assert main(["eval", "long-context", "--model", str(tmp_path / "none"), "--data",
-                 str(data), "--num-docs", "2", "--out", str(out)]) == 2
-    assert main([*args, "--engine", "vllm", "--gpu-memory-utilization", "1.5"]) == 2
+    assert main([*args, "long_context.max_new_tokens=0"]) == 2
+    assert "long_context.max_new_tokens" in capsys.readouterr().err
+    assert main([*args, f"model.path={tmp_path / 'none'}"]) == 2
+    assert main([*args, "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=1.5"]) == 2
+    assert "rollout.vllm.gpu_memory_utilization" in capsys.readouterr().err

@@ -42,8 +42,7 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate",
-                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "evaluate_config", "train",
+    for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate", "train",
                  "export", "quickstart",
                  "sft", "view", "ask", "serve"):
         try:
@@ -73,7 +72,7 @@ def option_counts() -> dict[str, int]:
     return counts
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document", "--benchmark"})
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--document"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 
 

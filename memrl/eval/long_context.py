@@ -15,8 +15,8 @@ Writes into `out_dir`: `answers_{N}.jsonl` (every episode: question, gold, respo
 scores, prompt tokens), `results.json` and `results.md`.
 
 `LongContextTask` is the same reader as a one-turn agent, so that any benchmark runs it
-through the one runner like any other agent (`memrl eval agent --agent long-context
---benchmark ...`, `memrl.eval.benchmark`): a record that does not fit is not run, and
+through the one runner like any other agent (`memrl eval agent=long-context
+eval.benchmarks=[...]`, `memrl.eval.benchmark`): a record that does not fit is not run, and
 its row says so (`fits` False; the benchmark reports "does not fit").
 """
 
@@ -76,8 +76,8 @@ def model_window(model_dir: str | Path) -> int:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     if not isinstance(cfg.get("max_position_embeddings"), int):
-        raise MemrlInputError("config.json has no max_position_embeddings: give --window",
-                              location=str(Path(model_dir) / "config.json"))
+        raise MemrlInputError("config.json has no max_position_embeddings: give "
+                              "long_context.window", location=str(Path(model_dir) / "config.json"))
     return cfg["max_position_embeddings"]
 
 
@@ -155,10 +155,10 @@ def evaluate_long_context(
     window, max_new_tokens, seed = config.window, config.max_new_tokens, config.seed
     if window is None:
         raise MemrlInputError("give the model's window (model_window(model_dir))",
-                              location="--window")
+                              location="long_context.window")
     if window <= max_new_tokens:
         raise MemrlInputError(f"window {window} leaves no room for the prompt",
-                              location="--window")
+                              location="long_context.window")
     data_dir = Path(data_dir)
     for n in num_docs_list:
         if not ruler_hqa_path(data_dir, n).is_file():

@@ -103,12 +103,18 @@ def open_run(out_dir: str | Path, header: dict[str, Any], *, resume: bool = Fals
     return run
 
 
+COUNT_KEYS = {"limit": "eval.limit", "samples": "rollout.n",
+              "records_per_run": "eval.records_per_run",
+              "episodes_per_run": "eval.records_per_run"}
+"""The config key (`memrl.recipes.evaluate.EvalConfig`) of each count `check_counts` checks."""
+
+
 def check_counts(**options: int | None) -> None:
-    """Each option (its flag's name with `_` for `-`) is None or >= 1."""
+    """Each count (a key of `COUNT_KEYS`) is None or >= 1."""
     for name, value in options.items():
         if value is not None and value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise MemrlInputError(f"must be >= 1, got {value}", location=flag)
+            raise MemrlInputError(f"must be >= 1, got {value}",
+                                  location=COUNT_KEYS.get(name, name))
 
 
 def run_episodes(
@@ -154,7 +160,7 @@ def run_episodes(
         console.print(f"{label}{len(starts)} slice(s) of up to {per_run} records to run on "
                       f"{dist.world_size} processes: {idle} of them "
                       f"{'has' if idle == 1 else 'have'} nothing to do (a smaller slice "
-                      "spreads the work: --records-per-run / --episodes-per-run)",
+                      "spreads the work: eval.records_per_run)",
                       soft_wrap=True)
     for first in range(0, len(starts), dist.world_size):  # a round: a slice per rank
         mine = starts[first + dist.rank] if first + dist.rank < len(starts) else None
