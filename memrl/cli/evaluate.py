@@ -39,6 +39,7 @@ def evaluate(
 ) -> None:
     from memrl.config import load_command_config
     from memrl.errors import MemrlInputError
+    from memrl.fileio import check_output_dir
     from memrl.modelfiles import check_model_dir, check_tokenizer_dir
     from memrl.recipes.evaluate import (
         EvalConfig,
@@ -51,14 +52,11 @@ def evaluate(
     cfg = sampling_as_rollout(load_command_config(EvalConfig, args))
     out = Path(cfg.eval.out_dir)
     model = Path(cfg.model.path)
-    try:
-        if not model.is_dir():
-            raise MemrlInputError("model directory not found")
-        check_model_dir(model)
-        check_tokenizer_dir(model)
-    except MemrlInputError as exc:
-        raise MemrlInputError(exc.message, location=f"model.path {model}") from None
-    common.check_out_dir(out)
+    if not model.is_dir():
+        raise MemrlInputError("model directory not found", location=f"model.path {model}")
+    check_model_dir(model)  # its files, each error located at the file
+    check_tokenizer_dir(model)
+    check_output_dir(out, location=f"eval.out_dir {out}")
     benches = None if cfg.eval.data is not None else benchmarks_of(cfg)  # files checked first
     if resume and not (out / "results.json").is_file() and not any(out.glob("*/results.json")):
         raise MemrlInputError("nothing to resume: no results.json here",

@@ -42,6 +42,13 @@ class EvalRolloutConfig(RolloutConfig):
     n: int = Field(1, ge=1)
     """Trajectories per record (as rollout.n in training)."""
 
+    @model_validator(mode="after")
+    def _servers(self) -> EvalRolloutConfig:
+        """Training's check, less `openai.weights_dir`: an evaluation reloads no weights."""
+        if self.engine == "openai" and not self.openai.base_urls:
+            raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
+        return self
+
 
 class EvalRewardConfig(StrictModel):
     """Training's `rl.reward`: the reward an evaluation on the task's own records
