@@ -53,7 +53,7 @@ def _register_commands() -> None:
 
 
 def option_counts() -> dict[str, int]:
-    """{`eval locomo`: 34, ...}: the options (not `--help`) of every command, as `memrl ...
+    """{`eval`: 1, `train`: ...}: the options (not `--help`) of every command, as `memrl ...
     --help` lists them; issue 45 bounds their sum (one command grammar: CONFIG + overrides,
     options only for paths and --resume)."""
     import typer
@@ -110,7 +110,7 @@ _invocation: list[str] = []
 
 
 def command_line(*extra: str) -> str:
-    """The command line being run (`memrl eval ruler-hqa ...`), shell-quoted, with `extra`
+    """The command line being run (`memrl eval c.yaml ...`), shell-quoted, with `extra`
     arguments appended unless already there: what a failure line tells the user to run
     again."""
     args = list(_invocation) + [a for a in extra if a not in _invocation]
@@ -206,7 +206,7 @@ def print_error(message: str, *, code: int = 2) -> int:
 
 
 def _usage_error(exc: Exception, args: list[str]) -> int:
-    """One line for a click/typer usage error: `error: memrl eval ruler-hqa: <what>; <hint>`."""
+    """One line for a click/typer usage error: `error: memrl eval: <what>; <hint>`."""
     ctx = getattr(exc, "ctx", None)
     location = ctx.command_path if ctx is not None else _command_path(args)
     code = int(getattr(exc, "exit_code", 2) or 2)
@@ -223,7 +223,7 @@ def _usage_error(exc: Exception, args: list[str]) -> int:
 
 
 def _command_path(args: list[str]) -> str:
-    """`memrl eval ruler-hqa`: the command names at the start of `args` (no parsing)."""
+    """`memrl prepare ruler-hqa`: the command names at the start of `args` (no parsing)."""
     import typer
 
     node: Any = typer.main.get_command(app)

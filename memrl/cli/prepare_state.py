@@ -98,7 +98,7 @@ def _register(task: str) -> None:
                  num_docs, haystack, block_chars, seed)
 
     command.__doc__ = (f"{SUMMARIES[task]} Writes train.json, val.json (train with "
-                       "data.format: ruler) and eval_{N}.json (memrl eval ruler-hqa).")
+                       "data.format: ruler) and eval_{N}.json (memrl eval).")
     prepare_app.command(task)(command)
 
 

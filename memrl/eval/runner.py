@@ -9,13 +9,13 @@
 
 A benchmark keeps only its setup (which records, which task settings), its aggregation of
 the rows and its report; `evaluate_task` is the benchmark of a task that has none of its
-own (`memrl eval agent --agent NAME`): the means of each row's reward and scores.
+own (`memrl eval agent=NAME eval.data=FILE`): the means of each row's reward and scores.
 
 A log row (`Task.log_row`) has at least `id`, `sample_index`, `reward` and `scores` (a
 mapping of numbers). Episodes are keyed by (id, sample index); slices are fixed, and each is
 seeded from its start, so a resumed run samples exactly what an uninterrupted one would.
 
-Data parallel (`memrl eval ... --data-parallel N`, or the command under torchrun): every
+Data parallel (`memrl eval ... eval.data_parallel=N`, or the command under torchrun): every
 rank runs the same benchmark code with an engine of its own (one GPU each on CUDA); the
 main rank claims the directory and writes results.json and the reports; the slices still to
 run are dealt out in rounds (one a rank), and after each round the main rank gathers the

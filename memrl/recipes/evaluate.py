@@ -1,5 +1,5 @@
 """Evaluation as a recipe: an agent x benchmarks run described by one typed config
-(`EvalConfig`, read by `memrl eval CONFIG [key.path=value ...]` or built in Python) and run
+(`EvalConfig`, read by `memrl eval [CONFIG] [key.path=value ...]` or built in Python) and run
 by the one evaluation runner (`memrl.eval.benchmark.evaluate_suite`).
 
 The config uses training's names for every setting it shares with training: `model.path`,
@@ -44,9 +44,13 @@ class EvalRolloutConfig(RolloutConfig):
 
     @model_validator(mode="after")
     def _servers(self) -> EvalRolloutConfig:
-        """Training's check, less `openai.weights_dir`: an evaluation reloads no weights."""
+        """Training's check, less `openai.weights_dir` (an evaluation reloads no weights); servers
+        given to another engine are an error (they would be ignored)."""
         if self.engine == "openai" and not self.openai.base_urls:
             raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
+        if self.engine != "openai" and self.openai.base_urls:
+            raise ValueError(f"rollout.openai.base_urls are read by rollout.engine openai, not "
+                             f"{self.engine}: add rollout.engine=openai, or drop them")
         return self
 
 
