@@ -8,7 +8,8 @@ run with memrl's own commands (each printed before it runs, logged to WORK/logs)
     2. data       memrl prepare locomo --split train / --split heldout (conv-48, 49, 50 held
                   out; docs/protocols.md), MiniLM embeddings of the initial memories; the
                   held-out evaluation set is every `eval_every`-th answerable held-out episode
-    3. base       memrl eval (memupdate on LoCoMo) of the base model on the held-out set, side by side with
+    3. base       memrl eval (memupdate on LoCoMo) of the base model on the held-out set,
+                  side by side with
                   memrl sft configs/smollm2_memupdate_sft.yaml (the oracle on the training
                   conversations) + memrl export
     4. GRPO       memrl eval of the warm start, then memrl train

@@ -258,8 +258,8 @@ EVAL_COMMANDS = [["agent=memagent", "eval.benchmarks=[ruler-hqa={data}]", "eval.
     [
         (["seed=1000000000000000000000000000000"], ["seed", "less than or equal to"]),
         (["seed=-1"], ["seed", "greater than or equal to 0"]),
-        (["model.device=cuda:99"], ["'cuda:99' asked for", "CUDA GPU"]),
-        (["model.device=warp9"], ["unknown device 'warp9'"]),
+        (["model.device=cuda:99"], ["model.device", "'cuda:99' asked for", "CUDA GPU"]),
+        (["model.device=warp9"], ["model.device", "unknown device 'warp9'"]),
     ],
     ids=["huge-seed", "negative-seed", "missing-gpu", "unknown-device"],
 )

@@ -74,7 +74,8 @@ def test_a_missing_model_or_benchmark_is_one_line(tiny_model_dir, tmp_path):
     config = write_config(tmp_path / "eval.yaml", tmp_path / "none", tmp_path, tmp_path / "o")
     done = memrl("eval", config)
     assert done.returncode == 2 and "model.path" in done.stderr, done.stderr
-    done = memrl("eval", config, f"model.path={tiny_model_dir}", "eval.benchmarks=[{name: nope, data_dir: .}]")
+    done = memrl("eval", config, f"model.path={tiny_model_dir}",
+                 "eval.benchmarks=[{name: nope, data_dir: .}]")
     assert done.returncode == 2 and "eval.benchmarks.0.name: unknown benchmark 'nope'" \
         in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

@@ -102,7 +102,8 @@ def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys
     assert "rollout.engine openai needs rollout.openai.base_urls" in capsys.readouterr().err
     assert cli_main([*base, "rollout.openai.base_urls=[http://127.0.0.1:9/v1]"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "rollout.openai.base_urls are read by rollout.engine openai" in err
+    assert err.count("\n") == 1
+    assert "rollout.openai.base_urls are read by rollout.engine openai" in err
 
 
 # One xdist worker runs every test of the module's server (scripts/test.sh: --dist loadgroup).
@@ -157,7 +158,8 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
                    "eval.num_docs=[2]", "rollout.n=2", "memagent.chunk_size=48",
                    "memagent.max_memory_tokens=8", "memagent.max_final_tokens=8",
                    "memagent.temperature=1.0", "memagent.top_p=1.0", "memagent.seed=1",
-                   "rollout.engine=openai", f"rollout.openai.base_urls=[{server}, {server}, {dead}]",
+                   "rollout.engine=openai",
+                   f"rollout.openai.base_urls=[{server}, {server}, {dead}]",
                    f"eval.out_dir={out}", "eval.progress=false"])
     assert rc == 0
     out = out / "ruler-hqa"

@@ -121,7 +121,8 @@ def benchmark_of(name: str, data_dir: str | Path, num_docs: Sequence[int] | None
         raise MemrlInputError(f"cannot import {module_name!r} for benchmark {name!r} ({exc})",
                               location="eval.benchmarks") from None
     if not callable(factory):
-        raise MemrlInputError(f"{module_name} has no benchmark {attr!r}", location="eval.benchmarks")
+        raise MemrlInputError(f"{module_name} has no benchmark {attr!r}",
+                              location="eval.benchmarks")
     bench = factory(name, data_dir, num_docs, limit, **options)
     missing = [m for m in REQUIRED if not hasattr(bench, m)]
     if missing:

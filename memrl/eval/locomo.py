@@ -204,7 +204,8 @@ def literature_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
 def check_categories(categories: Sequence[int]) -> list[int]:
     """Sorted unique categories, each 1..5; anything else is a user error."""
     if not categories:
-        raise MemrlInputError("give at least one category (1-5)", location="eval.benchmarks.categories")
+        raise MemrlInputError("give at least one category (1-5)",
+                              location="eval.benchmarks.categories")
     bad = [c for c in categories if c not in ALL_CATEGORIES]
     if bad:
         raise MemrlInputError(

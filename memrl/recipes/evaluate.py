@@ -235,6 +235,7 @@ def load_engine(cfg: EvalConfig, path: str | None = None, engine: str | None = N
     server pool (`rollout.openai`)."""
     import torch
 
+    from memrl.errors import MemrlInputError
     from memrl.inference.factory import build_engine
     from memrl.inference.loader import load_pretrained, load_tokenizer, resolve_device
 
@@ -248,8 +249,11 @@ def load_engine(cfg: EvalConfig, path: str | None = None, engine: str | None = N
         seed = eval_seed(cfg)
         if seed is not None:
             torch.manual_seed(seed)
-        model, tokenizer = load_pretrained(path, device=resolve_device(cfg.model.device),
-                                           dtype=cfg.model.dtype)
+        try:
+            device = resolve_device(cfg.model.device)
+        except MemrlInputError as exc:
+            raise MemrlInputError(exc.message, location="model.device") from None
+        model, tokenizer = load_pretrained(path, device=device, dtype=cfg.model.dtype)
         built = build_engine("hf", tokenizer, model=model,
                              generation_batch_size=rollout.generation_batch_size)
     built.name_or_path = path
