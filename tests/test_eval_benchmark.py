@@ -1,6 +1,6 @@
 """Evaluation = agent x benchmark (memrl.eval.benchmark): a benchmark's scores and
 leaderboard by hand, any task on any benchmark through the one runner (resumed exactly),
-the long-context reader as a one-turn agent, and `memrl eval agent --benchmark ...`: MEM1
+the long-context reader as a one-turn agent, and `memrl eval ... eval.benchmarks=[...]`: MEM1
 (examples/mem1, by import path) on RULER-HQA, and a suite of two benchmarks x two lengths
 with its leaderboard, on the tiny model."""
 
