@@ -100,10 +100,9 @@ def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys
     assert "rollout.engine" in capsys.readouterr().err
     assert cli_main([*base, "rollout.engine=openai"]) == 2
     assert "rollout.engine openai needs rollout.openai.base_urls" in capsys.readouterr().err
-    assert cli_main([*base, "rollout.openai.base_urls=[http://127.0.0.1:9/v1]"]) == 2
+    assert cli_main([*base, "rollout.engine=openai", "rollout.openai.timeout_s=0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert "rollout.openai.base_urls are read by rollout.engine openai" in err
+    assert err.count("\n") == 1 and "rollout.openai.timeout_s" in err
 
 
 # One xdist worker runs every test of the module's server (scripts/test.sh: --dist loadgroup).

@@ -44,13 +44,11 @@ class EvalRolloutConfig(RolloutConfig):
 
     @model_validator(mode="after")
     def _servers(self) -> EvalRolloutConfig:
-        """Training's check, less `openai.weights_dir` (an evaluation reloads no weights); servers
-        given to another engine are an error (they would be ignored)."""
+        """Training's check, less `openai.weights_dir`: an evaluation reloads no weights. (Servers
+        listed for another engine are kept unused, as in training: a config may list them and
+        an override pick another engine.)"""
         if self.engine == "openai" and not self.openai.base_urls:
             raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
-        if self.engine != "openai" and self.openai.base_urls:
-            raise ValueError(f"rollout.openai.base_urls are read by rollout.engine openai, not "
-                             f"{self.engine}: add rollout.engine=openai, or drop them")
         return self
 
 
