@@ -7,6 +7,7 @@ import pytest
 
 from memrl.config import load_config
 from memrl.recipes.config import TrainConfig
+from memrl.recipes.evaluate import EvalConfig
 from memrl.recipes.sft_config import SFTConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -14,11 +15,13 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_config_validates(path):
-    """`*_sft.yaml` configs are `memrl sft` configs; the others `memrl train` configs. None
-    raises a warning."""
+    """`*_sft.yaml` configs are `memrl sft` configs, `*_suite*.yaml` `memrl eval` configs; the
+    others `memrl train` configs. None raises a warning."""
+    kind = (SFTConfig if path.stem.endswith("_sft") else
+            EvalConfig if "_suite" in path.stem else TrainConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(SFTConfig if path.stem.endswith("_sft") else TrainConfig, path)
+        load_config(kind, path)
 
 
 def test_memagent_example_mirrors_published_hyperparameters():
