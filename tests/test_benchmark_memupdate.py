@@ -33,8 +33,10 @@ def test_evaluations_use_the_training_settings_and_the_table_reads_results():
     assert settings["embedder"] == "minilm" and settings["answerer"] == "retrieval"
     args = bench.eval_args(bench.PLANS["full"], settings, Path("m"), Path("d"), Path("o"))
     for key in bench.EVAL_KEYS:  # every memupdate setting of the config reaches the eval
-        assert args[args.index(f"--{key.replace('_', '-')}") + 1] == str(settings[key])
-    assert args[args.index("--split") + 1] == "heldout"
+        assert f"memupdate.{key}={settings[key]}" in args
+    entry = json.loads(next(a for a in args if a.startswith("eval.benchmarks=")).split("=", 1)[1])
+    assert entry == [{"name": "locomo", "data_dir": "d", "split": "heldout",
+                      "categories": [1, 2, 3, 4]}]
     per = {"n": 2, "valid_call_rate": 0.5, "memory_size_final": 12.0, "reward": 0.125,
            "recall_at_k_final": 0.25, "f1_final": 0.5,
            "memory": {"per_session": {"calls": 3.0}}}
@@ -54,7 +56,7 @@ def test_the_budget_plan_changes_grpo_reward_only():
     assert "memupdate.efficiency_budget=300" in bench.overrides(bench.rl_settings(budget))
     settings = bench.memupdate_settings(budget)
     args = bench.eval_args(budget, settings, Path("m"), Path("d"), Path("o"))
-    assert args[args.index("--efficiency-budget") + 1] == "150"
+    assert "memupdate.efficiency_budget=150" in args
 
 
 @pytest.mark.pipeline
@@ -85,7 +87,8 @@ def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data,
         bench.pipeline(failing, work, out, locomo)
     failed = capsys.readouterr().out
     assert "] rl_train: exit 2" in failed
-    assert (out / "warm_start" / "results.json").is_file() and not (out / "rl").exists()
+    assert (out / "warm_start" / "locomo" / "results.json").is_file()
+    assert not (out / "rl").exists()
     table = (out / "tables.md").read_text()
     assert "| base model |" in table and "| warm start (SFT on the oracle) |" in table
     assert "| RL (GRPO) |" not in table
@@ -112,9 +115,9 @@ def test_tiny_plan_runs_every_stage_and_reports_every_row(tmp_path, shared_data,
     assert summary["plan"]["memupdate"]["embedder"] == "hashing"
     assert summary["reward_curve"] and (out / "reward_curve.png").stat().st_size > 0
     for row in ("base", "warm_start", "rl"):
-        assert (out / row / "view.html").is_file()
-        results = json.loads((out / row / "results.json").read_text())
-        assert results["split"] == "heldout" and results["num_episodes"] == 5
+        assert (out / row / "locomo" / "view.html").is_file()
+        results = json.loads((out / row / "locomo" / "results.json").read_text())
+        assert results["results"]["heldout"]["num_records"] == 5
     with tarfile.open(tmp_path / "out.tar.gz") as tar:
         assert "out/tables.md" in tar.getnames()
     # run again: every stage is skipped, the report is written again

@@ -179,6 +179,12 @@ def test_rollout_profile_script_times_memrl_against_vllm_directly(tmp_path):
 # ------------------------------------------------- the real-model pipeline's evaluation split
 
 
+def benchmark_entry(command: list[str]) -> dict:
+    """The ruler-hqa entry of a `memrl eval` command line (eval.benchmarks=[{...}])."""
+    value = next(a for a in command if a.startswith("eval.benchmarks=")).split("=", 1)[1]
+    return json.loads(value)[0]
+
+
 def test_real_model_pipeline_splits_lengths_into_processes_and_merges_them(tmp_path):
     """The longest lengths run as processes of their own (`Suite.groups`), each into its own
     directory; the table gathers a row from all of them, and only unfinished groups re-run."""
@@ -191,7 +197,7 @@ def test_real_model_pipeline_splits_lengths_into_processes_and_merges_them(tmp_p
     assert rm.eval_dir(res, suite, "rl", "memagent", 768).name == "rl_published.n768"
 
     def write(name: str, scores: dict[int, float]) -> None:
-        d = res / "biographies" / name
+        d = res / "biographies" / name / rm.RUN
         d.mkdir(parents=True)
         (d / "results.json").write_text(json.dumps({"results": {
             str(n): {"score": s, "context_tokens": 60.0 * n} for n, s in scores.items()}}))
@@ -206,7 +212,8 @@ def test_real_model_pipeline_splits_lengths_into_processes_and_merges_them(tmp_p
                           "rl")
     assert [name for name, _ in todo] == ["biographies_rl.n768"]
     (_, command), = todo
-    assert command[command.index("--num-docs") + 1:command.index("--out")] == ["768"]
+    assert benchmark_entry(command)["num_docs"] == [768]
+    assert f"eval.out_dir={res / 'biographies' / 'rl.n768'}" in command
     markdown, table = rm.suite_table(plan, res, suite, "memagent-boxed")
     assert table["scores"]["rl"] == {"24": 60.0, "48": 55.0, "96": 50.0, "192": 45.0,
                                      "384": 40.0, "768": None, "1536": 20.0}
@@ -215,7 +222,7 @@ def test_real_model_pipeline_splits_lengths_into_processes_and_merges_them(tmp_p
 
 def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_format(tmp_path):
     """`--plan published` overrides the recipe's prompts for the warm start and RL alike; every
-    row of both suites is then evaluated under `--protocol memagent` only (directories
+    row of both suites is then evaluated under protocol `memagent` only (directories
     `<row>_published`), while the full plan keeps the boxed protocol (and the published one for
     the base and RL rows of RULER-HQA)."""
     rm = load_script("real_model_gpu")
@@ -226,7 +233,7 @@ def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_form
 
     def protocols(plan, row):
         commands = rm.evaluations(plan, tmp_path / "m", data, tmp_path / "out", row)
-        return {(name.split("_")[0], c[c.index("--protocol") + 1]) for name, c in commands}
+        return {(name.split("_")[0], benchmark_entry(c)["protocol"]) for name, c in commands}
 
     assert protocols(published, "warm_start") == {("biographies", "memagent"),
                                                   ("ruler", "memagent")}
@@ -243,8 +250,9 @@ def test_the_published_plan_trains_and_evaluates_every_row_in_the_published_form
     # the tables: each row under the protocols it was evaluated in, the reader in the
     # training format's table only
     def write(path, score):
-        path.mkdir(parents=True)
-        (path / "results.json").write_text(json.dumps({"results": {"20": {"score": score}}}))
+        (path / rm.RUN).mkdir(parents=True)
+        (path / rm.RUN / "results.json").write_text(
+            json.dumps({"results": {"20": {"score": score}}}))
 
     res = tmp_path / "res"
     for row in ("base_long_context", "base_memagent", "warm_start", "rl"):
@@ -333,8 +341,9 @@ def test_an_evaluation_that_failed_beside_a_trainer_runs_again_once_none_runs(tm
     fake.write_text(
         "import json, pathlib, sys\n"
         "args = sys.argv[1:]\n"
-        "out = pathlib.Path(args[args.index('--out') + 1])\n"
-        "model = pathlib.Path(args[args.index('--model') + 1])\n"
+        "value = lambda key: next(a.split('=', 1)[1] for a in args if a.startswith(key))\n"
+        "out = pathlib.Path(value('eval.out_dir='))\n"
+        "model = pathlib.Path(value('model.path='))\n"
         "marker = model / ('tried_' + out.name)\n"
         "if model.name == 'model_ppo' or not marker.exists():\n"
         "    model.mkdir(parents=True, exist_ok=True)\n"
@@ -342,10 +351,10 @@ def test_an_evaluation_that_failed_beside_a_trainer_runs_again_once_none_runs(tm
         "    print('ValueError: Free memory on device cuda:0 (3.5/79.18 GiB) on startup is less'\n"
         "          ' than desired GPU memory utilization (0.07, 5.54 GiB).')\n"
         "    sys.exit(1)\n"
-        "docs = args[args.index('--num-docs') + 1:args.index('--out')]\n"
-        "out.mkdir(parents=True, exist_ok=True)\n"
-        "(out / 'results.json').write_text(json.dumps({'results': {n: {'score': 50.0}\n"
-        "                                                         for n in docs}}))\n")
+        "docs = json.loads(value('eval.benchmarks='))[0]['num_docs']\n"
+        "(out / 'ruler-hqa').mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'ruler-hqa' / 'results.json').write_text(json.dumps({'results': {\n"
+        "    str(n): {'score': 50.0} for n in docs}}))\n")
     runner = bench.Runner(tmp_path / "work", program=(sys.executable, str(fake)))
     suite = bench.Suite("biographies", 4, (1, 2, 4), 8, groups=((4,),))
     plan = bench.Plan(bio=suite, hqa=None, engine="hf")
@@ -376,7 +385,7 @@ def test_the_memory_table_says_whom_each_final_memory_is_about(tmp_path):
     res = tmp_path / "res"
     for name, n, memories in (("rl", 4, ["Dajal Brouwick was born in Lund.", "Dajal Kromsen"]),
                               ("rl.n16", 16, ["Mika Lo", "No previous memory"])):
-        d = res / "biographies" / name
+        d = res / "biographies" / name / rm.RUN
         d.mkdir(parents=True)
         (d / f"trajectories_{n}.jsonl").write_text("".join(
             json.dumps({"question": q, "memories": ["No previous memory", m]}) + "\n"

@@ -41,14 +41,13 @@ def one_error_line(err: str, *needles: str) -> str:
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["eval", "ruler-hqa", "--num-docs", "abc"],
-         ["memrl eval ruler-hqa:", "--num-docs", "see 'memrl eval ruler-hqa --help'"]),
-        (["eval", "ruler-hqa", "--num-docs", "10", "x"], ["memrl eval ruler-hqa:", "--num-docs"]),
+        (["eval", "--num-docs", "abc"],
+         ["memrl eval:", "--num-docs", "see 'memrl eval --help'"]),
+        (["eval", "--resume=x"], ["memrl eval:", "--resume"]),
         (["init-tiny-model"], ["memrl init-tiny-model:", "Missing argument", "out_dir"]),
         (["init-tiny-model", "DIR", "--bogus"], ["memrl init-tiny-model:", "--bogus"]),
         (["init-tiny-model", "DIR", "--seed", "1"], ["memrl init-tiny-model:", "--seed"]),
         (["no-such-command"], ["memrl:", "no-such-command"]),
-        (["eval", "nope"], ["memrl eval:", "nope"]),
         (["train"], ["memrl train:", "Missing argument"]),
     ],
 )
@@ -59,7 +58,7 @@ def test_usage_errors_are_one_line(capsys, args, needles):
     one_error_line(err, *needles)
 
 
-@pytest.mark.parametrize("args", [[], ["eval"], ["prepare"]])
+@pytest.mark.parametrize("args", [[], ["prepare"]])
 def test_missing_command_prints_help_then_one_error_line(capsys, args):
     code, out, err = run(capsys, args)
     assert code == 2
@@ -69,17 +68,28 @@ def test_missing_command_prints_help_then_one_error_line(capsys, args):
 
 def test_help_still_exits_0(capsys):
     code, out, err = run(capsys, ["eval", "--help"])
-    assert code == 0 and "ruler-hqa" in out and err == ""
+    assert code == 0 and "eval.benchmarks" in out and err == ""
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["eval"], ["model: Field required"]),
+    (["eval", "nope"], ["nope"]),
+    (["eval", "c.yaml", "nope"], ["'nope' is not of the form key.path=value"]),
+])
+def test_eval_without_a_config_or_with_a_stray_word_is_one_line(capsys, args, needles):
+    code, out, err = run(capsys, args)
+    assert code == 2
+    one_error_line(err, *needles)
 
 
 def test_usage_error_in_a_real_process():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "memrl", "eval", "ruler-hqa", "--num-docs", "abc"],
+        [sys.executable, "-m", "memrl", "eval", "--num-docs", "abc"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    one_error_line(result.stderr, "memrl eval ruler-hqa:", "--num-docs")
+    one_error_line(result.stderr, "memrl eval:", "--num-docs")
 
 
 # ----------------------------------------------------------------------------- config YAML
@@ -259,17 +269,19 @@ def test_locomo_nan_answer_is_one_line(capsys, tmp_path):
 
 # ------------------------------------------------------- devices and seeds of every evaluation
 
-EVAL_COMMANDS = [["ruler-hqa", "--num-docs", "2"], ["locomo"], ["long-context", "--num-docs", "2"]]
+EVAL_COMMANDS = [["agent=memagent", "eval.benchmarks=[ruler-hqa={data}]", "eval.num_docs=[2]"],
+                 ["agent=memupdate", "eval.benchmarks=[locomo={data}]"],
+                 ["agent=long-context", "eval.benchmarks=[ruler-hqa={data}]", "eval.num_docs=[2]"]]
 
 
 @pytest.mark.parametrize("command", EVAL_COMMANDS, ids=lambda c: c[0])
 @pytest.mark.parametrize(
     ("option", "needles"),
     [
-        (["--seed", "1000000000000000000000000000000"], ["--seed", "less than or equal to"]),
-        (["--seed", "-1"], ["--seed", "greater than or equal to 0"]),
-        (["--device", "cuda:99"], ["--device", "'cuda:99' asked for", "CUDA GPU"]),
-        (["--device", "warp9"], ["--device", "unknown device 'warp9'"]),
+        (["seed=1000000000000000000000000000000"], ["seed", "less than or equal to"]),
+        (["seed=-1"], ["seed", "greater than or equal to 0"]),
+        (["model.device=cuda:99"], ["model.device", "'cuda:99' asked for", "CUDA GPU"]),
+        (["model.device=warp9"], ["model.device", "unknown device 'warp9'"]),
     ],
     ids=["huge-seed", "negative-seed", "missing-gpu", "unknown-device"],
 )
@@ -279,7 +291,8 @@ def test_eval_devices_and_seeds_are_one_line(capsys, tmp_path, tiny_model_dir, c
     data.mkdir()
     (data / "eval_2.json").write_text("[]")
     (data / "episodes.jsonl").write_text("")
-    code, _, err = run(capsys, ["eval", *command, "--model", str(tiny_model_dir), "--data",
-                                str(data), "--out", str(tmp_path / "out"), *option])
+    code, _, err = run(capsys, ["eval", *(c.format(data=data) for c in command),
+                                f"model.path={tiny_model_dir}",
+                                f"eval.out_dir={tmp_path / 'out'}", *option])
     assert code == 2
     one_error_line(err, *needles)

@@ -101,11 +101,9 @@ def output_cases(tmp_path: Path, model: Path, data: Path) -> dict[str, tuple[lis
         "train out_dir below a file": (
             ["train", train_config(tmp_path, model, f / "run", "below.yaml")], f / "run",
             f"trainer.out_dir {f / 'run'}"),
-        "eval ruler-hqa --out is a file": (
-            ["eval", "ruler-hqa", "--model", model, "--data", data, "--num-docs", "2",
-             "--out", f], f, f"--out {f}"),
-        "eval locomo --out is a file": (
-            ["eval", "locomo", "--model", model, "--data", data, "--out", f], f, f"--out {f}"),
+        "eval eval.out_dir is a file": (
+            ["eval", f"model.path={model}", f"eval.benchmarks=[ruler-hqa={data}]",
+             "eval.num_docs=[2]", f"eval.out_dir={f}"], f, f"eval.out_dir {f}"),
         "export destination is a file": (["export", tmp_path / "run", f], f, str(f)),
         "prepare hotpotqa --output is a directory": (
             ["prepare", "hotpotqa", "--input", tmp_path / "in.json", "--output", d], d,
@@ -121,8 +119,8 @@ def output_cases(tmp_path: Path, model: Path, data: Path) -> dict[str, tuple[lis
 
 
 CASE_NAMES = [
-    "train out_dir is a file", "train out_dir below a file", "eval ruler-hqa --out is a file",
-    "eval locomo --out is a file", "export destination is a file",
+    "train out_dir is a file", "train out_dir below a file", "eval eval.out_dir is a file",
+    "export destination is a file",
     "prepare hotpotqa --output is a directory", "prepare synthetic --out is a directory",
     "prepare ruler-hqa --out is a file", "prepare locomo --out is a file",
 ]
@@ -141,7 +139,7 @@ def test_output_path_of_the_wrong_kind(capsys, tmp_path, tiny_model_dir, rh_data
     assert (tmp_path / "occupied").read_text() == "keep me\n"
 
 
-@pytest.mark.parametrize("case", ["train out_dir is a file", "eval ruler-hqa --out is a file",
+@pytest.mark.parametrize("case", ["train out_dir is a file", "eval eval.out_dir is a file",
                                   "export destination is a file",
                                   "prepare synthetic --out is a directory"])
 @pytest.mark.parametrize("problem", ["unwritable", "disk full", "read-only file system"])
@@ -152,7 +150,8 @@ def test_output_path_unwritable_or_full(capsys, tmp_path, tiny_model_dir, rh_dat
     target = tmp_path / "blocked"
     target.mkdir()
     new = target / ("out.jsonl" if "synthetic" in case else "out")
-    args = [new if a == path else a for a in args]
+    args = [new if a == path else a.replace(f"={path}", f"={new}") if isinstance(a, str) else a
+            for a in args]  # (eval names its directory in an override: key=path)
     if case.startswith("train"):
         args = ["train", train_config(tmp_path, tiny_model_dir, new)]
     location = location.replace(str(path), str(new))
@@ -295,8 +294,11 @@ def broken_model(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("damage", list(MODEL_DAMAGE))
 def test_broken_model_dir_for_eval(capsys, tmp_path, rh_data, broken_model, damage):
     model, needle = broken_model(damage)
-    code, _, err = run(capsys, ["eval", "ruler-hqa", "--model", model, "--data", rh_data,
-                                "--num-docs", "2", "--out", tmp_path / "eval"])
+    if damage == "config.json missing":  # located at the file, as for train
+        needle = f"{model / 'config.json'}: not a Hugging Face model directory: no config.json"
+    code, _, err = run(capsys, ["eval", f"model.path={model}",
+                                f"eval.benchmarks=[ruler-hqa={rh_data}]", "eval.num_docs=[2]",
+                                f"eval.out_dir={tmp_path / 'eval'}"])
     assert code == 2
     one_error_line(err, "error: " + needle)
     assert not (tmp_path / "eval").exists()
@@ -306,7 +308,7 @@ def test_broken_model_dir_for_eval(capsys, tmp_path, rh_data, broken_model, dama
                                     "config.json not JSON", "config.json missing"])
 def test_broken_model_dir_for_train(capsys, tmp_path, broken_model, damage):
     model, needle = broken_model(damage)
-    if damage == "config.json missing":  # the loader's words (eval's CLI checks earlier)
+    if damage == "config.json missing":  # the loader's words
         needle = f"{model / 'config.json'}: not a Hugging Face model directory: no config.json"
     code, _, err = run(capsys, ["train", train_config(tmp_path, model, tmp_path / "run")])
     assert code == 2
@@ -317,8 +319,9 @@ def test_truncated_weights_in_a_real_process(tmp_path, rh_data, broken_model):
     model, needle = broken_model("weights truncated")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "memrl", "eval", "ruler-hqa", "--model", str(model), "--data",
-         str(rh_data), "--num-docs", "2", "--out", str(tmp_path / "eval")],
+        [sys.executable, "-m", "memrl", "eval", f"model.path={model}",
+         f"eval.benchmarks=[ruler-hqa={rh_data}]", "eval.num_docs=[2]",
+         f"eval.out_dir={tmp_path / 'eval'}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2

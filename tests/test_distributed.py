@@ -379,10 +379,10 @@ def test_the_launcher_speaks_only_when_no_rank_could():
 def test_the_commands_options_are_never_taken_for_torchruns():
     from memrl.distributed.torchrun import parse_args
 
-    args = parse_args(["--standalone", "--nproc-per-node=2", "-m", "memrl", "eval", "ruler-hqa",
-                       "--n", "2", "--nnodes", "3"])
+    args = parse_args(["--standalone", "--nproc-per-node=2", "-m", "memrl", "eval", "c.yaml",
+                       "--resume", "--nnodes", "3"])
     assert args.training_script == "memrl" and args.nproc_per_node == "2"
-    assert args.training_script_args == ["eval", "ruler-hqa", "--n", "2", "--nnodes", "3"]
+    assert args.training_script_args == ["eval", "c.yaml", "--resume", "--nnodes", "3"]
 
 
 def test_torchrun_command_starts_memrl_on_this_node():

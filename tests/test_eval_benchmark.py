@@ -1,6 +1,6 @@
 """Evaluation = agent x benchmark (memrl.eval.benchmark): a benchmark's scores and
 leaderboard by hand, any task on any benchmark through the one runner (resumed exactly),
-the long-context reader as a one-turn agent, and `memrl eval agent --benchmark ...`: MEM1
+the long-context reader as a one-turn agent, and `memrl eval ... eval.benchmarks=[...]`: MEM1
 (examples/mem1, by import path) on RULER-HQA, and a suite of two benchmarks x two lengths
 with its leaderboard, on the tiny model."""
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from memrl.cli.evaluate_agent import parse_benchmarks
+from memrl.config import load_config
 from memrl.errors import MemrlInputError
 from memrl.eval.benchmark import (
     RulerFormat,
@@ -27,6 +27,7 @@ from memrl.eval.benchmark import (
 )
 from memrl.eval.long_context import LongContextConfig, LongContextTask
 from memrl.eval.report import run_header
+from memrl.recipes.evaluate import EvalConfig, benchmarks_of
 from memrl.inference.scripted import ScriptedGenerator
 from test_eval_ruler_hqa import GOLD, write_ruler_dir
 from test_plugin_agent import TASK, memrl
@@ -162,10 +163,11 @@ def test_memrl_eval_runs_mem1_on_ruler_hqa_and_a_suite(tiny_model_dir, tmp_path)
     ruler = write_ruler_dir(tmp_path / "ruler", [2, 4])
     state = write_ruler_dir(tmp_path / "state", [2, 4], questions={"Where is Ada?": "Paris"})
     out = tmp_path / "out"
-    done = memrl("eval", "agent", "--agent", TASK, "--model", str(tiny_model_dir),
-                 "--benchmark", f"ruler-hqa={ruler}", f"where-now={state}",
-                 "--num-docs", "2", "4", "--out", str(out), "--set", "mem1.max_turn_tokens=8",
-                 "--set", "rollout.temperature=0", "--quiet")
+    command = ("eval", f"agent={TASK}", f"model.path={tiny_model_dir}",
+               f"eval.benchmarks=[ruler-hqa={ruler}, where-now={state}]", "eval.num_docs=[2,4]",
+               f"eval.out_dir={out}", "mem1.max_turn_tokens=8", "rollout.temperature=0",
+               "eval.progress=false")
+    done = memrl(*command)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "ruler-hqa" / "results.json").read_text())
     assert results["agent"] == TASK and results["benchmark"] == "ruler-hqa"
@@ -176,33 +178,36 @@ def test_memrl_eval_runs_mem1_on_ruler_hqa_and_a_suite(tiny_model_dir, tmp_path)
     assert "| ruler-hqa | sub_em |" in board and "| where-now | em |" in board
     assert (out / "where-now" / "plot.png").is_file()
     # the same command again finds everything done: the results are the same
-    again = memrl("eval", "agent", "--agent", TASK, "--model", str(tiny_model_dir),
-                  "--benchmark", f"ruler-hqa={ruler}", f"where-now={state}",
-                  "--num-docs", "2", "4", "--out", str(out), "--set",
-                  "mem1.max_turn_tokens=8", "--set", "rollout.temperature=0", "--quiet",
-                  "--resume")
+    again = memrl(*command, "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "leaderboard.md").read_text() == board
 
 
 def test_bad_benchmark_options_are_one_line(tiny_model_dir, tmp_path):
-    for args, says in ((["--benchmark", "ruler-hqa"], "is not NAME=DIR"),
-                       (["--benchmark", f"nope={tmp_path}"], "unknown benchmark 'nope'"),
-                       (["--data", str(tmp_path), "--benchmark", f"ruler-hqa={tmp_path}"],
-                        "give one of --data")):
-        done = memrl("eval", "agent", "--agent", "long-context", "--model",
-                     str(tiny_model_dir), "--out", str(tmp_path / "out"), *args)
+    for args, says in ((["eval.benchmarks=[ruler-hqa]"], "is not NAME=DIR"),
+                       ([f"eval.benchmarks=[nope={tmp_path}]"],
+                        "eval.benchmarks.0.name: unknown benchmark 'nope'"),
+                       ([f"eval.data={tmp_path}", f"eval.benchmarks=[ruler-hqa={tmp_path}]"],
+                        "give one of eval.benchmarks"),
+                       ([f"eval.benchmarks=[{{name: ruler-hqa, data_dir: {tmp_path}, "
+                         "protocol: memagent}]"], "protocol memagent scores the memagent "
+                        "agent, not long_context")):
+        (tmp_path / "eval_2.json").write_text("[]")
+        done = memrl("eval", "agent=long-context", f"model.path={tiny_model_dir}",
+                     f"eval.out_dir={tmp_path / 'out'}", *args)
         assert done.returncode == 2 and says in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=40))
-def test_any_benchmark_option_is_a_benchmark_or_one_line(spec):
-    """Whatever the user types after --benchmark: a Benchmark, or a MemrlInputError (the
-    CLI's one line, never a traceback) that says where."""
+def test_any_benchmark_entry_is_a_benchmark_or_one_line(spec):
+    """Whatever the user writes as a benchmark of eval.benchmarks: a Benchmark, or a
+    MemrlInputError (the CLI's one line, never a traceback) that says where."""
     try:
-        benches = parse_benchmarks([spec], None, None)
+        cfg = load_config(EvalConfig, None, base={"model": {"path": "m"},
+                                                  "eval": {"benchmarks": [spec]}})
+        benches = benchmarks_of(cfg)
     except MemrlInputError as exc:
         assert exc.location and exc.message
         return

@@ -1,6 +1,6 @@
-"""`memrl eval CONFIG [k=v ...]`: an evaluation described by a typed config (training's names
-for the model, the agent and the engine), run by the one evaluation runner; the same run as
-`memrl eval agent --benchmark ...` gives the same trajectories."""
+"""`memrl eval [CONFIG] [k=v ...]`: an evaluation described by a typed config (training's names
+for the model, the agent and the engine), run by the one evaluation runner; the same run
+written as a file or as overrides alone gives the same trajectories."""
 
 from __future__ import annotations
 
@@ -37,10 +37,11 @@ def test_memrl_eval_config_runs_mem1_on_ruler_hqa_as_eval_agent_does(tiny_model_
     assert results["agent"] == TASK and results["benchmark"] == "ruler-hqa"
     assert [results["results"][n]["n"] for n in ("2", "4")] == [2, 2]
     assert "| ruler-hqa | sub_em |" in (tmp_path / "out" / "leaderboard.md").read_text()
-    old = memrl("eval", "agent", "--agent", TASK, "--model", str(tiny_model_dir),
-                "--benchmark", f"ruler-hqa={ruler}", "--num-docs", "2", "4", "--limit", "2",
-                "--out", str(tmp_path / "old"), "--set", "mem1.max_turn_tokens=8",
-                "--set", "rollout.temperature=0", "--quiet")
+    # no file: the same run from overrides alone, the benchmark in its short form
+    old = memrl("eval", f"agent={TASK}", f"model.path={tiny_model_dir}",
+                f"eval.benchmarks=[ruler-hqa={ruler}]", "eval.num_docs=[2,4]", "eval.limit=2",
+                f"eval.out_dir={tmp_path / 'old'}", "mem1.max_turn_tokens=8",
+                "rollout.temperature=0", "eval.progress=false")
     assert old.returncode == 0, old.stderr[-3000:]
     for n in (2, 4):
         new_rows = (tmp_path / "out" / "ruler-hqa" / f"trajectories_{n}.jsonl").read_text()
@@ -54,6 +55,13 @@ def test_memrl_eval_config_runs_mem1_on_ruler_hqa_as_eval_agent_does(tiny_model_
     ("eval.benchmarks=[]", "eval.benchmarks"),
     ("rollout.base_url=http://x", "rollout.base_url"),
     ("eval.nope=1", "eval.nope"),
+    ("eval.benchmarks=[ruler-hqa]", "is not NAME=DIR"),
+    ("eval.benchmarks=[{name: where-now, data_dir: d, protocol: memagent}]",
+     "protocol is read by the ruler-hqa benchmark only"),
+    ("eval.benchmarks=[{name: ruler-hqa, data_dir: d, categories: [1]}]",
+     "categories is read by the locomo benchmark only"),
+    ("eval.data=x.json", "give one of eval.benchmarks"),
+    ("eval.limit=0", "eval.limit"),
 ])
 def test_bad_eval_configs_are_one_located_error(tmp_path, override, says):
     config = write_config(tmp_path / "eval.yaml", tmp_path, tmp_path, tmp_path / "out",
@@ -66,19 +74,21 @@ def test_a_missing_model_or_benchmark_is_one_line(tiny_model_dir, tmp_path):
     config = write_config(tmp_path / "eval.yaml", tmp_path / "none", tmp_path, tmp_path / "o")
     done = memrl("eval", config)
     assert done.returncode == 2 and "model.path" in done.stderr, done.stderr
-    done = memrl("eval", config, f"model.path={tiny_model_dir}", "eval.benchmarks=[{name: nope, data_dir: .}]")
+    done = memrl("eval", config, f"model.path={tiny_model_dir}",
+                 "eval.benchmarks=[{name: nope, data_dir: .}]")
     assert done.returncode == 2 and "eval.benchmarks.0.name: unknown benchmark 'nope'" \
         in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_a_config_path_is_told_from_a_command_name(tmp_path, monkeypatch):
-    from memrl.cli.app import is_config_path
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "evalcfg").write_text("{}")
-    assert is_config_path("eval.yaml") and is_config_path("a/b") and is_config_path("evalcfg")
-    assert not is_config_path("nope") and not is_config_path("--resume")
+def test_the_short_benchmark_form_and_the_lengths_of_every_benchmark(tmp_path):
+    cfg = load_config(EvalConfig, None, [f"model.path={tmp_path}", "eval.num_docs=[2]",
+                                         "eval.benchmarks=[ruler-hqa=a, {name: locomo, "
+                                         "data_dir: b, split: heldout, categories: [1, 5]}]"])
+    first, second = cfg.eval.benchmarks
+    assert (first.name, first.data_dir, first.num_docs) == ("ruler-hqa", "a", None)
+    assert second.options() == {"categories": [1, 5], "split": "heldout"}
+    assert cfg.eval.num_docs == [2] and cfg.eval.records_per_run is None
 
 
 def test_the_long_context_reader_is_an_agent_of_a_config(tmp_path):

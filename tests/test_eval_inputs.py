@@ -17,8 +17,8 @@ def test_an_unknown_model_type_is_one_line_and_exit_2(tiny_model_dir, tmp_path, 
     data = tmp_path / "data"
     data.mkdir()
     (data / "eval_2.json").write_text("[]")
-    code = main(["eval", "ruler-hqa", "--model", str(model), "--data", str(data),
-                 "--num-docs", "2", "--out", str(tmp_path / "out")])
+    code = main(["eval", f"model.path={model}", f"eval.benchmarks=[ruler-hqa={data}]",
+                 "eval.num_docs=[2]", f"eval.out_dir={tmp_path / 'out'}"])
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "unknown architecture: model_type 'foobar'" in err, err

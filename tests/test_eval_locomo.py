@@ -10,7 +10,6 @@ import pytest
 
 from memrl.agents.memupdate import MemUpdateConfig
 from memrl.cli import main as cli_main
-from memrl.cli.evaluate_locomo import parse_categories
 from memrl.data.locomo import DialogueTurn, MemoryEpisode, MemoryFact, save_episodes
 from memrl.errors import MemrlInputError
 from memrl.eval.locomo import aggregate, check_categories, evaluate_locomo, table_rows
@@ -84,12 +83,16 @@ def test_aggregate_hand_computed():
     assert rows[0][3] == pytest.approx(50.0)  # F1 final in %
 
 
-def test_categories_parsing():
-    assert parse_categories(None) == [1, 2, 3, 4]
-    assert parse_categories(["1,2", "4"]) == [1, 2, 4]
-    assert parse_categories(["3 1 3"]) == [1, 3]
-    with pytest.raises(MemrlInputError, match="not a category"):
-        parse_categories(["x"])
+def locomo_argv(model, data, out, *overrides, **entry):
+    """`memrl eval` of the memupdate agent on LoCoMo (`entry`: the benchmark's own keys),
+    into `out`/locomo."""
+    bench = {"name": "locomo", "data_dir": str(data), **entry}
+    return ["eval", "agent=memupdate", f"model.path={model}", f"eval.out_dir={out}",
+            f"eval.benchmarks=[{json.dumps(bench)}]", *overrides]
+
+
+def test_categories_checking():
+    assert check_categories([3, 1, 3]) == [1, 3]
     with pytest.raises(MemrlInputError, match="unknown category 9"):
         check_categories([1, 9])
     with pytest.raises(MemrlInputError):
@@ -140,46 +143,72 @@ def test_evaluate_locomo_with_a_scripted_agent(data_dir, tmp_path, tiny_tokenize
 
 
 def test_cli_end_to_end_with_the_tiny_model(data_dir, tiny_model_dir, tmp_path, capsys):
-    out = tmp_path / "run"
-    rc = cli_main([
-        "eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
-        "--out", str(out), "--limit", "3", "--embedder", "hashing", "--categories", "1,2",
-        "--n", "2", "--max-turns", "2", "--max-response-tokens", "8",
-        "--session-chunk-turns", "1", "--seed", "0", "--quiet",
-    ])
+    rc = cli_main(locomo_argv(
+        tiny_model_dir, data_dir, tmp_path / "run", "eval.limit=3", "memupdate.embedder=hashing",
+        "rollout.n=2", "memupdate.max_turns=2", "memupdate.max_response_tokens=8",
+        "memupdate.session_chunk_turns=1", "memupdate.seed=0", "eval.progress=false",
+        categories=[1, 2]))
     assert rc == 0, capsys.readouterr().err
+    out = tmp_path / "run" / "locomo"
     results = json.loads((out / "results.json").read_text())
-    assert results["num_episodes"] == 3 and results["num_samples"] == 2
-    assert results["results"]["all"]["n"] == 6
+    split = results["results"]["all"]
+    assert split["num_records"] == 3 and results["num_samples"] == 2
+    assert split["categories"]["all"]["n"] == 6
     for key in ("f1_final", "recall_final", "reward", "memory_growth_tokens"):
-        assert math.isfinite(results["results"]["all"][key])
-    assert len(read_jsonl(out / "trajectories.jsonl")) == 6
+        assert math.isfinite(split["categories"]["all"][key])
+    assert len(read_jsonl(out / "trajectories_all.jsonl")) == 6
     assert (out / "results.md").read_text().startswith("# LoCoMo")
     assert "LoCoMo" in capsys.readouterr().out
 
 
+def test_cli_scores_as_evaluate_locomo_does(data_dir, tiny_model_dir, tmp_path, capsys):
+    """The same seeds and episodes as `evaluate_locomo`: the same per-category results."""
+    import torch
+
+    from memrl.inference.factory import build_engine
+    from memrl.inference.loader import load_pretrained
+
+    keys = ["memupdate.embedder=hashing", "memupdate.max_turns=2",
+            "memupdate.max_response_tokens=8", "memupdate.session_chunk_turns=1",
+            "memupdate.seed=4", "memupdate.temperature=1.0", "model.device=cpu",
+            "eval.progress=false"]
+    assert cli_main(locomo_argv(tiny_model_dir, data_dir, tmp_path / "new", *keys,
+                                categories=[1, 2, 5])) == 0, capsys.readouterr().err
+    new = json.loads((tmp_path / "new" / "locomo" / "results.json").read_text())
+    torch.manual_seed(4)
+    model, tokenizer = load_pretrained(str(tiny_model_dir), device="cpu", dtype=None)
+    engine = build_engine("hf", tokenizer, model=model, generation_batch_size=32)
+    config = MemUpdateConfig(embedder="hashing", max_turns=2, max_response_tokens=8,
+                             session_chunk_turns=1, seed=4, temperature=1.0)
+    old = evaluate_locomo(engine, data_dir, config=config, out_dir=tmp_path / "old",
+                          categories=[1, 2, 5], show_progress=False)
+    categories = new["results"]["all"]["categories"]
+    for key, result in old["results"].items():
+        result.pop("seconds", None)
+        assert {k: v for k, v in categories[key].items() if k != "seconds"} == result
+
+
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("entry", "overrides", "message"),
     [
-        (["--data", "{missing}"], "data directory not found"),
-        (["--data", "{empty}"], "no episodes.jsonl"),
-        (["--model", "{missing}"], "model directory not found"),
-        (["--model", "{empty}"], "no config.json"),
-        (["--categories", "9"], "unknown category 9"),
-        (["--categories", "one"], "not a category"),
-        (["--embedder", "word2vec"], "--embedder"),
-        (["--top-k", "0"], "--top-k"),
+        ({"data_dir": "{missing}"}, [], "LoCoMo data not found"),
+        ({"data_dir": "{empty}"}, [], "no episodes"),
+        ({}, ["model.path={missing}"], "model directory not found"),
+        ({}, ["model.path={empty}"], "no config.json"),
+        ({"categories": [9]}, [], "unknown category 9"),
+        ({"categories": ["one"]}, [], "categories"),
+        ({}, ["memupdate.embedder=word2vec"], "memupdate.embedder"),
+        ({}, ["memupdate.top_k=0"], "memupdate.top_k"),
     ],
 )
-def test_cli_bad_inputs_exit_2(args, message, data_dir, tiny_model_dir, tmp_path, capsys):
+def test_cli_bad_inputs_exit_2(entry, overrides, message, data_dir, tiny_model_dir, tmp_path,
+                               capsys):
     (tmp_path / "empty").mkdir()
     fill = {"missing": str(tmp_path / "missing"), "empty": str(tmp_path / "empty")}
-    base = {"--model": str(tiny_model_dir), "--data": str(data_dir),
-            "--out": str(tmp_path / "out")}
-    overrides = dict(zip(args[::2], [a.format(**fill) for a in args[1::2]], strict=True))
-    argv = ["eval", "locomo"]
-    for key, value in {**base, **overrides}.items():
-        argv += [key, value]
+    entry = {k: v.format(**fill) if isinstance(v, str) else v for k, v in entry.items()}
+    data = entry.pop("data_dir", data_dir)
+    argv = locomo_argv(tiny_model_dir, data, tmp_path / "out",
+                       *(o.format(**fill) for o in overrides), **entry)
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and "\n" not in err

@@ -62,8 +62,12 @@ def test_another_agents_rows_are_a_one_line_error(data_dir):  # noqa: F811
     bench = benchmark_of("locomo", data_dir)
     records = {e.id: e for e in bench.records("all")}
     rows = [{"id": next(iter(records)), "sample_index": 0, "answer": "4417"}]
-    with pytest.raises(MemrlInputError, match="run it with --agent memupdate"):
+    with pytest.raises(MemrlInputError, match="run it with agent=memupdate"):
         bench.score(rows, records)
+    with pytest.raises(MemrlInputError, match="scores the memupdate agent .*, not long_context"):
+        from memrl.eval.long_context import LongContextConfig, LongContextTask
+
+        bench.adapt(LongContextTask(LongContextConfig()))
 
 
 def test_memory_update_reports_progress_events(data_dir, tiny_tokenizer):  # noqa: F811

@@ -15,6 +15,7 @@ from memrl.eval.locomo import evaluate_locomo, literature_scores
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.memory.embedder import HashingEmbedder
 from memrl.rewards.locomo_metrics import judge_prompt
+from test_eval_locomo import locomo_argv
 
 
 def test_literature_scores_hand_computed():
@@ -126,12 +127,12 @@ def test_judge_split_and_resume_with_scripted_engines(data_dir, tmp_path, tiny_t
 
 
 def test_cli_split_and_judge_errors_are_one_line(data_dir, tiny_model_dir, tmp_path, capsys):
-    base = ["eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
-            "--out", str(tmp_path / "out"), "--embedder", "hashing", "--quiet"]
-    for extra, message in ((["--split", "dev"], "unknown split 'dev'"),
-                           (["--judge-model", str(tmp_path / "nope")],
-                            "--judge-model")):
-        assert main([*base, *extra]) == 2
+    base = [tiny_model_dir, data_dir, tmp_path / "out", "memupdate.embedder=hashing",
+            "eval.progress=false"]
+    for entry, message in (({"split": "dev"}, "unknown split 'dev'"),
+                           ({"judge_model": str(tmp_path / "nope")},
+                            "eval.benchmarks.0.judge_model")):
+        assert main(locomo_argv(*base, **entry)) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
@@ -139,16 +140,16 @@ def test_cli_split_and_judge_errors_are_one_line(data_dir, tiny_model_dir, tmp_p
 
 def test_cli_prints_per_category_f1_bleu_and_judge(data_dir, tiny_model_dir, tmp_path,
                                                    capsys):
-    out = tmp_path / "run"
-    rc = main(["eval", "locomo", "--model", str(tiny_model_dir), "--data", str(data_dir),
-               "--out", str(out), "--embedder", "hashing", "--split", "heldout",
-               "--judge-model", str(tiny_model_dir), "--max-turns", "1",
-               "--max-response-tokens", "8", "--session-chunk-turns", "2", "--seed", "0",
-               "--quiet"])
+    rc = main(locomo_argv(
+        tiny_model_dir, data_dir, tmp_path / "run", "memupdate.embedder=hashing",
+        "memupdate.max_turns=1", "memupdate.max_response_tokens=8",
+        "memupdate.session_chunk_turns=2", "memupdate.seed=0", "eval.progress=false",
+        split="heldout", judge_model=str(tiny_model_dir)))
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     for header in ("literature", "set-F1", "BLEU-1", "judge", "1 multi-hop", "all"):
         assert header in printed
-    results = json.loads((out / "results.json").read_text())
-    assert results["judge"] == str(tiny_model_dir) and results["num_episodes"] == 3
-    assert 0.0 <= results["results"]["all"]["judge"] <= 1.0
+    results = json.loads((tmp_path / "run" / "locomo" / "results.json").read_text())
+    assert results["protocol"] == f"literature (judge: {tiny_model_dir})"
+    assert results["results"]["heldout"]["num_records"] == 3
+    assert 0.0 <= results["results"]["heldout"]["categories"]["all"]["judge"] <= 1.0

@@ -23,6 +23,7 @@ from memrl.eval.resume import append_episodes, json_line, read_episodes
 from memrl.eval.ruler_hqa import aggregate, evaluate_ruler_hqa, table_rows
 from memrl.inference.scripted import ScriptedGenerator
 from memrl.tasks.memagent_qa import MemAgentQATask
+from test_eval_ruler_hqa import ruler_hqa_argv
 
 CONFIG = MemAgentConfig(chunk_size=40, max_memory_tokens=16, max_final_tokens=64)
 
@@ -279,8 +280,9 @@ def dev_file(path, paragraphs):
     return path
 
 
-TINY = ["--chunk-size", "48", "--max-memory-tokens", "4", "--max-final-tokens", "4",
-        "--temperature", "1.0", "--top-p", "1.0", "--seed", "3", "--device", "cpu", "--quiet"]
+TINY = ["memagent.chunk_size=48", "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4",
+        "memagent.temperature=1.0", "memagent.top_p=1.0", "memagent.seed=3", "model.device=cpu",
+        "eval.progress=false"]
 
 
 def test_cli_pool_index_lists_and_num_docs_errors(tmp_path, tiny_model_dir, capsys):
@@ -288,34 +290,34 @@ def test_cli_pool_index_lists_and_num_docs_errors(tmp_path, tiny_model_dir, caps
                                             ("Gamma", "g text.")])
     data = tmp_path / "data"
     write_items(data / "eval_3.json", [item(0, "Q?", ["a"], 3, context=[2, 0, 1])])
-    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-            "--num-docs", "3", *TINY]
+    def run(out, pool=None, protocol="memagent-boxed"):
+        return main(ruler_hqa_argv(tiny_model_dir, data, out, *TINY, num_docs=[3],
+                                   protocol=protocol, pool=pool))
 
-    def fails(*args):
-        assert main([*base, *args]) == 2
+    def fails(*args, **kwargs):
+        assert run(*args, **kwargs) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
         return err
 
-    assert "list of paragraph indices" in fails("--out", str(tmp_path / "r0"))
-    assert "pool file not found" in fails("--out", str(tmp_path / "r1"), "--pool",
-                                          str(tmp_path / "missing.json"))
+    assert "list of paragraph indices" in fails(tmp_path / "r0")
+    assert "pool file not found" in fails(tmp_path / "r1", pool=tmp_path / "missing.json")
     write_items(data / "eval_3.json", [item(0, "Q?", ["a"], 3, context=[2, 0, 7])])
-    err = fails("--out", str(tmp_path / "r2"), "--pool", str(pool))
+    err = fails(tmp_path / "r2", pool=pool)
     assert "context[2] = 7 is out of range for the pool of 3 paragraphs" in err
     write_items(data / "eval_3.json", [item(0, "Q?", ["a"], 5)])
-    assert "num_docs is 5 but the file was loaded as N=3" in fails("--out", str(tmp_path / "r3"))
-    assert "unknown protocol" in fails("--out", str(tmp_path / "r4"), "--protocol", "x")
+    assert "num_docs is 5 but the file was loaded as N=3" in fails(tmp_path / "r3")
+    assert "eval.benchmarks.0.protocol" in fails(tmp_path / "r4", protocol="x")
 
     write_items(data / "eval_3.json", [item(0, "Q?", ["a"], 3, context=[2, 0, 1])])
-    out = tmp_path / "ok"
-    assert main([*base, "--out", str(out), "--pool", str(pool), "--protocol", "memagent"]) == 0
+    assert run(tmp_path / "ok", pool=pool, protocol="memagent") == 0
+    out = tmp_path / "ok" / "ruler-hqa"
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"] == "memagent" and results["results"]["3"]["n"] == 1
     assert "protocol memagent" in " ".join(capsys.readouterr().out.split())  # wrapped or not
     assert "| sub-EM (published) |" in (out / "results.md").read_text()
     # the same directory with another protocol: refused before the model is loaded
-    assert "different protocol" in fails("--out", str(out), "--pool", str(pool))
+    assert "different protocol" in fails(tmp_path / "ok", pool=pool)
 
 
 # ---------------------------------------------------------------- interruption
@@ -332,9 +334,9 @@ def sorted_rows(path):
     return sorted(read_jsonl(path), key=lambda r: (r["id"], r["sample_index"]))
 
 
-def kill_args(data, model):
-    return ["eval", "ruler-hqa", "--model", str(model), "--data", str(data), "--num-docs", "2",
-            "--records-per-run", "2", "--n", "2", "--protocol", "memagent", *TINY]
+def kill_args(data, model, out):
+    return ruler_hqa_argv(model, data, out, "eval.records_per_run=2", "rollout.n=2", *TINY,
+                          num_docs=[2], protocol="memagent")
 
 
 @pytest.fixture(scope="module")
@@ -352,8 +354,8 @@ def reference_run(tmp_path_factory, tiny_model_dir, one_thread):
     """An uninterrupted run of the set the kill tests interrupt: (data dir, run dir)."""
     root = tmp_path_factory.mktemp("kill_reference")
     data = write_set(root / "data", [2], count=12)
-    assert main([*kill_args(data, tiny_model_dir), "--out", str(root / "ref")]) == 0
-    return data, root / "ref"
+    assert main(kill_args(data, tiny_model_dir, root / "ref")) == 0
+    return data, root / "ref" / "ruler-hqa"
 
 
 @pytest.mark.pipeline
@@ -363,11 +365,11 @@ def reference_run(tmp_path_factory, tiny_model_dir, one_thread):
 def test_kill_mid_n_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_model_dir, sig,
                                                             reference_run, capsys):
     data, ref = reference_run
-    args = kill_args(data, tiny_model_dir)
-    out = tmp_path / "run"
+    args = kill_args(data, tiny_model_dir, tmp_path / "run")
+    out = tmp_path / "run" / "ruler-hqa"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "memrl", *args, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "memrl", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     traj = out / "trajectories_2.jsonl"
     deadline = time.monotonic() + 120
@@ -387,7 +389,7 @@ def test_kill_mid_n_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_model
         assert proc.returncode == -signal.SIGKILL
 
     capsys.readouterr()
-    assert main([*args, "--out", str(out)]) == 0
+    assert main(args) == 0
     assert f"{done} of 24 episodes already" in capsys.readouterr().out
     assert results_without_timings(out / "results.json") == \
         results_without_timings(ref / "results.json")

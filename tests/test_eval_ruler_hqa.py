@@ -27,6 +27,17 @@ GOLD = {"Where was Ada born?": "London", "Which river flows through Paris?": "th
         "Who founded Rome?": "Romulus"}
 
 
+def ruler_hqa_argv(model, data, out, *overrides, num_docs=None, protocol="memagent-boxed",
+                   pool=None):
+    """`memrl eval` of MemAgent on RULER-HQA under `protocol` (as MemAgent's task scores it),
+    into `out`/ruler-hqa."""
+    entry = {"name": "ruler-hqa", "data_dir": str(data), "protocol": protocol,
+             **({} if num_docs is None else {"num_docs": list(num_docs)}),
+             **({} if pool is None else {"pool": str(pool)})}
+    return ["eval", "agent=memagent", f"model.path={model}", f"eval.out_dir={out}",
+            f"eval.benchmarks=[{json.dumps(entry)}]", *overrides]
+
+
 def write_ruler_dir(path, num_docs_list, questions=GOLD, words_per_doc=6):
     """eval_{N}.json files in the published format, written by hand (not by the builder)."""
     path.mkdir(parents=True, exist_ok=True)
@@ -171,9 +182,9 @@ def test_missing_data_and_bad_arguments_are_user_errors(tmp_path, tiny_tokenizer
     assert gen.calls == []  # nothing generated before the missing file was found
     with pytest.raises(MemrlInputError, match="not found"):
         evaluate_ruler_hqa(gen, tmp_path / "nope", [2], config=CONFIG, out_dir=tmp_path / "o")
-    with pytest.raises(MemrlInputError, match="--limit"):
+    with pytest.raises(MemrlInputError, match="eval.limit"):
         evaluate_ruler_hqa(gen, data, [2], config=CONFIG, out_dir=tmp_path / "o", limit=0)
-    with pytest.raises(MemrlInputError, match="--num-docs"):
+    with pytest.raises(MemrlInputError, match="eval.num_docs"):
         evaluate_ruler_hqa(gen, data, [], config=CONFIG, out_dir=tmp_path / "o")
 
 
@@ -182,31 +193,32 @@ def test_missing_data_and_bad_arguments_are_user_errors(tmp_path, tiny_tokenizer
 
 def test_cli_user_errors_are_one_line_exit_2(tmp_path, tiny_model_dir, capsys):
     data = write_ruler_dir(tmp_path / "data", [2])
-    base = ["eval", "ruler-hqa", "--data", str(data), "--out", str(tmp_path / "run")]
-    assert main([*base, "--model", str(tmp_path / "missing"), "--num-docs", "2"]) == 2
+    out = tmp_path / "run"
+    assert main(ruler_hqa_argv(tmp_path / "missing", data, out, num_docs=[2])) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model directory not found" in err
-    assert main([*base, "--model", str(data), "--num-docs", "2"]) == 2
+    assert main(ruler_hqa_argv(data, data, out, num_docs=[2])) == 2
     assert "no config.json" in capsys.readouterr().err
-    assert main([*base, "--model", str(tiny_model_dir), "--num-docs", "2", "7"]) == 2
+    assert main(ruler_hqa_argv(tiny_model_dir, data, out, num_docs=[2, 7])) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "eval_7.json" in err
-    assert main([*base, "--model", str(tiny_model_dir), "--num-docs", "2",
-                 "--chunk-size", "0"]) == 2
-    assert "--chunk-size" in capsys.readouterr().err
-    assert main([*base, "--model", str(tiny_model_dir), "--num-docs", "2", "--limit", "0"]) == 2
-    assert "--limit" in capsys.readouterr().err
+    assert main(ruler_hqa_argv(tiny_model_dir, data, out, "memagent.chunk_size=0",
+                               num_docs=[2])) == 2
+    assert "memagent.chunk_size" in capsys.readouterr().err
+    assert main(ruler_hqa_argv(tiny_model_dir, data, out, "eval.limit=0", num_docs=[2])) == 2
+    assert "eval.limit" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
 def test_cli_real_tiny_model_end_to_end(tmp_path, tiny_model_dir, capsys):
     data = write_ruler_dir(tmp_path / "data", [2, 4], words_per_doc=4)
-    run = tmp_path / "run"
-    rc = main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-               "--num-docs", "2", "4", "--limit", "2", "--n", "2", "--chunk-size", "48",
-               "--max-memory-tokens", "6", "--max-final-tokens", "6", "--temperature", "1.0",
-               "--top-p", "1.0", "--seed", "3", "--device", "cpu", "--out", str(run), "--quiet"])
+    run = tmp_path / "run" / "ruler-hqa"
+    rc = main(ruler_hqa_argv(
+        tiny_model_dir, data, tmp_path / "run", "eval.num_docs=[2,4]", "eval.limit=2",
+        "rollout.n=2", "memagent.chunk_size=48", "memagent.max_memory_tokens=6",
+        "memagent.max_final_tokens=6", "memagent.temperature=1.0", "memagent.top_p=1.0",
+        "memagent.seed=3", "model.device=cpu", "eval.progress=false"))
     assert rc == 0, capsys.readouterr().err
     results = json.loads((run / "results.json").read_text())
     assert results["model"] == str(tiny_model_dir)

@@ -126,11 +126,11 @@ def test_export_of_a_sharded_checkpoint_loads_and_evaluates(runs, tmp_path):
          "context": "Document 1:\nA\nParis is here.\n\nDocument 2:\nB\nNothing."}
     ]))
     assert cli_main([
-        "eval", "ruler-hqa", "--model", str(hf), "--data", str(rh), "--num-docs", "2",
-        "--chunk-size", "16", "--max-memory-tokens", "4", "--max-final-tokens", "4",
-        "--out", str(tmp_path / "eval"), "--quiet",
+        "eval", f"model.path={hf}", f"eval.benchmarks=[ruler-hqa={rh}]", "eval.num_docs=[2]",
+        "memagent.chunk_size=16", "memagent.max_memory_tokens=4", "memagent.max_final_tokens=4",
+        f"eval.out_dir={tmp_path / 'eval'}", "eval.progress=false",
     ]) == 0
-    assert (tmp_path / "eval" / "results.json").exists()
+    assert (tmp_path / "eval" / "ruler-hqa" / "results.json").exists()
 
 
 # ---- in one process (a process group of one): the checkpoint format and its errors

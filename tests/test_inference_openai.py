@@ -94,15 +94,15 @@ def test_engine_options_are_one_line_cli_errors(tiny_model_dir, tmp_path, capsys
     data = tmp_path / "data"
     data.mkdir()
     (data / "eval_2.json").write_text("[]")
-    base = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-            "--num-docs", "2", "--out", str(tmp_path / "run"), "--quiet"]
-    assert cli_main([*base, "--engine", "bogus"]) == 2
-    assert "error: --engine bogus: choose one of hf, vllm, openai" in capsys.readouterr().err
-    assert cli_main([*base, "--engine", "openai"]) == 2
-    assert "needs at least one --base-url" in capsys.readouterr().err
-    assert cli_main([*base, "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    base = ["eval", f"model.path={tiny_model_dir}", f"eval.benchmarks=[ruler-hqa={data}]",
+            "eval.num_docs=[2]", f"eval.out_dir={tmp_path / 'run'}", "eval.progress=false"]
+    assert cli_main([*base, "rollout.engine=bogus"]) == 2
+    assert "rollout.engine" in capsys.readouterr().err
+    assert cli_main([*base, "rollout.engine=openai"]) == 2
+    assert "rollout.engine openai needs rollout.openai.base_urls" in capsys.readouterr().err
+    assert cli_main([*base, "rollout.engine=openai", "rollout.openai.timeout_s=0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error: --base-url: servers are read by --engine openai" in err
+    assert err.count("\n") == 1 and "rollout.openai.timeout_s" in err
 
 
 # One xdist worker runs every test of the module's server (scripts/test.sh: --dist loadgroup).
@@ -153,12 +153,15 @@ def test_eval_over_a_pool_with_a_dead_url_scores_every_episode(server, tiny_mode
     (data / "eval_2.json").write_text(json.dumps(rows))
     dead = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "run"
-    rc = cli_main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                   "--num-docs", "2", "--n", "2", "--chunk-size", "48",
-                   "--max-memory-tokens", "8", "--max-final-tokens", "8", "--temperature", "1.0",
-                   "--top-p", "1.0", "--seed", "1", "--engine", "openai", "--base-url", server,
-                   "--base-url", server, "--base-url", dead, "--out", str(out), "--quiet"])
+    rc = cli_main(["eval", f"model.path={tiny_model_dir}", f"eval.benchmarks=[ruler-hqa={data}]",
+                   "eval.num_docs=[2]", "rollout.n=2", "memagent.chunk_size=48",
+                   "memagent.max_memory_tokens=8", "memagent.max_final_tokens=8",
+                   "memagent.temperature=1.0", "memagent.top_p=1.0", "memagent.seed=1",
+                   "rollout.engine=openai",
+                   f"rollout.openai.base_urls=[{server}, {server}, {dead}]",
+                   f"eval.out_dir={out}", "eval.progress=false"])
     assert rc == 0
+    out = out / "ruler-hqa"
     results = json.loads((out / "results.json").read_text())
     assert results["results"]["2"]["n"] == 12  # 6 questions x 2 samples, all scored
     lines = (out / "trajectories_2.jsonl").read_text().splitlines()

@@ -1,5 +1,5 @@
 """An agent written outside memrl (examples/mem1: a MEM1-style agent in two files) trains
-with `memrl train` and is evaluated with `memrl eval agent` by import path, with no edit to
+with `memrl train` and is evaluated with `memrl eval agent=package.module:Class` by import path, with no edit to
 memrl; `memrl view` renders its rows. The same commands a user runs, in subprocesses."""
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ def test_an_outside_agent_trains_and_is_evaluated_by_import_path(tiny_model_dir,
     assert "mem1.task:Mem1Task" in (run / "config.yaml").read_text()
 
     out = tmp_path / "eval"
-    done = memrl("eval", "agent", "--agent", TASK, "--model", str(tiny_model_dir), "--data",
-                 str(questions), "--out", str(out), "--set", "mem1.max_turn_tokens=8",
-                 "--set", "rollout.temperature=0", "--set", "rl.reward={em: 1, early_stop: 0.5}",
-                 "--n", "2", "--quiet")
+    done = memrl("eval", f"agent={TASK}", f"model.path={tiny_model_dir}",
+                 f"eval.data={questions}", f"eval.out_dir={out}", "mem1.max_turn_tokens=8",
+                 "rollout.temperature=0", "rl.reward={em: 1, early_stop: 0.5}", "rollout.n=2",
+                 "eval.progress=false")
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["agent"] == TASK and results["config"]["max_turn_tokens"] == 8
@@ -120,8 +120,8 @@ def test_a_bad_import_path_is_one_line(tmp_path, questions, tiny_model_dir):
     for agent, says in (("mem1.task:Nope", "has no class 'Nope'"),
                         ("nowhere.at.all:Task", "cannot import 'nowhere.at.all'"),
                         ("mem1.task:Mem1Details", "is not a memrl Task")):
-        done = memrl("eval", "agent", "--agent", agent, "--model", str(tiny_model_dir),
-                     "--data", str(questions), "--out", str(tmp_path / "e"))
+        done = memrl("eval", f"agent={agent}", f"model.path={tiny_model_dir}",
+                     f"eval.data={questions}", f"eval.out_dir={tmp_path / 'e'}")
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0], done.stderr

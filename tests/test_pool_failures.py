@@ -80,18 +80,19 @@ def data(tmp_path_factory) -> Path:
 
 
 def eval_args(model: Path, data: Path, out: Path, urls: list[str]) -> list[str]:
-    args = ["eval", "ruler-hqa", "--model", str(model), "--data", str(data), "--num-docs", "2",
-            "--chunk-size", "32", "--max-memory-tokens", "32", "--max-final-tokens", "16",
-            "--temperature", "0", "--seed", "1", "--records-per-run", str(RECORDS_PER_RUN),
-            "--engine", "openai", "--request-timeout", str(TIMEOUT_S),
-            "--health-check", str(HEALTH_S), "--out", str(out), "--quiet"]
-    for url in urls:
-        args += ["--base-url", url]
-    return args
+    entry = json.dumps({"name": "ruler-hqa", "data_dir": str(data), "num_docs": [2],
+                        "protocol": "memagent-boxed"})
+    return ["eval", "agent=memagent", f"model.path={model}", f"eval.benchmarks=[{entry}]",
+            "memagent.chunk_size=32", "memagent.max_memory_tokens=32",
+            "memagent.max_final_tokens=16", "memagent.temperature=0", "memagent.seed=1",
+            f"eval.records_per_run={RECORDS_PER_RUN}", "rollout.engine=openai",
+            f"rollout.openai.timeout_s={TIMEOUT_S}", f"rollout.openai.health_check_s={HEALTH_S}",
+            f"rollout.openai.base_urls={json.dumps(urls)}", f"eval.out_dir={out}",
+            "eval.progress=false"]
 
 
 def episodes(out: Path) -> list[dict]:
-    path = out / "trajectories_2.jsonl"
+    path = out / "ruler-hqa" / "trajectories_2.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -221,7 +222,7 @@ def test_killed_servers_end_the_run_with_one_line_and_it_resumes_exactly(
     assert all(reference[k] == v for k, v in kept.items())
 
     command = shlex.split(line.split("continue with: ", 1)[1])
-    assert command[:3] == ["memrl", "eval", "ruler-hqa"] and command[-1] == "--resume"
+    assert command[:2] == ["memrl", "eval"] and command[-1] == "--resume"
     resumed = Eval(command[1:], out)  # b is still dead: lost at start, a finishes the run
     assert resumed.finish() == 0, resumed.text()
     resumed.wait_for_line(f"^warning: server {re.escape(b.url)} lost: connection refused "

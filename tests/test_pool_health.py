@@ -202,19 +202,20 @@ def test_eval_with_no_server_up_is_one_line_exit_2(tiny_model_dir, tmp_path, cap
     data = tmp_path / "data"
     data.mkdir()
     (data / "eval_2.json").write_text("[]")
-    args = ["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-            "--num-docs", "2", "--out", str(tmp_path / "run"), "--quiet", "--engine", "openai",
-            "--base-url", "http://127.0.0.1:1", "--base-url", "http://127.0.0.1:2"]
+    args = ["eval", f"model.path={tiny_model_dir}", f"eval.benchmarks=[ruler-hqa={data}]",
+            "eval.num_docs=[2]", f"eval.out_dir={tmp_path / 'run'}", "eval.progress=false",
+            "rollout.engine=openai",
+            "rollout.openai.base_urls=[http://127.0.0.1:1, http://127.0.0.1:2]"]
     assert cli_main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: --base-url: no server answered")
+    assert len(err) == 1
+    assert err[0].startswith("error: rollout.openai.base_urls: no server answered"), err
     assert "http://127.0.0.1:1 (connection refused)" in err[0]
     assert "http://127.0.0.1:2 (connection refused)" in err[0]
-    assert cli_main([*args, "--request-timeout", "0"]) == 2
-    assert "error: --request-timeout: must be a finite number of seconds > 0" in \
-        capsys.readouterr().err
-    assert cli_main([*args, "--health-check", "nan"]) == 2
-    assert "error: --health-check:" in capsys.readouterr().err
+    assert cli_main([*args, "rollout.openai.timeout_s=0"]) == 2
+    assert "rollout.openai.timeout_s" in capsys.readouterr().err
+    assert cli_main([*args, "rollout.openai.health_check_s=nan"]) == 2
+    assert "rollout.openai.health_check_s" in capsys.readouterr().err
 
 
 def test_a_returning_server_gets_the_current_weights_first(fakes, tiny_tokenizer, tmp_path):

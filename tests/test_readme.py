@@ -100,5 +100,5 @@ def test_the_marked_blocks_run_as_printed(tmp_path):
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", body], cwd=work, env=env,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{body}\n{done.stderr[-3000:]}"
-    assert (work / "runs" / "eval-tiny" / "results.json").is_file()
+    assert (work / "runs" / "eval-tiny" / "biographies" / "results.json").is_file()
     assert (work / "runs" / "eval-mem1" / "results.json").is_file()

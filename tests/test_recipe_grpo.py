@@ -323,12 +323,12 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_model_dir, data_dir, tmp
          "context": "Document 1:\nA\nParis is here.\n\nDocument 2:\nB\nNothing."}
     ]))
     code = cli_main([
-        "eval", "ruler-hqa", "--model", str(tmp_path / "hf"), "--data", str(rh),
-        "--num-docs", "2", "--chunk-size", "16", "--max-memory-tokens", "4",
-        "--max-final-tokens", "4", "--out", str(tmp_path / "eval"), "--quiet",
+        "eval", f"model.path={tmp_path / 'hf'}", f"eval.benchmarks=[ruler-hqa={rh}]",
+        "eval.num_docs=[2]", "memagent.chunk_size=16", "memagent.max_memory_tokens=4",
+        "memagent.max_final_tokens=4", f"eval.out_dir={tmp_path / 'eval'}", "eval.progress=false",
     ])
     assert code == 0
-    assert (tmp_path / "eval" / "results.json").exists()
+    assert (tmp_path / "eval" / "ruler-hqa" / "results.json").exists()
 
 
 def test_train_cli_rejects_unknown_key(tiny_model_dir, data_dir, tmp_path, capsys):

@@ -201,12 +201,14 @@ def test_eval_greedy_answers_equal_the_hf_engine(tiny_model_dir, tmp_path):
     answers = {}
     for engine in ("hf", "vllm"):
         out = tmp_path / engine
-        rc = cli_main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                       "--num-docs", "2", "--chunk-size", "48", "--max-memory-tokens", "12",
-                       "--max-final-tokens", "12", "--temperature", "0", "--engine", engine,
-                       "--out", str(out), "--quiet"])
+        rc = cli_main(["eval", f"model.path={tiny_model_dir}",
+                       f"eval.benchmarks=[ruler-hqa={data}]", "eval.num_docs=[2]",
+                       "memagent.chunk_size=48", "memagent.max_memory_tokens=12",
+                       "memagent.max_final_tokens=12", "memagent.temperature=0",
+                       f"rollout.engine={engine}", f"eval.out_dir={out}", "eval.progress=false"])
         assert rc == 0
-        rows = [json.loads(x) for x in (out / "trajectories_2.jsonl").read_text().splitlines()]
+        rows = [json.loads(x)
+                for x in (out / "ruler-hqa" / "trajectories_2.jsonl").read_text().splitlines()]
         answers[engine] = [(r["memories"], r["final_response"]) for r in rows]
     assert len(answers["hf"]) == 4
     assert answers["vllm"] == answers["hf"]

@@ -1,7 +1,7 @@
 """Issue 21, item 2: `run.json`, a record of every run (memrl.run.record).
 
 The record's pieces by hand (exit statuses, config hash, earlier records kept, main rank
-only), then `memrl train`, `memrl sft` and `memrl eval ruler-hqa / locomo` end to end on the
+only), then `memrl train`, `memrl sft` and `memrl eval` (RULER-HQA, LoCoMo) end to end on the
 tiny model: the record's fields and its status on success, on a user error and on SIGTERM.
 """
 
@@ -305,9 +305,10 @@ def ruler_dir(path: Path, broken: bool = False) -> Path:
 
 
 def eval_args(model: Path, data: Path, out: Path) -> list[str]:
-    return ["eval", "ruler-hqa", "--model", str(model), "--data", str(data), "--num-docs", "2",
-            "--chunk-size", "48", "--max-memory-tokens", "6", "--max-final-tokens", "6",
-            "--seed", "3", "--device", "cpu", "--out", str(out), "--quiet"]
+    return ["eval", f"model.path={model}", f"eval.benchmarks=[ruler-hqa={data}]",
+            "eval.num_docs=[2]", "memagent.chunk_size=48", "memagent.max_memory_tokens=6",
+            "memagent.max_final_tokens=6", "memagent.seed=3", "model.device=cpu",
+            f"eval.out_dir={out}", "eval.progress=false"]
 
 
 @pytest.mark.slow
@@ -316,8 +317,8 @@ def test_eval_records_success_and_heads_the_results_table(tiny_model_dir, tmp_pa
     assert cli_main(eval_args(tiny_model_dir, ruler_dir(tmp_path / "data"), out)) == 0
     record = read_record(out)
     assert record["status"] == "ok" and record["seed"] == 3
-    assert_how_it_ran(record, "eval ruler-hqa", "hf", None)
-    table = (out / "results.md").read_text()
+    assert_how_it_ran(record, "eval", "hf", None)
+    table = (out / "ruler-hqa" / "results.md").read_text()
     assert f"Run: {summary_line(record, with_status=False)}" in table
     # the same command again continues the run: the first record moves to `previous`
     assert cli_main(eval_args(tiny_model_dir, tmp_path / "data", out)) == 0
@@ -335,19 +336,19 @@ def test_eval_records_a_user_error(tiny_model_dir, tmp_path):
 
 
 @posix_only
-@pytest.mark.parametrize("command", ["ruler-hqa", "locomo"])
-def test_eval_records_sigterm(tiny_model_dir, tmp_path, monkeypatch, command):
-    import memrl.eval.locomo
-    import memrl.eval.ruler_hqa
+@pytest.mark.parametrize("benchmark", ["ruler-hqa", "locomo"])
+def test_eval_records_sigterm(tiny_model_dir, tmp_path, monkeypatch, benchmark):
+    import memrl.eval.benchmark
 
-    module = memrl.eval.ruler_hqa if command == "ruler-hqa" else memrl.eval.locomo
-    sigterm_on_first_call(monkeypatch, module, f"evaluate_{command.replace('-', '_')}")
+    sigterm_on_first_call(monkeypatch, memrl.eval.benchmark, "evaluate_suite")
     data = ruler_dir(tmp_path / "data")
     (data / "episodes.jsonl").write_text("")
     out = tmp_path / "run"
-    args = ["eval", command, "--model", str(tiny_model_dir), "--data", str(data), "--out",
-            str(out), "--quiet", "--device", "cpu"]
-    assert cli_main(args + (["--num-docs", "2"] if command == "ruler-hqa" else [])) == 143
+    agent = "memagent" if benchmark == "ruler-hqa" else "memupdate"
+    args = ["eval", f"agent={agent}", f"model.path={tiny_model_dir}",
+            f"eval.benchmarks=[{benchmark}={data}]", f"eval.out_dir={out}",
+            "eval.progress=false", "model.device=cpu"]
+    assert cli_main(args + (["eval.num_docs=[2]"] if benchmark == "ruler-hqa" else [])) == 143
     record = read_record(out)
     assert (record["kind"], record["status"], record["signal"]) == (
-        f"eval {command}", "interrupted", "SIGTERM")
+        "eval", "interrupted", "SIGTERM")

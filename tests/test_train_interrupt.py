@@ -153,14 +153,13 @@ EVAL_CHILD = textwrap.dedent(
     """
     import sys, time
     from memrl.cli import main
-    import memrl.eval.locomo, memrl.eval.ruler_hqa
+    import memrl.eval.benchmark
 
     def slow(*args, **kwargs):
         print("ready", flush=True)
         time.sleep(60)
 
-    memrl.eval.ruler_hqa.evaluate_ruler_hqa = slow
-    memrl.eval.locomo.evaluate_locomo = slow
+    memrl.eval.benchmark.evaluate_suite = slow
     sys.exit(main(sys.argv[1:]))
     """
 )
@@ -172,15 +171,18 @@ EVAL_CHILD = textwrap.dedent(
     [("ruler-hqa", signal.SIGINT, 130), ("locomo", signal.SIGTERM, 143)],
 )
 def test_eval_interrupted_names_the_output_dir(tiny_model_dir, tmp_path, command, sig, code):
+    """`command`: the benchmark evaluated (its agent: memagent / memupdate)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "eval_2.json").write_text("[]")
     (data / "episodes.jsonl").write_text("")
     out = tmp_path / "eval"
-    args = ["eval", command, "--model", str(tiny_model_dir), "--data", str(data),
-            "--out", str(out), "--quiet", "--device", "cpu"]
+    agent = "memagent" if command == "ruler-hqa" else "memupdate"
+    args = ["eval", f"agent={agent}", f"model.path={tiny_model_dir}",
+            f"eval.benchmarks=[{command}={data}]", f"eval.out_dir={out}",
+            "eval.progress=false", "model.device=cpu"]
     if command == "ruler-hqa":
-        args += ["--num-docs", "2"]
+        args += ["eval.num_docs=[2]"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", EVAL_CHILD, *args], cwd=ROOT, env=env,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

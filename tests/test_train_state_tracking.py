@@ -38,15 +38,18 @@ def test_two_grpo_steps_on_where_now(tiny_model_dir, tmp_path, capsys):
     assert validation and 0.0 <= validation[-1]["val/accuracy"] <= 1.0
 
 
-def test_memrl_eval_ruler_hqa_reads_the_benchmark(tiny_model_dir, tmp_path, capsys):
+def test_memrl_eval_reads_the_benchmark(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "counting"
     assert main(["prepare", "counting", "--out", str(data), "split=eval",
                  "eval_questions=2", "num_docs=[1,2]"]) == 0
     out = tmp_path / "eval"
-    assert main(["eval", "ruler-hqa", "--model", str(tiny_model_dir), "--data", str(data),
-                 "--num-docs", "1", "--num-docs", "2", "--out", str(out), "--quiet",
-                 "--chunk-size", "64", "--max-chunks", "2", "--max-memory-tokens", "4",
-                 "--max-final-tokens", "4"]) == 0, capsys.readouterr().err
+    entry = json.dumps({"name": "ruler-hqa", "data_dir": str(data), "num_docs": [1, 2],
+                        "protocol": "memagent-boxed"})
+    assert main(["eval", f"model.path={tiny_model_dir}", f"eval.benchmarks=[{entry}]",
+                 f"eval.out_dir={out}", "eval.progress=false", "memagent.chunk_size=64",
+                 "memagent.max_chunks=2", "memagent.max_memory_tokens=4",
+                 "memagent.max_final_tokens=4"]) == 0, capsys.readouterr().err
+    out = out / "ruler-hqa"
     results = json.loads((out / "results.json").read_text())
     assert sorted(results["results"], key=int) == ["1", "2"]
     assert all(r["n"] == 2 for r in results["results"].values())
@@ -54,9 +57,10 @@ def test_memrl_eval_ruler_hqa_reads_the_benchmark(tiny_model_dir, tmp_path, caps
     assert all(row["evidence"] for row in rows)  # where the gold facts enter the chunks
     # the whole-document baseline reads the same files
     base = tmp_path / "long"
-    assert main(["eval", "long-context", "--model", str(tiny_model_dir), "--data", str(data),
-                 "--num-docs", "1", "--out", str(base), "--max-new-tokens", "4"]) == 0
-    assert json.loads((base / "results.json").read_text())["results"]["1"]["n"] == 2
+    assert main(["eval", "agent=long-context", f"model.path={tiny_model_dir}",
+                 f"eval.benchmarks=[counting={data}]", "eval.num_docs=[1]",
+                 f"eval.out_dir={base}", "long_context.max_new_tokens=4"]) == 0
+    assert json.loads((base / "counting" / "results.json").read_text())["results"]["1"]["n"] == 2
 
 
 # ---------------------------------------------------------------------------------------------

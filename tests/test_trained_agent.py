@@ -118,11 +118,13 @@ def test_init_model_writes_a_model_that_reads_as_trained(agent_dir: Path, biogra
     assert AGENT.sha256 in card and "rank 16" in card and "Scores" in card
     assert "prompts: memagent-answer-is" in (agent_dir / "memrl_config.yaml").read_text()
     data, out = biographies, tmp_path / "eval"
-    assert main(["eval", "ruler-hqa", "--model", str(agent_dir), "--data", str(data),
-                 "--num-docs", "24", "--out", str(out), "--limit", "4", "--temperature", "0",
-                 "--protocol", "memagent", "--chunk-size", "512", "--max-memory-tokens", "96",
-                 "--max-final-tokens", "32", "--quiet"]) == 0
-    rows = [json.loads(line) for line in (out / "trajectories_24.jsonl").open()]
+    entry = json.dumps({"name": "ruler-hqa", "data_dir": str(data), "num_docs": [24],
+                        "protocol": "memagent"})
+    assert main(["eval", f"model.path={agent_dir}", f"eval.benchmarks=[{entry}]",
+                 f"eval.out_dir={out}", "eval.limit=4", "memagent.temperature=0",
+                 "memagent.chunk_size=512", "memagent.max_memory_tokens=96",
+                 "memagent.max_final_tokens=32", "eval.progress=false"]) == 0
+    rows = [json.loads(line) for line in (out / "ruler-hqa" / "trajectories_24.jsonl").open()]
     by_id = {r["id"]: r for r in rows}
     # greedy on the CPU (2026-11-28): records 1 and 3 answered, memories a sentence long
     assert by_id["3"]["answer"] == "Thailriond Shipping"

@@ -7,7 +7,7 @@ last document one more turn must answer. memrl runs the episodes (sampling, seed
 schedule), sums the named rewards and logs them. By import path, no edit to memrl:
 
     memrl train examples/mem1/config.yaml ...          # agent: mem1.task:Mem1Task
-    memrl eval agent --agent mem1.task:Mem1Task ...    # (with examples/ on PYTHONPATH)
+    memrl eval agent=mem1.task:Mem1Task ...            # (with examples/ on PYTHONPATH)
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
     5. the accuracy table (before / warm start / RL × document count) and its plot
 
 Everything runs offline on a CPU with the same code as a real run: data builders, MemAgent,
-the HF engine, both recipes, checkpoints, export and `memrl eval ruler-hqa`'s evaluation.
+the HF engine, both recipes, checkpoints, export and `memrl eval`'s evaluation.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`memrl view RUN_DIR`: one self-contained HTML page to watch what a memory agent keeps.
 
-It reads every trajectories file under RUN_DIR (`memrl eval ruler-hqa`'s
-`trajectories_{N}.jsonl`, `memrl eval locomo`'s `trajectories.jsonl`, a training run's
+It reads every trajectories file under RUN_DIR (`memrl eval`'s `trajectories_{N}.jsonl`
+and, with `eval.data`, `trajectories.jsonl`, a training run's
 `val_samples/step_*.jsonl`), every run record (`run.json`, `memrl.run.record`) and every
 training run's per-trajectory records (`train_trajectories/step_*.jsonl`,
 `memrl.run.trajectory_log`), and writes `view.html`: no server, no network, no

@@ -42,8 +42,7 @@ def _register_commands() -> None:
     # Importing the modules attaches their commands to the apps in memrl.cli.app.
     import importlib
 
-    for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate",
-                 "evaluate_locomo", "evaluate_long_context", "evaluate_agent", "evaluate_config", "train",
+    for name in ("prepare", "prepare_locomo", "prepare_state", "models", "evaluate", "train",
                  "export", "quickstart",
                  "sft", "view", "ask", "serve"):
         try:
@@ -54,7 +53,7 @@ def _register_commands() -> None:
 
 
 def option_counts() -> dict[str, int]:
-    """{`eval locomo`: 34, ...}: the options (not `--help`) of every command, as `memrl ...
+    """{`eval`: 1, `train`: ...}: the options (not `--help`) of every command, as `memrl ...
     --help` lists them; issue 45 bounds their sum (one command grammar: CONFIG + overrides,
     options only for paths and --resume)."""
     import typer
@@ -73,7 +72,7 @@ def option_counts() -> dict[str, int]:
     return counts
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--categories", "--document", "--benchmark"})
+MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--document"})
 """Options that take several space-separated values (`--num-docs 50 100 200`)."""
 OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
 """A config override `key.path=value` (what ends the values of a multi-value option)."""
@@ -117,7 +116,7 @@ _invocation: list[str] = []
 
 
 def command_line(*extra: str) -> str:
-    """The command line being run (`memrl eval ruler-hqa ...`), shell-quoted, with `extra`
+    """The command line being run (`memrl eval c.yaml ...`), shell-quoted, with `extra`
     arguments appended unless already there: what a failure line tells the user to run
     again."""
     args = list(_invocation) + [a for a in extra if a not in _invocation]
@@ -213,7 +212,7 @@ def print_error(message: str, *, code: int = 2) -> int:
 
 
 def _usage_error(exc: Exception, args: list[str]) -> int:
-    """One line for a click/typer usage error: `error: memrl eval ruler-hqa: <what>; <hint>`."""
+    """One line for a click/typer usage error: `error: memrl eval: <what>; <hint>`."""
     ctx = getattr(exc, "ctx", None)
     location = ctx.command_path if ctx is not None else _command_path(args)
     code = int(getattr(exc, "exit_code", 2) or 2)
@@ -230,7 +229,7 @@ def _usage_error(exc: Exception, args: list[str]) -> int:
 
 
 def _command_path(args: list[str]) -> str:
-    """`memrl eval ruler-hqa`: the command names at the start of `args` (no parsing)."""
+    """`memrl prepare ruler-hqa`: the command names at the start of `args` (no parsing)."""
     import typer
 
     node: Any = typer.main.get_command(app)

@@ -290,8 +290,6 @@ class EngineChoice(BaseModel):
                 close()
 
 
-DATA_PARALLEL = ["data_parallel"]
-"""The `EngineChoice` option of the evaluations that share episodes out over processes."""
 EVAL_DIST_TIMEOUT_S = 3600.0
 """How long a rank of a data-parallel evaluation waits for the others at a meeting point (the
 end of a benchmark's episodes, at most one slice of imbalance) before it fails."""
@@ -299,7 +297,7 @@ end of a benchmark's episodes, at most one slice of imbalance) before it fails."
 
 @contextlib.contextmanager
 def evaluation_ranks(serving: EngineChoice) -> Iterator[Any]:
-    """The ranks of a data-parallel evaluation, as a `Dist`: `--data-parallel N` (N > 1)
+    """The ranks of a data-parallel evaluation, as a `Dist`: `eval.data_parallel=N` (N > 1)
     starts this command again on N processes under torchrun and ends with their exit code;
     under torchrun (memrl's, or the user's own) this process joins the group (its GPU:
     cuda:LOCAL_RANK); otherwise `Dist()`, one process."""
@@ -311,8 +309,9 @@ def evaluation_ranks(serving: EngineChoice) -> Iterator[Any]:
         if serving.data_parallel > 1:
             if serving.engine == "openai":
                 raise MemrlInputError(
-                    "runs an engine per process: with --engine openai the server pool already "
-                    "spreads the episodes (give more --base-url)", location="--data-parallel")
+                    "runs an engine per process: with rollout.engine=openai the server pool "
+                    "already spreads the episodes (give more rollout.openai.base_urls)",
+                    location="eval.data_parallel")
             check_gpus_for(serving.data_parallel, serving.device)
             raise typer.Exit(relaunch(serving.data_parallel, list(_invocation)))
         yield Dist()
@@ -335,15 +334,11 @@ def check_gpus_for(processes: int, device: str | None) -> None:
         gpus = torch.cuda.device_count()
         if processes > gpus:
             raise MemrlInputError(f"{processes} processes, one GPU each, but this machine has "
-                                  f"{gpus} (or --device cpu)", location="--data-parallel")
+                                  f"{gpus} (or model.device=cpu)", location="eval.data_parallel")
 
 
 LOCAL = ["generation_batch_size", "engine", "device", "dtype", "threads"]
 """The `EngineChoice` options of an in-process engine (hf, or vllm without its memory share)."""
-POOL = ["base_url", "request_timeout", "health_check"]
-"""The `EngineChoice` options of the server pool (`--engine openai`)."""
-VLLM = ["gpu_memory_utilization"]
-"""The `EngineChoice` options of the colocated vLLM engine on a GPU."""
 
 
 def engine_options(fields: list[str], **defaults: Any) -> Any:
@@ -354,11 +349,3 @@ def engine_options(fields: list[str], **defaults: Any) -> Any:
 
 # Options several commands take, declared once.
 ModelOption = Annotated[Path, typer.Option("--model", help="Model directory (HF format).")]
-OutOption = Annotated[Path, typer.Option("--out", help="Run directory for results.")]
-RulerDataOption = Annotated[
-    Path, typer.Option("--data", help="Directory holding eval_{N}.json files.")]
-NumDocsOption = Annotated[
-    list[int], typer.Option("--num-docs", help="Numbers of documents N, e.g. 50 100 200.")]
-ResumeEvalOption = Annotated[bool, typer.Option(
-    "--resume", help="Continue the run in --out (an error if there is none); re-running into "
-    "the same --out resumes anyway.")]

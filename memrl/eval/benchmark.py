@@ -35,9 +35,9 @@ from memrl.errors import MemrlInputError
 from memrl.eval.report import plot_scores, progress_bars, write_json, write_report
 from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
 
-BENCHMARKS: dict[str, str] = {
+BENCHMARKS: dict[str, str] = {"ruler-hqa": "memrl.eval.ruler_hqa:ruler_hqa_benchmark"} | {
     name: "memrl.eval.benchmark:RulerFormat"
-    for name in ("ruler-hqa", "biographies", "where-now", "where-before", "who-has",
+    for name in ("biographies", "where-now", "where-before", "who-has",
                  "counting", "knowledge-update")
 } | {"locomo": "memrl.eval.locomo:LocomoBenchmark"}
 """Benchmark name -> "module:attr" of its factory (imported on first use)."""
@@ -86,26 +86,48 @@ class Benchmark(Protocol):
         ...
 
 
+class MeasuresItsAgent(Protocol):
+    """What a benchmark may add (optional, looked up once per run by `evaluate_suite`):
+    a benchmark that measures one agent its own way (RULER-HQA under MemAgent's protocol,
+    LoCoMo's memory store)."""
+
+    records_per_run: int
+    """Records rolled out together when the run does not say (`eval.records_per_run`)."""
+
+    def adapt(self, task: Any) -> Any:
+        """The task the benchmark runs: `task` as this benchmark measures it (a one-line
+        error for an agent it cannot measure)."""
+        ...
+
+    def seed_key(self, key: SliceKey) -> tuple[Any, ...]:
+        """What the seed of slice `key`'s records derives from besides (seed, ..., record
+        index); default (the benchmark's name, key)."""
+        ...
+
+
 def benchmark_of(name: str, data_dir: str | Path, num_docs: Sequence[int] | None = None,
-                 limit: int | None = None) -> Benchmark:
-    """The benchmark `name` names (registered or `package.module:attr`) over `data_dir`."""
+                 limit: int | None = None, **options: Any) -> Benchmark:
+    """The benchmark `name` names (registered or `package.module:attr`) over `data_dir`;
+    `options`: its own settings (pool, protocol, categories, split: `memrl.recipes.
+    evaluate.BenchmarkEntry`)."""
     path = BENCHMARKS.get(name)
     if path is None and ":" not in name:
         raise MemrlInputError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}, "
-                              "or an import path package.module:attr", location="--benchmark")
+                              "or an import path package.module:attr", location="eval.benchmarks")
     module_name, _, attr = (path or name).partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr, None)
     except ImportError as exc:
         raise MemrlInputError(f"cannot import {module_name!r} for benchmark {name!r} ({exc})",
-                              location="--benchmark") from None
+                              location="eval.benchmarks") from None
     if not callable(factory):
-        raise MemrlInputError(f"{module_name} has no benchmark {attr!r}", location="--benchmark")
-    bench = factory(name, data_dir, num_docs, limit)
+        raise MemrlInputError(f"{module_name} has no benchmark {attr!r}",
+                              location="eval.benchmarks")
+    bench = factory(name, data_dir, num_docs, limit, **options)
     missing = [m for m in REQUIRED if not hasattr(bench, m)]
     if missing:
         raise MemrlInputError(f"{name} is not a memrl Benchmark: it lacks {', '.join(missing)} "
-                              "(see memrl.eval.benchmark.Benchmark)", location="--benchmark")
+                              "(see memrl.eval.benchmark.Benchmark)", location="eval.benchmarks")
     return bench
 
 
@@ -332,12 +354,15 @@ whole-document reader, a one-turn agent."""
 
 def evaluate_suite(task: Any, engine: Any, benches: Mapping[str, Benchmark], *,
                    out_dir: str | Path, header: Callable[[Benchmark], dict[str, Any]],
-                   seed: int | None, dist: Any = None, **options: Any) -> dict[str, Any]:
+                   seed: int | None, dist: Any = None, per_run: int | None = None,
+                   **options: Any) -> dict[str, Any]:
     """`task` on every benchmark of `benches` (name -> Benchmark), each into
     `out_dir/<name>` (`evaluate_benchmark`; `header(bench)` its results.json header, with
     `model`, `agent` and `metric`; the slice at record i of N seeded from (seed, name, N,
-    i)), then the leaderboard of them all in `out_dir` (`write_leaderboard`). `options`:
-    evaluate_benchmark's. Returns each benchmark's results."""
+    i)), then the leaderboard of them all in `out_dir` (`write_leaderboard`). A benchmark
+    with `MeasuresItsAgent`'s abilities adapts the task, the seeds and `per_run` (None: its
+    `records_per_run`, else 32). `options`: evaluate_benchmark's. Returns each benchmark's
+    results."""
     from memrl.distributed import Dist
     from memrl.inference.base import derive_seed
 
@@ -345,10 +370,14 @@ def evaluate_suite(task: Any, engine: Any, benches: Mapping[str, Benchmark], *,
     results = {}
     for name, bench in benches.items():
         head = header(bench)
+        adapt = getattr(bench, "adapt", None)
+        seed_key = getattr(bench, "seed_key", lambda n, name=name: (name, n))
         results[name] = evaluate_benchmark(
-            task, engine, bench, out_dir=Path(out_dir) / name.replace(":", "_"), header=head,
-            seed_of=lambda n, i, name=name: None if seed is None else derive_seed(
-                seed, name, n, i), dist=dist, **options)
+            adapt(task) if adapt is not None else task, engine, bench,
+            out_dir=Path(out_dir) / name.replace(":", "_"), header=head,
+            per_run=per_run or getattr(bench, "records_per_run", 32),
+            seed_of=lambda n, i, key=seed_key: None if seed is None else derive_seed(
+                seed, *key(n), i), dist=dist, **options)
     if dist.is_main and results:
         first = next(iter(results.values()))
         path = write_leaderboard(out_dir, first["model"], first.get("agent") or "", results)

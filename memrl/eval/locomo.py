@@ -204,13 +204,14 @@ def literature_rows(per_category: dict[str, dict[str, Any]]) -> list[list[Any]]:
 def check_categories(categories: Sequence[int]) -> list[int]:
     """Sorted unique categories, each 1..5; anything else is a user error."""
     if not categories:
-        raise MemrlInputError("give at least one category (1-5)", location="--categories")
+        raise MemrlInputError("give at least one category (1-5)",
+                              location="eval.benchmarks.categories")
     bad = [c for c in categories if c not in ALL_CATEGORIES]
     if bad:
         raise MemrlInputError(
             f"unknown category {bad[0]}; LoCoMo has "
             + ", ".join(f"{k} ({v})" for k, v in CATEGORY_NAMES.items()),
-            location="--categories",
+            location="eval.benchmarks.categories",
         )
     return sorted(set(categories))
 
@@ -287,9 +288,14 @@ def evaluate_locomo(
 
 def check_data(data: str | Path) -> Path:
     """The `memrl prepare locomo` directory (or file), which must exist."""
+    from memrl.data.locomo import EPISODES_FILE
+
     data = Path(data)
     if not data.exists():
         raise MemrlInputError("LoCoMo data not found (build it with `memrl prepare locomo`)",
+                              location=str(data))
+    if data.is_dir() and not (data / EPISODES_FILE).is_file():
+        raise MemrlInputError(f"no {EPISODES_FILE} (build it with `memrl prepare locomo`)",
                               location=str(data))
     return data
 
@@ -301,9 +307,9 @@ class LocomoBenchmark:
     each row scored as the literature scores it (`literature`: set-F1, BLEU-1 and, with a
     `judge`, mem0's judge) and aggregated per category (`categories`; the headline `score`
     the F1 over the final memory of categories 1-4, in %). It reads the memupdate agent's
-    rows (answers over its memory store). With `task` (the MemoryUpdateTask that runs) the
-    records are its `load` (precomputed embeddings used); without (`memrl eval agent
-    --benchmark locomo=DIR`) they are the directory's episodes. `num_docs` is not used:
+    rows (answers over its memory store). With `task` (the MemoryUpdateTask that runs, set
+    by `adapt`) the records are its `load` (precomputed embeddings used); without, the
+    directory's episodes. `num_docs` is not used:
     LoCoMo has no lengths."""
 
     name: str
@@ -317,6 +323,7 @@ class LocomoBenchmark:
     judge_seed: int = 0
     task: MemoryUpdateTask | None = None
     metric: str = "f1_final"
+    records_per_run: int = 32
 
     def __post_init__(self) -> None:
         check_counts(limit=self.limit)
@@ -328,6 +335,26 @@ class LocomoBenchmark:
 
     def slices(self) -> list[int | str]:
         return [self.split]
+
+    @property
+    def protocol(self) -> str:
+        """How rows are scored (its results.json's `protocol`: a judge is another one)."""
+        return f"literature (judge: {self.judge_id})"
+
+    def adapt(self, task: Any) -> MemoryUpdateTask:
+        """The memupdate agent's task, answering category 5 when it is asked for."""
+        if not isinstance(task, MemoryUpdateTask):
+            raise MemrlInputError("the locomo benchmark scores the memupdate agent (answers "
+                                  f"over its memory store), not {task.name}", location="agent")
+        config = task.config.model_copy(
+            update={"include_adversarial": ADVERSARIAL_CATEGORY in self.categories})
+        self.task = MemoryUpdateTask(config, embedder=task.embedder, reward=task.weights)
+        self.judge_seed = config.seed or 0
+        return self.task
+
+    def seed_key(self, key: int | str) -> tuple[Any, ...]:
+        """The seeds of `evaluate_locomo`: (seed, "locomo", episode index)."""
+        return ("locomo",)
 
     def records(self, key: int | str) -> list[MemoryEpisode]:
         """The episodes of the split `key` and of the chosen categories (the first `limit`)."""
@@ -345,8 +372,8 @@ class LocomoBenchmark:
         """`literature` of each row (the judge asked once for the rows of categories 1-4)."""
         if any("hits_final" not in r for r in rows):
             raise MemrlInputError("the locomo benchmark scores the memupdate agent (answers "
-                                  "over its memory store); run it with --agent memupdate",
-                                  location="--benchmark")
+                                  "over its memory store); run it with agent=memupdate",
+                                  location="agent")
         scored = [r for r in rows if r["category"] != ADVERSARIAL_CATEGORY]
         verdicts = dict(zip((id(r) for r in scored),
                             judge_rows(self.judge, scored, self.judge_seed)

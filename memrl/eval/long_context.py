@@ -1,40 +1,31 @@
 """The long-context baseline: the whole document and the question in one prompt.
 
 MemAgent's Table 2 compares a memory agent with the same model reading the whole context at
-once. `evaluate_long_context` does that on the same `eval_{N}.json` files as
-`evaluate_ruler_hqa`: one prompt per record (`LONG_CONTEXT_TEMPLATE`: the problem, the article,
-"put the answer in \\boxed{}"), greedy by default, scored like MemAgent's training format
-(`memagent-boxed`: last \\boxed{}, EM / F1 / one-way sub-EM over all gold answers).
+once. `LongContextTask` does that as a one-turn agent, so that any benchmark runs it through
+the one runner like any other agent (`memrl eval agent=long-context eval.benchmarks=[...]`,
+`memrl.eval.benchmark`): one prompt per record (`LONG_CONTEXT_TEMPLATE`: the problem, the
+article, "put the answer in \\boxed{}"), greedy by default, scored like MemAgent's training
+format (`memagent-boxed`: last \\boxed{}, EM / F1 / one-way sub-EM over all gold answers).
 
 A record whose prompt plus the answer budget exceeds the model's window (`window`, by default
-the model's `max_position_embeddings`) is not run: nothing is truncated. Each N reports how
-many records fit; its score counts only when every record fits, and the table says "does not
-fit" otherwise, so the baseline's curve ends where the model's window does.
-
-Writes into `out_dir`: `answers_{N}.jsonl` (every episode: question, gold, response, answer,
-scores, prompt tokens), `results.json` and `results.md`.
-
-`LongContextTask` is the same reader as a one-turn agent, so that any benchmark runs it
-through the one runner like any other agent (`memrl eval agent --agent long-context
---benchmark ...`, `memrl.eval.benchmark`): a record that does not fit is not run, and
-its row says so (`fits` False; the benchmark reports "does not fit").
+the model's `max_position_embeddings`) is not run: nothing is truncated, and its row says so
+(`fits` False); the benchmark reports "does not fit" for its N and no score, so the
+baseline's curve ends where the model's window does.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from memrl.agents.prompts import fill_template
 from memrl.config import StrictModel
-from memrl.data.ruler_hqa import load_ruler_hqa, ruler_hqa_path
+from memrl.data.ruler_hqa import load_ruler_hqa
 from memrl.errors import MemrlInputError
-from memrl.eval.report import finish_header, write_json, write_jsonl, write_report
 from memrl.inference.base import (
     SEED_MAX,
     Generation,
@@ -54,7 +45,6 @@ LONG_CONTEXT_TEMPLATE = (
 """The reader's prompt: MemAgent's final-answer prompt with the article where the memory was."""
 
 
-
 class LongContextConfig(StrictModel):
     """How the long-context reader is run."""
 
@@ -68,6 +58,13 @@ class LongContextConfig(StrictModel):
     seed: int | None = Field(0, ge=0, le=SEED_MAX)
     """Base seed of the per-record sampling seeds (unused when greedy)."""
 
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> LongContextConfig:
+        if self.window is not None and self.window <= self.max_new_tokens:
+            raise ValueError(f"window {self.window} leaves no room for the prompt (max_new_tokens "
+                             f"{self.max_new_tokens})")
+        return self
+
 
 def model_window(model_dir: str | Path) -> int:
     """The context window of a Hugging Face model directory (max_position_embeddings)."""
@@ -76,31 +73,17 @@ def model_window(model_dir: str | Path) -> int:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     if not isinstance(cfg.get("max_position_embeddings"), int):
-        raise MemrlInputError("config.json has no max_position_embeddings: give --window",
-                              location=str(Path(model_dir) / "config.json"))
+        raise MemrlInputError("config.json has no max_position_embeddings: give "
+                              "long_context.window", location=str(Path(model_dir) / "config.json"))
     return cfg["max_position_embeddings"]
 
 
-COLUMNS = ("N", "context tokens", "fit", "EM", "F1", "sub-EM")
 
 
 def long_context_prompt(tokenizer: Any, question: str, context: str) -> list[int]:
     """Token ids of the reader's prompt through the chat template."""
     return encode_chat(tokenizer, fill_template(LONG_CONTEXT_TEMPLATE, prompt=question,
                                                 chunk=context))
-
-
-def aggregate(rows: Sequence[dict[str, Any]], num_records: int) -> dict[str, Any]:
-    """Means over the records that fit; `score` (sub-EM %) only when all of them fit."""
-    n = len(rows)
-    means = {m: (sum(r["scores"][m] for r in rows) / n if n else None)
-             for m in ("em", "f1", "sub_em")}
-    fits = n == num_records and n > 0
-    return {
-        "n": n, "num_records": num_records, "fits": fits, **means,
-        "score": 100.0 * means["sub_em"] if fits else None,
-        "context_tokens": (sum(r["prompt_tokens"] for r in rows) / n) if n else None,
-    }
 
 
 @dataclass(frozen=True)
@@ -134,93 +117,6 @@ def read_whole(generator: Any, prompts: Sequence[list[int]],
         answer = extract_boxed(response)
         out[i] = Reply(g, response, answer, qa_scores(answer, answers[i]))
     return out
-
-
-def evaluate_long_context(
-    generator: Any,
-    data_dir: str | Path,
-    num_docs_list: Sequence[int],
-    *,
-    out_dir: str | Path,
-    config: LongContextConfig = LongContextConfig(),
-    limit: int | None = None,
-    model_name: str | None = None,
-    console: Any = None,
-) -> dict[str, Any]:
-    """Answer every record of each `eval_{N}.json` from the whole document; write results."""
-    from rich.console import Console
-
-    from memrl.eval.report import run_header
-
-    window, max_new_tokens, seed = config.window, config.max_new_tokens, config.seed
-    if window is None:
-        raise MemrlInputError("give the model's window (model_window(model_dir))",
-                              location="--window")
-    if window <= max_new_tokens:
-        raise MemrlInputError(f"window {window} leaves no room for the prompt",
-                              location="--window")
-    data_dir = Path(data_dir)
-    for n in num_docs_list:
-        if not ruler_hqa_path(data_dir, n).is_file():
-            raise MemrlInputError(f"no RULER-HQA file for N={n}",
-                                  location=str(ruler_hqa_path(data_dir, n)))
-    console = console or Console()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    results = run_header("long_context", generator, model_name, config,
-                         template=LONG_CONTEXT_TEMPLATE, data_dir=str(data_dir),
-                         num_docs=list(num_docs_list), limit=limit)
-    per_n: dict[str, Any] = {}
-    started = time.perf_counter()
-    tokenizer = generator.tokenizer
-    for n in num_docs_list:
-        records = load_ruler_hqa(ruler_hqa_path(data_dir, n), expected_num_docs=n)[:limit]
-        prompts = [long_context_prompt(tokenizer, r.question, r.render_context())
-                   for r in records]
-        t0 = time.perf_counter()
-        replies = read_whole(generator, prompts, [r.answers for r in records], config, [
-            None if seed is None else derive_seed(seed, "long-context", n, r.id)
-            for r in records])
-        fit = [i for i, reply in enumerate(replies) if reply is not None]
-        rows = [{"id": r.id, "num_docs": n, "question": r.question, "answers": r.answers,
-                 "response": reply.response, "answer": reply.answer, "scores": reply.scores,
-                 "prompt_tokens": len(p),
-                 "truncated": reply.generation.finish_reason == "length"}
-                for r, p, reply in zip(records, prompts, replies, strict=True)
-                if reply is not None]
-        write_jsonl(out / f"answers_{n}.jsonl", rows)
-        longest = max((len(p) for p in prompts), default=0)
-        per_n[str(n)] = {"num_docs": n, **aggregate(rows, len(records)),
-                         "max_prompt_tokens": longest, "seconds": time.perf_counter() - t0}
-        console.print(f"N={n}: {len(fit)} of {len(records)} records fit in {window} tokens"
-                      + (f", sub-EM {per_n[str(n)]['score']:.1f}" if per_n[str(n)]["fits"]
-                         else " (does not fit: not scored)"), soft_wrap=True)
-    results["results"] = per_n
-    results["timings"] = {"total_s": time.perf_counter() - started}
-    finish_header(results)
-    write_json(out / "results.json", results)
-    title = f"Long-context reader · {results['model']}"
-    write_report(out, title, COLUMNS, table_rows(per_n), console,
-                 f"\nThe whole document in one prompt (window {window} tokens, answer budget "
-                 f"{max_new_tokens}); `fit` = records whose prompt fits; a score only where "
-                 "all fit.\n")
-    return results
-
-
-def table_rows(per_n: dict[str, dict[str, Any]]) -> list[list[Any]]:
-    """Rows of the results table (scores in %; "does not fit" where a record did not)."""
-    rows = []
-    for key in sorted(per_n, key=int):
-        r = per_n[key]
-        tokens = None if r["context_tokens"] is None else round(r["context_tokens"])
-        fit = f"{r['n']}/{r['num_records']}"
-        if r["fits"]:
-            rows.append([int(key), tokens, fit,
-                         *(100.0 * r[m] for m in ("em", "f1", "sub_em"))])
-        else:
-            rows.append([int(key), tokens, fit, "does not fit", "", ""])
-    return rows
-
 
 
 class LongContextTask:

@@ -214,10 +214,11 @@ def write_report(
     note: str = "",
 ) -> None:
     """results.md (the table as Markdown, plus a note) and the same table on the console.
-    When `out` holds a run record (`memrl.run.record`), its key facts head the table."""
+    When `out` holds a run record (`memrl.run.record`), or its parent does (a benchmark's
+    directory of a `memrl eval` run), its key facts head the table."""
     from memrl.run.record import read_record, summary_line
 
-    record = read_record(out)
+    record = read_record(out) or read_record(Path(out).parent)
     run = f"Run: {summary_line(record, with_status=False)}\n\n" if record else ""
     text = f"# {title}\n\n" + run + markdown_table(columns, rows) + note
     write_atomic(out / "results.md", encode_text(text))

@@ -167,12 +167,25 @@ def batch_seed(seed: int | None, num_docs: int, start: int) -> int | None:
 
 @dataclass
 class MemAgentRulerHQA(RulerFormat):
-    """RULER-HQA as `memrl eval ruler-hqa` measures MemAgent: the task's own scores under
-    `protocol` (MemAgent's published evaluation or the training format) and the memory
-    diagnostics of every N (`memory`: earlier runs' read back by `evaluate_ruler_hqa`)."""
+    """RULER-HQA as MemAgent's task measures it (`memrl eval` with `protocol` on its
+    ruler-hqa entry): the task's own scores under `protocol` (MemAgent's published
+    evaluation or the training format) and the memory diagnostics of every N (`memory`;
+    earlier runs' read back from the run directory for the report)."""
 
     protocol: str = PROTOCOLS[0]
     memory: dict[str, Any] = field(default_factory=dict)
+    records_per_run: int = DEFAULT_RECORDS_PER_RUN
+
+    def adapt(self, task: Any) -> MemAgentQATask:
+        """The memagent agent's task scoring under `protocol`, tracing the evidence."""
+        if not isinstance(task, MemAgentQATask):
+            raise MemrlInputError(f"protocol {self.protocol} scores the memagent agent, not "
+                                  f"{task.name}", location="eval.benchmarks.protocol")
+        return MemAgentQATask(task.config, task.weights, protocol=self.protocol,
+                              trace_evidence=True)
+
+    def seed_key(self, key: int) -> tuple[Any, ...]:
+        return ("ruler-hqa", key)
 
     def score(self, rows: list[dict[str, Any]], records: Mapping[str, Any]) -> None:
         """Nothing added: the protocol scores the task's own answers (`aggregate`)."""
@@ -183,7 +196,20 @@ class MemAgentRulerHQA(RulerFormat):
         return {**aggregate(rows, self.protocol), "memory": self.memory[str(key)]["summary"]}
 
     def report(self, run: EvalRun, per_slice: dict[str, Any]) -> None:
-        report(run, per_slice, self.memory, self.protocol)
+        report(run, per_slice, {**read_diagnostics(run.out), **self.memory}, self.protocol)
+
+
+def ruler_hqa_benchmark(name: str, data_dir: str | Path, num_docs: Sequence[int] | None = None,
+                        limit: int | None = None, pool: str | Path | None = None,
+                        protocol: str | None = None) -> RulerFormat:
+    """The `ruler-hqa` benchmark: any agent's answer scored by the benchmark (`RulerFormat`),
+    or, with `protocol`, MemAgent's task's own scores (`MemAgentRulerHQA`)."""
+    if protocol is None:
+        return RulerFormat(name, data_dir, num_docs, limit, pool)
+    if protocol not in PROTOCOLS:
+        raise MemrlInputError(f"unknown protocol {protocol!r}; choose one of "
+                              f"{', '.join(PROTOCOLS)}", location="eval.benchmarks.protocol")
+    return MemAgentRulerHQA(name, data_dir, num_docs, limit, pool, protocol=protocol)
 
 
 def evaluate_ruler_hqa(
@@ -215,7 +241,7 @@ def evaluate_ruler_hqa(
     with MemAgent's task, scores and memory diagnostics (`MemAgentRulerHQA`)."""
     check_counts(limit=limit, records_per_run=records_per_run, samples=num_samples)
     if not num_docs_list:
-        raise MemrlInputError("give at least one number of documents", location="--num-docs")
+        raise MemrlInputError("give at least one number of documents", location="eval.num_docs")
     task = MemAgentQATask(config, protocol=protocol, trace_evidence=True)
     num_docs_list = list(dict.fromkeys(int(n) for n in num_docs_list))
     data_dir = Path(data_dir)
@@ -225,8 +251,6 @@ def evaluate_ruler_hqa(
         "ruler_hqa", generator, model_name, config, protocol=protocol,
         data_dir=str(data_dir), num_docs=num_docs_list, limit=limit, num_samples=num_samples,
         records_per_run=records_per_run, metric="sub_em")
-    if (Path(out_dir) / "results.json").is_file():  # a run to go on: its diagnostics
-        bench.memory.update(read_diagnostics(out_dir))
     return evaluate_benchmark(
         task, generator, bench, out_dir=out_dir, header=header, num_samples=num_samples,
         per_run=records_per_run, seed_of=lambda n, i: batch_seed(config.seed, n, i),

@@ -9,13 +9,13 @@
 
 A benchmark keeps only its setup (which records, which task settings), its aggregation of
 the rows and its report; `evaluate_task` is the benchmark of a task that has none of its
-own (`memrl eval agent --agent NAME`): the means of each row's reward and scores.
+own (`memrl eval agent=NAME eval.data=FILE`): the means of each row's reward and scores.
 
 A log row (`Task.log_row`) has at least `id`, `sample_index`, `reward` and `scores` (a
 mapping of numbers). Episodes are keyed by (id, sample index); slices are fixed, and each is
 seeded from its start, so a resumed run samples exactly what an uninterrupted one would.
 
-Data parallel (`memrl eval ... --data-parallel N`, or the command under torchrun): every
+Data parallel (`memrl eval ... eval.data_parallel=N`, or the command under torchrun): every
 rank runs the same benchmark code with an engine of its own (one GPU each on CUDA); the
 main rank claims the directory and writes results.json and the reports; the slices still to
 run are dealt out in rounds (one a rank), and after each round the main rank gathers the
@@ -103,12 +103,18 @@ def open_run(out_dir: str | Path, header: dict[str, Any], *, resume: bool = Fals
     return run
 
 
+COUNT_KEYS = {"limit": "eval.limit", "samples": "rollout.n",
+              "records_per_run": "eval.records_per_run",
+              "episodes_per_run": "eval.records_per_run"}
+"""The config key (`memrl.recipes.evaluate.EvalConfig`) of each count `check_counts` checks."""
+
+
 def check_counts(**options: int | None) -> None:
-    """Each option (its flag's name with `_` for `-`) is None or >= 1."""
+    """Each count (a key of `COUNT_KEYS`) is None or >= 1."""
     for name, value in options.items():
         if value is not None and value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise MemrlInputError(f"must be >= 1, got {value}", location=flag)
+            raise MemrlInputError(f"must be >= 1, got {value}",
+                                  location=COUNT_KEYS.get(name, name))
 
 
 def run_episodes(
@@ -154,7 +160,7 @@ def run_episodes(
         console.print(f"{label}{len(starts)} slice(s) of up to {per_run} records to run on "
                       f"{dist.world_size} processes: {idle} of them "
                       f"{'has' if idle == 1 else 'have'} nothing to do (a smaller slice "
-                      "spreads the work: --records-per-run / --episodes-per-run)",
+                      "spreads the work: eval.records_per_run)",
                       soft_wrap=True)
     for first in range(0, len(starts), dist.world_size):  # a round: a slice per rank
         mine = starts[first + dist.rank] if first + dist.rank < len(starts) else None

@@ -140,14 +140,24 @@ def sft_sections(train: type[BaseModel], sft: type[BaseModel]) -> list[str]:
 
 
 def eval_sections() -> list[str]:
-    """`memrl eval CONFIG`: its own sections (the shared ones are training's)."""
-    from memrl.recipes.evaluate import BenchmarkEntry, EvalConfig, EvalModelConfig, EvalSection
+    """`memrl eval [CONFIG]`: its own sections (the shared ones are training's)."""
+    from memrl.recipes.evaluate import (
+        BenchmarkEntry,
+        EvalConfig,
+        EvalModelConfig,
+        EvalRewardConfig,
+        EvalSection,
+    )
 
-    intro = ("`memrl eval CONFIG.yaml [key.path=value ...] [--resume]` reads `agent`, `seed` "
-             "and the agent's section and `rollout` as for `memrl train` (`rollout.n` default "
-             "1), and these:")
+    intro = ("`memrl eval [CONFIG.yaml] [key.path=value ...] [--resume]` (the file optional: "
+             "`memrl eval agent=memagent model.path=DIR 'eval.benchmarks=[ruler-hqa=data/hqa]' "
+             "eval.num_docs=[50,100]`) reads `agent`, `seed` and the agent's section (e.g. "
+             "`memagent.chunk_size`, `memupdate.embedder`, `long_context.window` with "
+             "`agent: long-context`) and `rollout` as for `memrl train` (`rollout.n` default 1; "
+             "`rollout.openai` without `weights_dir`), and these:")
     return ["# `memrl eval`", "", intro, "",
             *section(EvalModelConfig, "model", None, EvalModelConfig.__doc__),
+            *section(EvalRewardConfig, "rl", None, EvalRewardConfig.__doc__),
             *section(EvalSection, "eval", None, EvalConfig.model_fields["eval"].description
                      or EvalSection.__doc__),
             *section(BenchmarkEntry, "eval.benchmarks[]", None, BenchmarkEntry.__doc__)]

@@ -27,7 +27,7 @@ class SFTDataConfig(StrictModel):
     """The format of train_file / val_file for the task's loader (as data.format of
     `memrl train`)."""
     trajectories: str | None = None
-    """A `memrl eval ruler-hqa` trajectories.jsonl (e.g. of a teacher model or a served API)
+    """A `memrl eval` trajectories file (e.g. of a teacher model or a served API)
     to imitate instead of the oracle (rejection sampling: only lines scoring at least
     min_score). None: the scripted oracle on train_file (needs supporting documents)."""
     min_score: float = 1.0

@@ -16,7 +16,7 @@ file gets the end time and the exit status:
                         process ended without recording its end (SIGKILL, out of memory, a
                         lost machine)
 
-What a run records: `kind` (train, sft, eval ruler-hqa, ...), `argv` and `cwd`, world
+What a run records: `kind` (train, sft, eval, ...), `argv` and `cwd`, world
 size, launcher (plain, torchrun, ray), strategy, engine and its version, the versions of
 python, torch, transformers, vLLM (and Ray on a Ray run), the devices (CPU model, GPU
 names), memrl's git commit (with a dirty flag) when it runs from a git checkout, else its

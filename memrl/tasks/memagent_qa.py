@@ -2,7 +2,7 @@
 
 The task owns what the agent leaves open: it extracts the answer from the final response
 (the last `\\boxed{}`), scores it (EM, F1, sub-EM against every gold answer) and turns one
-score into the reward. Training and `memrl eval ruler-hqa` both roll out through it.
+score into the reward. Training and `memrl eval` both roll out through it.
 """
 
 from __future__ import annotations

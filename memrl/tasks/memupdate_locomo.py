@@ -303,7 +303,7 @@ class MemoryUpdateTask(Task):
     # ---- rollouts -----------------------------------------------------------------------
 
     def sampling(self) -> Sampling:
-        """The section's own sampling (what `memrl eval locomo` samples with)."""
+        """The section's own sampling (what `memrl eval` samples with)."""
         return Sampling(self.config.temperature, self.config.top_p)
 
     def play(self, engine: Generator, records: Sequence[MemoryEpisode], spec: RolloutSpec,

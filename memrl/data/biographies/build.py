@@ -384,7 +384,7 @@ def make_biography_records(num_questions: int, num_docs: int = 16, seed: int = 0
 
 def biography_ruler_items(questions: Sequence[BiographyQuestion], num_docs: int, seed: int,
                           split: str) -> list[dict]:
-    """RULER-HQA items (`memrl eval ruler-hqa`'s `eval_{N}.json`) at N = `num_docs`:
+    """RULER-HQA items (the `eval_{N}.json` `memrl eval` reads) at N = `num_docs`:
     `{"index", "input", "answers", "context", "num_docs", "facts", "kind", "namesakes"}`
     (the last two are extra keys the loader ignores: the asked kind and how many namesakes
     the context holds)."""

@@ -1,7 +1,7 @@
 """Stories placed among filler text, at any length, written as RULER-HQA items.
 
 The filler is cut into blocks of about `block_chars` characters (whole sentences); a
-context of N blocks (`num_docs` = N, so `memrl eval ruler-hqa --num-docs N` reads it) is
+context of N blocks (`num_docs` = N, so `memrl eval`'s `num_docs: [N]` reads it) is
 the first N blocks of the question's filler stream with the story's events placed between
 them at the story's depths. Nested across lengths: the question, its answers and its events
 are the same at every N, the filler at N is a prefix of the filler at any larger N, and an
