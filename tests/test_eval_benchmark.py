@@ -212,3 +212,28 @@ def test_any_benchmark_entry_is_a_benchmark_or_one_line(spec):
         assert exc.location and exc.message
         return
     assert list(benches) == [spec.partition("=")[0]]
+
+
+def test_state_tracking_counts_answers_that_name_a_superseded_state(tmp_path):
+    """where-now's `superseded`: an answer naming a place the person left is counted (and
+    scored 0), the latest place is right, another word is neither."""
+    from memrl.cli import main
+    from memrl.eval.benchmark import StateTracking, benchmark_of
+
+    data = tmp_path / "wn"
+    assert main(["prepare", "where-now", "--out", str(data), "split=eval", "num_docs=[2]",
+                 "eval_questions=6"]) == 0
+    bench = benchmark_of("where-now", data, [2])
+    assert isinstance(bench, StateTracking)
+    records = bench.records(2)
+    items = {str(i["index"]): i for i in json.loads((data / "eval_2.json").read_text())}
+    with_old = [r for r in records if items[r.id]["superseded"]][:3]
+    assert len(with_old) == 3
+    rows = [{"id": with_old[0].id, "answer": with_old[0].answers[0]},
+            {"id": with_old[1].id, "answer": items[with_old[1].id]["superseded"][0].upper()},
+            {"id": with_old[2].id, "answer": "nowhere at all"}]
+    bench.score(rows, {r.id: r for r in records})
+    assert [r["benchmark_scores"]["em"] for r in rows] == [1.0, 0.0, 0.0]
+    assert [r["benchmark_scores"]["superseded"] for r in rows] == [0.0, 1.0, 0.0]
+    result = bench.aggregate(2, rows, records)
+    assert result["superseded"] == pytest.approx(1 / 3) and result["em"] == pytest.approx(1 / 3)

@@ -24,9 +24,10 @@ summary across benchmarks of a suite (`leaderboard.md` / `.json`, diffable betwe
 from __future__ import annotations
 
 import importlib
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,11 +36,14 @@ from memrl.errors import MemrlInputError
 from memrl.eval.report import plot_scores, progress_bars, write_json, write_report
 from memrl.eval.runner import EvalRun, check_counts, open_run, run_episodes
 
-BENCHMARKS: dict[str, str] = {"ruler-hqa": "memrl.eval.ruler_hqa:ruler_hqa_benchmark"} | {
-    name: "memrl.eval.benchmark:RulerFormat"
-    for name in ("biographies", "where-now", "where-before", "who-has",
-                 "counting", "knowledge-update")
-} | {"locomo": "memrl.eval.locomo:LocomoBenchmark"}
+STATE_TRACKING = ("where-now", "where-before", "who-has", "counting", "knowledge-update")
+"""The state-tracking sets (`memrl prepare where-now` ...): answers that change over the
+document."""
+
+BENCHMARKS: dict[str, str] = {"ruler-hqa": "memrl.eval.ruler_hqa:ruler_hqa_benchmark",
+                              "biographies": "memrl.eval.benchmark:RulerFormat"} | {
+    name: "memrl.eval.benchmark:StateTracking" for name in STATE_TRACKING} | {
+    "locomo": "memrl.eval.locomo:LocomoBenchmark"}
 """Benchmark name -> "module:attr" of its factory (imported on first use)."""
 
 HEADLINE: dict[str, str] = {"ruler-hqa": "sub_em", "biographies": "sub_em"}
@@ -194,6 +198,44 @@ class RulerFormat:
 
     def report(self, run: EvalRun, per_slice: dict[str, Any]) -> None:
         report_slices(run, self.name, per_slice, self.metric)
+
+
+@dataclass
+class StateTracking(RulerFormat):
+    """A state-tracking set: RulerFormat's scores, and `superseded`, the share of answers
+    that name a state the document replaced (the generator's `superseded` of each question:
+    an earlier place, holder, count or value) rather than the latest one: the mark of a memory
+    that captured a fact and never overwrote it. Read from the `eval_{N}.json` files
+    themselves (the loaded records keep only question, answers and context)."""
+
+    _superseded: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)
+
+    def records(self, key: SliceKey) -> list[Any]:
+        from memrl.data.ruler_hqa import ruler_hqa_path
+
+        items = json.loads(ruler_hqa_path(self.data_dir, key).read_text(encoding="utf-8"))
+        self._superseded.update({str(item.get("index", i)): list(item.get("superseded") or [])
+                                 for i, item in enumerate(items) if isinstance(item, dict)})
+        return super().records(key)
+
+    def score(self, rows: list[dict[str, Any]], records: Mapping[str, Any]) -> None:
+        """RulerFormat's `benchmark_scores`, with `superseded`: 1.0 when the answer matches
+        (EM after normalisation) one of the record's superseded states and no gold answer."""
+        from memrl.rewards.qa import qa_scores
+
+        super().score(rows, records)
+        for row in rows:
+            answer, old = row.get("answer"), self._superseded.get(str(row["id"])) or []
+            stale = (isinstance(answer, str) and bool(old) and not row["benchmark_scores"]["em"]
+                     and qa_scores(answer, old)["em"] == 1.0)
+            row["benchmark_scores"]["superseded"] = float(stale)
+
+    def aggregate(self, key: SliceKey, rows: Sequence[Mapping[str, Any]],
+                  records: Sequence[Any]) -> dict[str, Any]:
+        out = super().aggregate(key, rows, records)
+        known = [r["benchmark_scores"]["superseded"] for r in rows
+                 if "superseded" in r["benchmark_scores"]]
+        return {**out, "superseded": sum(known) / len(known) if known else None}
 
 
 def _mean_words(records: Sequence[Any]) -> float | None:
