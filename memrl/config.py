@@ -188,17 +188,42 @@ def validate_config(model: type[T], data: dict[str, Any], *, source: str = "conf
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise _input_error(exc, source) from None
+        raise _input_error(exc, source, model) from None
 
 
-def _input_error(exc: ValidationError, source: str) -> MemrlInputError:
-    """Every problem of `exc` as `key: message`, in one line located at `source`."""
+def _input_error(exc: ValidationError, source: str,
+                 model: type[BaseModel] | None = None) -> MemrlInputError:
+    """Every problem of `exc` as `key: message`, in one line located at `source`; an unknown
+    key names the closest key of its section of `model` ("did you mean ...")."""
     problems = []
     for err in exc.errors():
         key = ".".join(str(x) for x in err["loc"]) or "<root>"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(model, err["loc"])
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
         problems.append(f"{key}: {msg}")
     return MemrlInputError("; ".join(problems), location=source)
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
+    """`; did you mean x?` for the last key of `loc`, from the fields of its section (found
+    by walking `model`'s nested config classes), or "" when none is close or the section is
+    not a plain nested config."""
+    import difflib
+    import typing
+
+    section: Any = model
+    for part in loc[:-1]:
+        fields = getattr(section, "model_fields", None)
+        if fields is None or part not in fields:
+            return ""
+        candidates = [fields[part].annotation, *typing.get_args(fields[part].annotation)]
+        section = next((c for c in candidates
+                        if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    names = list(getattr(section, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.7)
+    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
 
 
 def load_config(model: type[T], path: str | Path | None, overrides: list[str] = (), *,

@@ -253,7 +253,7 @@ def test_cli_memagent_style(official, tmp_path, capsys):
         "prepare", "ruler-hqa", "style=memagent", "-i", str(official), "num_docs=[5,9]",
         "num_questions=4", "index_list_from=9", "--out", str(out)])
     assert code == 0 and "4 questions, pool of 9 paragraphs" in stdout
-    assert "index list (load with --pool" in stdout
+    assert "index list (evaluate with the ruler-hqa entry's pool" in stdout
     assert len(load_ruler_hqa(out / "eval_9.json", pool=official)) == 4
     code, _, err = cli(capsys, ["prepare", "ruler-hqa", "style=memagent", "-i",
                                 str(official), "num_docs=5", "include=all", "--out", str(out)])
@@ -273,7 +273,7 @@ def test_cli_index_lists_need_the_official_json(shared_data, tmp_path, capsys):
         "index_list_from=50", "--out", str(tmp_path)])
     assert code == 2 and err.strip().splitlines() == [
         "error: index_list_from: index-list files need the official HotpotQA JSON as "
-        "--input (its pool is what --pool reads back)"]
+        "--input (its pool is what a ruler-hqa entry's pool reads back)"]
 
 
 def test_cli_memagent_parquet_with_a_filter_model(official, tmp_path, capsys, tiny_model_dir):

@@ -60,7 +60,7 @@ def test_memrl_eval_config_runs_mem1_on_ruler_hqa_as_eval_agent_does(tiny_model_
      "protocol is read by the ruler-hqa benchmark only"),
     ("eval.benchmarks=[{name: ruler-hqa, data_dir: d, categories: [1]}]",
      "categories is read by the locomo benchmark only"),
-    ("eval.data=x.json", "give one of eval.benchmarks"),
+    ("eval.data=x.json", "give eval.benchmarks"),
     ("eval.limit=0", "eval.limit"),
 ])
 def test_bad_eval_configs_are_one_located_error(tmp_path, override, says):

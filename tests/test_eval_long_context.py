@@ -34,7 +34,7 @@ def test_cli_end_to_end_and_bad_input(tmp_path, tiny_model_dir, capsys):
             f"eval.benchmarks=[ruler-hqa={data}]", "eval.num_docs=[2]", f"eval.out_dir={out}"]
     assert main([*args, "long_context.max_new_tokens=4"]) == 0
     results = json.loads((out / "ruler-hqa" / "results.json").read_text())
-    assert results["benchmark"] == "ruler-hqa" and results["agent"].endswith("LongContextTask")
+    assert results["benchmark"] == "ruler-hqa" and results["agent"] == "long-context"
     window = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
     assert results["config"]["window"] == window  # the model's own window by default
     assert main([*args, "long_context.max_new_tokens=0"]) == 2

@@ -5,7 +5,7 @@ and, with `eval.data`, `trajectories.jsonl`, a training run's
 `val_samples/step_*.jsonl`), every run record (`run.json`, `memrl.run.record`) and every
 training run's per-trajectory records (`train_trajectories/step_*.jsonl`,
 `memrl.run.trajectory_log`), and writes `view.html`: no server, no network, no
-external file. Given one JSONL file instead (`memrl ask --trace FILE.jsonl`), it renders that
+external file. Given one JSONL file instead (`memrl ask ... ask.trace=FILE.jsonl`), it renders that
 file into FILE.html. An episode without gold answers (`memrl ask`'s) is shown ungraded.
 
     runs                  at the top: each run record's key facts in one line (kind,

@@ -72,8 +72,8 @@ def option_counts() -> dict[str, int]:
     return counts
 
 
-MULTI_VALUE_OPTIONS = frozenset({"--num-docs", "--document"})
-"""Options that take several space-separated values (`--num-docs 50 100 200`)."""
+MULTI_VALUE_OPTIONS = frozenset({"--document"})
+"""Options that take several space-separated values (`--document a.txt b.md`)."""
 OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
 """A config override `key.path=value` (what ends the values of a multi-value option)."""
 
@@ -250,6 +250,8 @@ def _interrupt_hint(args: list[str]) -> tuple[str, str]:
         how = "run it again with --resume to continue from the last checkpoint"
     elif name == f"{PROG_NAME} quickstart":
         how = "run the same command again to continue where it stopped (--fresh starts over)"
+    elif name == f"{PROG_NAME} eval":
+        how = "run the same command again to continue (finished episodes are kept)"
     else:
         how = "run the command again to redo it"
     return f"in '{name}'", how

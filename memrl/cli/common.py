@@ -39,13 +39,6 @@ def check_model_dir(model: Path) -> None:
     check_tokenizer_dir(model)
 
 
-def check_out_dir(out: Path) -> None:
-    """`--out` can be the run directory: not a file, writable, not on a full disk."""
-    from memrl.fileio import check_output_dir
-
-    check_output_dir(out, location=f"--out {out}")
-
-
 def load_engine(
     model: Path,
     *,
@@ -123,74 +116,6 @@ def load_engine(
     return generator
 
 
-def _cli_type(annotation: Any) -> Any:
-    """The type a CLI option parses: Literal names become str (the config validates them)."""
-    import types
-    import typing
-
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return str
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        inner = _cli_type(args[0]) if len(args) == 1 else str
-        return inner | None if type(None) in typing.get_args(annotation) else inner
-    return annotation
-
-
-def config_options(
-    model: type[BaseModel], fields: list[str], *, overrides: bool = False, name: str = "config",
-    defaults: dict[str, Any] | None = None,
-) -> Any:
-    """Decorate a command: one `--field-name` option per config field, its default and help
-    taken from the config model (defined once, there), and the validated config passed to
-    the command as `config` (or `name`). A bad value is a one-line error naming its option.
-
-    `overrides=True`: the options default to "not given" and the command gets, as `config`,
-    a dict of the options given (to apply over settings from elsewhere; it validates).
-    `defaults`: this command's own defaults of some fields (else the model's)."""
-    import functools
-    import inspect
-    import typing
-
-
-    def wrap(command: Any) -> Any:
-        hints = typing.get_type_hints(command, include_extras=True)
-        own = [
-            p.replace(annotation=hints.get(p.name, p.annotation))
-            for p in inspect.signature(command).parameters.values()
-            if p.name != name
-        ]
-        added = []
-        for field in fields:
-            info = model.model_fields[field]
-            help_text = (info.description or "").split("\n\n")[0].replace("\n", " ")
-            option = typer.Option("--" + field.replace("_", "-"), help=help_text)
-            kind = _cli_type(info.annotation)
-            default = (defaults or {}).get(field, info.default)
-            added.append(inspect.Parameter(
-                field, inspect.Parameter.KEYWORD_ONLY,
-                default=None if overrides else default,
-                annotation=typing.Annotated[kind | None if overrides else kind, option],
-            ))
-
-        @functools.wraps(command)
-        def run(**kwargs: Any) -> Any:
-            values = {field: kwargs.pop(field) for field in fields}
-            if overrides:
-                given = {k: v for k, v in values.items() if v is not None}
-                return command(**kwargs, **{name: given})
-            return command(**kwargs, **{name: config_from_options(model, **values)})
-
-        params = own + added
-        run.__signature__ = inspect.Signature(params)
-        run.__annotations__ = {p.name: p.annotation for p in params}
-        del run.__wrapped__
-        return run
-
-    return wrap
-
-
 @contextlib.contextmanager
 def eval_interruptible(out: Path) -> Iterator[None]:
     """Ctrl-C / SIGTERM during an evaluation: one line naming `out`, exit 130 / 143. A failure
@@ -233,8 +158,8 @@ def print_warning(message: str) -> None:
 
 
 class EngineChoice(BaseModel):
-    """The engine a command runs its model on: the options every evaluation, `memrl ask` and
-    `memrl serve` share, declared once (`engine_options`)."""
+    """Where `memrl eval` runs its model (engine, device, dtype, data-parallel processes),
+    for its ranks and its run record."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -335,16 +260,6 @@ def check_gpus_for(processes: int, device: str | None) -> None:
         if processes > gpus:
             raise MemrlInputError(f"{processes} processes, one GPU each, but this machine has "
                                   f"{gpus} (or model.device=cpu)", location="eval.data_parallel")
-
-
-LOCAL = ["generation_batch_size", "engine", "device", "dtype", "threads"]
-"""The `EngineChoice` options of an in-process engine (hf, or vllm without its memory share)."""
-
-
-def engine_options(fields: list[str], **defaults: Any) -> Any:
-    """Decorate a command: the `EngineChoice` options named in `fields` (with this
-    command's `defaults`), passed to it as `serving`."""
-    return config_options(EngineChoice, fields, name="serving", defaults=defaults)
 
 
 # Options several commands take, declared once.

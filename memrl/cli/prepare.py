@@ -137,13 +137,13 @@ def prepare_ruler_hqa(
         size = path.stat().st_size / 1e6
         listed = (cfg.style == "memagent" and cfg.index_list_from is not None
                   and n >= cfg.index_list_from)
-        kind = ", index list (load with --pool " + input + ")" if listed else ""
+        kind = f", index list (evaluate with the ruler-hqa entry's pool: {input})" if listed else ""
         console.print(f"[green]wrote[/green] {path}: num_docs={n}, {size:.1f} MB{kind}")
 
 
 def _check_pool_file(input: str, records: list[QARecord]) -> None:
-    """Index-list files are read back with `--pool INPUT`: the input must be a file whose
-    pool `load_hotpotqa_pool` rebuilds (the official HotpotQA JSON)."""
+    """Index-list files are read back with a ruler-hqa entry's `pool: INPUT`: the input must
+    be a file whose pool `load_hotpotqa_pool` rebuilds (the official HotpotQA JSON)."""
     try:
         docs = load_hotpotqa_pool(input)
     except MemrlInputError:
@@ -151,7 +151,7 @@ def _check_pool_file(input: str, records: list[QARecord]) -> None:
     if docs != memagent_pool(records).docs:
         raise MemrlInputError(
             "index-list files need the official HotpotQA JSON as --input (its pool is what "
-            "--pool reads back)", location="index_list_from"
+            "a ruler-hqa entry's pool reads back)", location="index_list_from"
         )
 
 

@@ -28,7 +28,12 @@ def load_run_config(model: type[T], config: Path, overrides: list[str], resume: 
     """`CONFIG [key.path=value ...] [--resume]` of `memrl train` / `memrl sft` as a validated
     `model` (--resume is trainer.resume=auto)."""
     from memrl.config import load_config
+    from memrl.errors import MemrlInputError
 
+    if "=" in str(config) and not config.exists():  # `memrl train model.path=...`
+        raise MemrlInputError("a run starts from a config file, then its overrides: CONFIG "
+                              "[key.path=value ...] (e.g. configs/quickstart.yaml)",
+                              location=str(config))
     return load_config(model, config, [*overrides, *(["trainer.resume=auto"] if resume
                                                      else [])])
 

@@ -15,7 +15,7 @@ from memrl.config import load_command_config
 @app.command("view")
 def view(
     run_dir: Path = typer.Argument(..., help="A run or evaluation directory (searched deeply), "
-                                   "or one trajectories JSONL file (memrl ask --trace)."),
+                                   "or one trajectories JSONL file (memrl ask ask.trace=FILE)."),
     args: list[str] = typer.Argument(
         None, show_default=False,
         help="key=value settings: steps=[N,...], the training steps whose trajectory "

@@ -43,7 +43,7 @@ from memrl.data.records import Document, QARecord
 from memrl.errors import MemrlInputError, require
 
 FORMATS = ("auto", "official", "ircot", "memrl", "parquet", "hf")
-"""Values accepted by `load_hotpotqa(format=...)` and `memrl prepare hotpotqa --format`."""
+"""Values accepted by `load_hotpotqa(format=...)` and `memrl prepare hotpotqa format=...`."""
 
 HF_PROBE_TIMEOUT_S = 3.0
 """How long to wait for the Hub before declaring it unreachable (never hang offline)."""

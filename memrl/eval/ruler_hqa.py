@@ -263,15 +263,15 @@ def check_ruler_files(data_dir: Path, num_docs_list: Sequence[int],
     """Fail before hours of generation, not in the middle: the data directory, every
     `eval_{N}.json` and the pool file must exist."""
     if not data_dir.is_dir():
-        raise MemrlInputError("RULER-HQA data directory not found", location=str(data_dir))
+        raise MemrlInputError(f"{benchmark} data directory not found", location=str(data_dir))
     for n in num_docs_list:
         if not ruler_hqa_path(data_dir, n).is_file():
             raise MemrlInputError(
-                f"no RULER-HQA file for N={n} (build it with `memrl prepare {benchmark}`)",
+                f"no eval_{n}.json here for N={n} (build it with `memrl prepare {benchmark}`)",
                 location=str(ruler_hqa_path(data_dir, n)),
             )
     if pool is not None and not Path(pool).is_file():
-        raise MemrlInputError("HotpotQA pool file not found", location=f"--pool {pool}")
+        raise MemrlInputError("HotpotQA pool file not found", location=f"pool {pool}")
 
 
 def report(run: EvalRun, per_n: dict[str, Any], memory: dict[str, Any], protocol: str) -> None:

@@ -17,15 +17,15 @@ from pydantic import Field
 from memrl.config import StrictModel
 
 EngineName = Literal["hf", "vllm", "openai"]
-"""The rollout engines (`rollout.engine`, `memrl eval --engine`; built by
+"""The rollout engines (`rollout.engine`, in training, `memrl eval`, `ask` and `serve`; built by
 `memrl.inference.factory.build_engine`): hf, the model in-process; vllm, a colocated vLLM
 engine; openai, a pool of vLLM OpenAI-compatible servers."""
 ENGINES: tuple[str, ...] = get_args(EngineName)
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-"""`rollout.openai.timeout_s` and `memrl eval --request-timeout` unless set."""
+"""`rollout.openai.timeout_s` unless set."""
 DEFAULT_HEALTH_CHECK_S = 5.0
-"""`rollout.openai.health_check_s` and `memrl eval --health-check` unless set."""
+"""`rollout.openai.health_check_s` unless set."""
 
 
 class SamplingConfig(StrictModel):
@@ -112,9 +112,9 @@ class OpenAIConfig(StrictModel):
     max_in_flight_per_server: int = Field(8, ge=1)
     """Requests one server may be working on at once."""
     timeout_s: float = Field(DEFAULT_REQUEST_TIMEOUT_S, gt=0, allow_inf_nan=False)
-    """Seconds one request may take before it is retried on another server (`memrl eval
-    --request-timeout`). Also the longest a frozen server holds requests before the health
-    check declares it lost when the pool has no reply times to go by yet."""
+    """Seconds one request may take before it is retried on another server. Also the
+    longest a frozen server holds requests before the health check declares it lost when the
+    pool has no reply times to go by yet."""
     max_retries: int = Field(3, ge=0)
     """Further attempts of a failed request, each on another server when there is one (a
     request taken back from a lost server is sent again without using up a retry)."""

@@ -150,8 +150,8 @@ class EvalSection(StrictModel):
     @model_validator(mode="after")
     def _one_source(self) -> EvalSection:
         if (self.data is None) == (not self.benchmarks):
-            raise ValueError("give one of eval.benchmarks (e.g. [ruler-hqa=data/hqa]) and "
-                             "eval.data (the agent's own records)")
+            raise ValueError("give eval.benchmarks (e.g. [ruler-hqa=data/hqa]) or "
+                             "eval.data (the agent's own records), one of them")
         return self
 
 
@@ -189,6 +189,14 @@ def sampling_as_rollout(cfg: Any) -> Any:
     if not given:
         return cfg
     return cfg.model_copy(update={"agent_config": section.model_copy(update=given)})
+
+
+def agent_name(agent: str) -> str:
+    """How a run's results name its agent: `long-context` for the whole-document reader (its
+    task's import path otherwise), any other agent as the config names it."""
+    from memrl.eval.benchmark import AGENTS
+
+    return next((name for name, path in AGENTS.items() if path == agent), agent)
 
 
 def eval_seed(cfg: Any) -> int | None:
@@ -282,7 +290,7 @@ def run_header_of(cfg: EvalConfig, task: Any, engine: Any, bench: Any,
     from memrl.eval.report import run_header
 
     return run_header(
-        bench.name, engine, cfg.model.path, task.config, agent=cfg.agent,
+        bench.name, engine, cfg.model.path, task.config, agent=agent_name(cfg.agent),
         protocol=getattr(bench, "protocol", None) or f"benchmark {bench.name}",
         metric=bench.metric, data_dir=str(getattr(bench, "data_dir", "")),
         num_docs=bench.slices(), limit=cfg.eval.limit, num_samples=cfg.rollout.n,
@@ -335,8 +343,8 @@ def evaluate_records(cfg: EvalConfig, task: Any, engine: Any, records: list[Any]
     from memrl.eval.runner import evaluate_task
 
     header = run_header(
-        f"agent {cfg.agent}", engine, cfg.model.path, task.config,
-        protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=cfg.agent,
+        f"agent {agent_name(cfg.agent)}", engine, cfg.model.path, task.config,
+        protocol=f"reward {cfg.rl.reward or task.rewards[0]}", agent=agent_name(cfg.agent),
         data=cfg.eval.data, limit=cfg.eval.limit, num_samples=cfg.rollout.n)
     return evaluate_task(task, engine, records, out_dir=cfg.eval.out_dir, header=header,
                          num_samples=cfg.rollout.n, per_run=cfg.eval.records_per_run or 32,

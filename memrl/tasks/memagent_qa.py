@@ -130,7 +130,7 @@ class MemAgentQATask(Task):
         if protocol not in PROTOCOLS:
             raise MemrlInputError(
                 f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}",
-                location="--protocol",
+                location="protocol",
             )
         if protocol in PROTOCOL_PROMPTS:
             config = config.model_copy(update={"prompts": PROTOCOL_PROMPTS[protocol]})

@@ -89,7 +89,8 @@ def _plan(record: QARecord, include: str) -> _Plan:
     if include == "gold" and not flagged:
         raise MemrlInputError(
             f"question '{record.id}' has no supporting-paragraph flags, so its gold paragraphs "
-            "are unknown; use include='all' (--include all) to keep all of its own paragraphs"
+            "are unknown; use include='all' (`memrl prepare ruler-hqa ... include=all`) to keep "
+            "all of its own paragraphs"
         )
     if flagged:
         required = _dedupe([d for d in docs if d.is_supporting])
