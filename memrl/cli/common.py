@@ -206,6 +206,12 @@ class EngineChoice(BaseModel):
         self._loaded.append(engine)
         return engine
 
+    def keep(self, engine: Any) -> Any:
+        """`engine`, shut down by `close_engines` with those `load` built (after the ranks'
+        last barrier: vLLM's shutdown takes the process group down with it)."""
+        self._loaded.append(engine)
+        return engine
+
     def close_engines(self) -> None:
         """Shut down the engines `load` built that have a `close` (vLLM's must go before the
         process group does: at interpreter exit its own groups can no longer be destroyed)."""

@@ -46,6 +46,7 @@ def evaluate(
         benchmarks_of,
         eval_seed,
         evaluate,
+        load_engine,
         sampling_as_rollout,
     )
 
@@ -67,7 +68,8 @@ def evaluate(
             common.record_eval(out, "eval", engine=cfg.rollout.engine, device=cfg.model.device,
                                seed=eval_seed(cfg), settings=cfg.model_dump(mode="json")), \
             common.eval_interruptible(out):
+        engine = serving.keep(load_engine(cfg))  # closed after the ranks' last barrier
         evaluate(cfg, resume=resume, dist=dist, show_progress=cfg.eval.progress,
-                 benches=benches)
+                 engine=engine, benches=benches)
     if dist.is_main:
         typer.echo(f"results written to {out}")
