@@ -20,18 +20,6 @@ from memrl.recipes.config import AgentSection
 from memrl.recipes.evaluate import EvalModelConfig, EvalRolloutConfig
 
 
-class ReadingRolloutConfig(EvalRolloutConfig):
-    """Training's `rollout` section: the engine (hf in-process, vllm colocated, openai
-    servers) and sampling (`rollout.temperature` / `rollout.top_p`, when given, over the
-    agent section's). The servers are read from, never sent weights: no `openai.weights_dir`."""
-
-    @model_validator(mode="after")
-    def _servers(self) -> ReadingRolloutConfig:
-        if self.engine == "openai" and not self.openai.base_urls:
-            raise ValueError("rollout.engine openai needs rollout.openai.base_urls")
-        return self
-
-
 class ReadingConfig(AgentSection):
     """What `memrl ask` and `memrl serve` share: the model, the engine, the seed and the
     agent's section (over the settings stored with the model)."""
@@ -42,7 +30,10 @@ class ReadingConfig(AgentSection):
     """Seed of the sampling (and of torch on the hf engine); the agent section's `seed`,
     where given, wins. None: not seeded (greedy decoding needs none)."""
     model: EvalModelConfig
-    rollout: ReadingRolloutConfig = ReadingRolloutConfig()
+    rollout: EvalRolloutConfig = EvalRolloutConfig()
+    """Training's `rollout` section: the engine (hf in-process, vllm colocated, openai servers,
+    read from and never sent weights) and sampling (`rollout.temperature` / `rollout.top_p`,
+    when given, over the agent section's)."""
 
     @model_validator(mode="before")
     @classmethod
