@@ -20,11 +20,14 @@ from memrl.cli import main
 from memrl.errors import MemrlInputError
 from memrl.models import PRETRAINED_MODELS
 from memrl.models.adapters import (
+    SIGN_FORMAT,
     adapter_rank,
-    apply_low_rank,
-    extract_low_rank,
+    apply_adapter,
+    extract_adapter,
     load_adapter,
     save_adapter,
+    sign_code,
+    sign_decode,
 )
 from memrl.models.pretrained import missing_install_commands, sha256_file
 from memrl.models.trained import HERE, TRAINED_AGENTS, write_adapted_model
@@ -42,39 +45,85 @@ def test_extract_then_apply_recovers_a_low_rank_change_exactly():
     base = {"w": torch.randn(12, 7, generator=g), "norm": torch.ones(7)}
     change = torch.randn(12, 3, generator=g) @ torch.randn(3, 7, generator=g) * 0.1
     tuned = {"w": base["w"] + change, "norm": base["norm"] + 0.5}
-    adapter = extract_low_rank(base, tuned, rank=3)
+    adapter = extract_adapter(base, tuned, rank=3)
     assert adapter_rank(adapter) == 3 and adapter["w.lora_B"].dtype == torch.float16
     weights = {k: v.clone() for k, v in base.items()}
-    apply_low_rank(weights, adapter)
+    apply_adapter(weights, adapter)
     assert torch.allclose(weights["w"], tuned["w"], atol=2e-3)  # float16 factors
     assert torch.equal(weights["norm"], tuned["norm"])
     # rank 1 keeps the largest singular direction: the best rank-1 error (Eckart-Young)
     one = {k: v.clone() for k, v in base.items()}
-    apply_low_rank(one, extract_low_rank(base, tuned, rank=1))
+    apply_adapter(one, extract_adapter(base, tuned, rank=1))
     s = torch.linalg.svdvals(change)
     assert (one["w"] - tuned["w"]).norm() == pytest.approx(s[1:].norm().item(), rel=1e-2)
 
 
 def test_adapter_file_round_trip_and_refused_inputs(tmp_path: Path):
-    adapter = extract_low_rank({"w": torch.zeros(4, 4)}, {"w": torch.eye(4)}, rank=2)
+    adapter = extract_adapter({"w": torch.zeros(4, 4)}, {"w": torch.eye(4)}, rank=2)
     file = save_adapter(adapter, tmp_path / "a.safetensors", {"memrl.title": "t"})
     tensors, meta = load_adapter(file)
     assert meta["memrl.rank"] == "2" and meta["memrl.title"] == "t"
     assert set(tensors) == {"w.lora_A", "w.lora_B"}
     with pytest.raises(MemrlInputError, match="does not have"):
-        apply_low_rank({"v": torch.zeros(4, 4)}, tensors)
+        apply_adapter({"v": torch.zeros(4, 4)}, tensors)
     with pytest.raises(MemrlInputError, match="shape"):
-        apply_low_rank({"w": torch.zeros(4, 5)}, tensors)
+        apply_adapter({"w": torch.zeros(4, 5)}, tensors)
     with pytest.raises(MemrlInputError, match="no matching .lora_A"):
-        apply_low_rank({"w": torch.zeros(4, 4)}, {"w.lora_B": tensors["w.lora_B"]})
+        apply_adapter({"w": torch.zeros(4, 4)}, {"w.lora_B": tensors["w.lora_B"]})
     with pytest.raises(MemrlInputError, match="different weights"):
-        extract_low_rank({"w": torch.zeros(2, 2)}, {"u": torch.zeros(2, 2)}, rank=1)
+        extract_adapter({"w": torch.zeros(2, 2)}, {"u": torch.zeros(2, 2)}, rank=1)
     other = tmp_path / "other.safetensors"
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(1)}, str(other))
-    with pytest.raises(MemrlInputError, match="not a memrl low-rank adapter"):
+    with pytest.raises(MemrlInputError, match="not a memrl adapter"):
         load_adapter(other)
+
+
+def test_sign_code_by_hand():
+    m = torch.tensor([[1.0, -2.0, 3.0], [0.0, -1.0, -1.0]])
+    signs, scales = sign_code(m)
+    assert signs.tolist() == [[0b101], [0b001]] and signs.dtype == torch.uint8
+    assert scales.float().tolist() == pytest.approx([2.0, 2 / 3], rel=4e-3)
+    expected = [[2.0, -2.0, 2.0], [2 / 3, -2 / 3, -2 / 3]]
+    assert sign_decode(signs, scales, 3).tolist() == [pytest.approx(r, rel=4e-3) for r in expected]
+    # nine columns: two bytes a row, bit i of byte j is column 8j+i
+    wide = torch.tensor([[-1.0] * 8 + [1.0]])
+    assert sign_code(wide)[0].tolist() == [[0, 1]]
+
+
+def test_sign_residual_is_the_best_one_bit_code_of_what_the_rank_leaves(tmp_path: Path):
+    g = torch.Generator().manual_seed(1)
+    base = {"w": torch.randn(16, 13, generator=g), "norm": torch.ones(13)}
+    tuned = {"w": base["w"] + 0.01 * torch.randn(16, 13, generator=g), "norm": base["norm"] + 1}
+    for rank in (0, 2):
+        adapter = extract_adapter(base, tuned, rank=rank, sign=True)
+        assert adapter["w.sign"].shape == (16, 2) and adapter["w.scale"].shape == (16,)
+        file = save_adapter(adapter, tmp_path / f"r{rank}.safetensors")
+        tensors, meta = load_adapter(file)
+        assert meta["memrl.format"] == SIGN_FORMAT and meta["memrl.rank"] == str(rank)
+        weights = {k: v.clone() for k, v in base.items()}
+        apply_adapter(weights, tensors)
+        low_rank = torch.zeros(16, 13)
+        if rank:
+            low_rank = adapter["w.lora_B"].float() @ adapter["w.lora_A"].float()
+        residual = tuned["w"] - base["w"] - low_rank
+        scale = residual.abs().mean(-1, keepdim=True).bfloat16().float()
+        code = torch.where(residual >= 0, 1.0, -1.0)
+        assert torch.allclose(weights["w"], base["w"] + low_rank + scale * code, atol=1e-6)
+        assert torch.equal(weights["norm"], tuned["norm"])
+        # another scale per row does worse (mean |x| minimises the squared error)
+        error = (weights["w"] - tuned["w"]).norm()
+        assert error < (base["w"] + low_rank + 1.2 * scale * code - tuned["w"]).norm()
+        assert error < (base["w"] + low_rank + 0.8 * scale * code - tuned["w"]).norm()
+    with pytest.raises(ValueError, match="rank must be at least 1"):
+        extract_adapter(base, tuned, rank=0)
+    adapter = extract_adapter(base, tuned, rank=0, sign=True)
+    with pytest.raises(MemrlInputError, match="no matching .scale"):
+        apply_adapter({k: v.clone() for k, v in base.items()}, {"w.sign": adapter["w.sign"]})
+    with pytest.raises(MemrlInputError, match="signs have shape"):
+        apply_adapter({"w": torch.zeros(16, 17)}, {k: v for k, v in adapter.items()
+                                                   if k.startswith("w.")})
 
 
 def test_the_shipped_adapter_is_the_one_named():

