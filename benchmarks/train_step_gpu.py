@@ -542,7 +542,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
     optimizer step over the whole batch); the first `--warmup` rounds are left out."""
     import torch
 
-    from memrl.distributed import destroy_process_group, init_process_group
+    from memrl.distributed import init_process_group
     from memrl.rl.maths.flops import ModelShape, device_peak_flops, train_flops
     from memrl.rl.trainer.actor import build_optimizer
 
@@ -605,7 +605,7 @@ def run_update_only(args: argparse.Namespace, shape: dict[str, int],
             Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n")
         print_budget_table(rows)
-    destroy_process_group()
+    dist.barrier()  # every rank done before any leaves the group (main() leaves it)
     return summary
 
 
@@ -772,9 +772,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.update_only and os.environ.get("RANK", "0") == "0" and out.exists():
         shutil.rmtree(out)  # before the run record goes in
     record_at = args.json_out or (None if args.update_only else str(out))
-    with run_record(record_at, "train_step_gpu", args, engine=args.engine,
-                    strategy=args.strategy, device=args.device):
-        return run(args, argv)
+    from memrl.distributed import destroy_process_group
+
+    try:
+        with run_record(record_at, "train_step_gpu", args, engine=args.engine,
+                        strategy=args.strategy, device=args.device):
+            return run(args, argv)
+    finally:  # every rank leaves the group it joined, after an error too: none exits in it
+        destroy_process_group()
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
@@ -845,15 +850,16 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     ranks = dist.all_gather({"rank": dist.rank, "peak_mem_allocated_gib": max(
         (r.get("peak_mem_allocated_gib", 0.0) for r in rows), default=0.0)})
     summary["peak_mem_allocated_gib_per_rank"] = [r["peak_mem_allocated_gib"] for r in ranks]
-    if not dist.is_main:
-        return summary
-    text = json.dumps(summary, indent=2)
-    (out / "summary.json").write_text(text + "\n")
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(text + "\n")
-    print(text)
-    print_table(summary)
+    if dist.is_main:
+        text = json.dumps(summary, indent=2)
+        (out / "summary.json").write_text(text + "\n")
+        if args.json_out:
+            Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json_out).write_text(text + "\n")
+        print(text)
+        print_table(summary)
+    run.engine.close()  # vLLM's shutdown needs the process group: before main() leaves it
+    dist.barrier()  # every rank done before any leaves the group (main() leaves it)
     return summary
 
 

@@ -81,6 +81,7 @@ def init_process_group(
                          timeout=timedelta(seconds=float(timeout_s)))
     if not launched():
         options.update(store=tdist.HashStore(), rank=0, world_size=1)
+    import_modules_that_pin_the_group()
     tdist.init_process_group(**options)
     global _joined
     _joined = True
@@ -88,6 +89,28 @@ def init_process_group(
     if heartbeat_s and dist.world_size > 1:
         start_heartbeat(dist, heartbeat_s)
     return dist
+
+
+PINNING_MODULES = (
+    "torch.distributed.nn.functional",  # transformers' modeling_utils imports it
+    "torch.distributed.fsdp.sharded_grad_scaler",  # any torch.distributed.fsdp import
+    "torch.distributed.optim.zero_redundancy_optimizer",
+)
+"""torch modules with a `group=group.WORLD` default argument, evaluated when the module is
+first imported. Imported after the group is made, they hold it for the life of the process:
+`destroy_process_group` cannot free it, and its gloo worker threads live on into the
+interpreter's shutdown, where one that drops its last collective's tensor (which takes the
+GIL) is ended by Python mid C++ and aborts the process ("terminate called without an active
+exception", SIGABRT on a rank after its work: intermittent, since it races the exit).
+Imported before, they hold None: the default group when called."""
+
+
+def import_modules_that_pin_the_group() -> None:
+    """Import `PINNING_MODULES` (before the process group exists)."""
+    import importlib
+
+    for name in PINNING_MODULES:
+        importlib.import_module(name)
 
 
 def start_heartbeat(dist: Dist, timeout_s: float) -> bool:
