@@ -195,6 +195,22 @@ def test_it_answers_the_readmes_question_from_a_real_document(agent_dir: Path, c
 
 
 @needs_package
+def test_prompt_lookup_leaves_the_readmes_answer_and_memories_as_they_were(agent_dir: Path,
+                                                                          capsys):
+    """`memrl ask` drafts memory updates by prompt lookup unless told not to: the README's
+    example prints the same memories and answer either way."""
+    doc = Path(__file__).resolve().parents[1] / "examples" / "documents" / "idle" / "CREDITS.txt"
+    printed = []
+    for lookup in ("rollout.prompt_lookup_tokens=0", "rollout.prompt_lookup_tokens=10"):
+        assert main(["ask", "--model", str(agent_dir), "--document", str(doc), "--question",
+                     "Who is the original creator of IDLE?", "ask.show_memory=true",
+                     lookup]) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[1] == printed[0]
+    assert "original creator of IDLE" in printed[0] and "Guido van Rossum" in printed[0]
+
+
+@needs_package
 @pytest.mark.slow
 def test_served_it_answers_the_openai_client(agent_dir: Path, biographies: Path, tmp_path: Path):
     """docs/serving.md's client against `memrl serve --model DIR` on the CPU (the settings

@@ -19,6 +19,7 @@ def build_engine(
     model: Any = None,
     model_path: str | Path | None = None,
     generation_batch_size: int = 32,
+    prompt_lookup_tokens: int = 0,
     vllm: VLLMConfig | None = None,
     openai: OpenAIConfig | None = None,
     training: bool = False,
@@ -27,7 +28,8 @@ def build_engine(
     """The engine `kind` generating with `tokenizer`'s chat template:
 
     - hf: `model` (a loaded causal LM, e.g. the live policy) in-process, at most
-      `generation_batch_size` prompts per forward pass;
+      `generation_batch_size` prompts per forward pass, greedy single prompts drafted by
+      prompt lookup (up to `prompt_lookup_tokens` tokens a pass; 0: off);
     - vllm: a colocated vLLM engine that loads `model_path` with the `vllm` settings;
     - openai: the pool of servers of `openai` (`base_urls`), asked at once whether they
       answer (none answering: a MemrlInputError at `location`); `training`: each must also
@@ -54,4 +56,5 @@ def build_engine(
 
     if model is None:
         raise ValueError("the hf engine generates with a loaded model")
-    return HFEngine(model, tokenizer, generation_batch_size=generation_batch_size)
+    return HFEngine(model, tokenizer, generation_batch_size=generation_batch_size,
+                    prompt_lookup_tokens=prompt_lookup_tokens)

@@ -47,13 +47,21 @@ class HFEngine:
     continuous_batching = False
     """Each request is answered alone (no request queue): agents run in lockstep on it."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, generation_batch_size: int = 32) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, generation_batch_size: int = 32,
+                 prompt_lookup_tokens: int = 0) -> None:
         if generation_batch_size < 1:
             raise ValueError(
                 f"generation_batch_size must be >= 1, got {generation_batch_size}")
+        if prompt_lookup_tokens < 0:
+            raise ValueError(
+                f"prompt_lookup_tokens must be >= 0, got {prompt_lookup_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.generation_batch_size = generation_batch_size
+        self.prompt_lookup_tokens = prompt_lookup_tokens
+        """Greedy generation of a single prompt drafts up to this many tokens from the prompt
+        and checks them in one forward pass (prompt-lookup decoding; `_decode_lookup`);
+        0: one token per forward pass."""
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
@@ -162,6 +170,8 @@ class HFEngine:
             use_cache=True,
             logits_to_keep=1,
         )
+        if batch == 1 and params.temperature == 0 and self.prompt_lookup_tokens > 0:
+            return [self._decode_lookup(prompts[0], params, out)]
         with decode_matmuls(self.model, batch):
             return self._decode(prompts, params, rng, out, mask, next_position)
 
@@ -208,14 +218,89 @@ class HFEngine:
             )
             next_position = next_position + 1
 
-        results = []
-        for row in range(batch):
-            text = self.tokenizer.decode(tokens[row], skip_special_tokens=True)
-            cut = first_stop_end(text, stops)
-            if cut is not None:
-                text = text[:cut]
-            results.append(Generation(tokens[row], logprobs[row], text, finish[row] or "length"))
-        return results
+        return [self._generation(tokens[row], logprobs[row], stops, finish[row] or "length")
+                for row in range(batch)]
+
+    def _decode_lookup(self, prompt: list[int], params: SamplingParams, out: Any) -> Generation:
+        """Greedy decoding of one row with prompt-lookup drafts: the same tokens as `_decode`
+        (up to the rounding of a several-token forward pass against a one-token one), in fewer
+        forward passes when the reply copies text from the prompt.
+
+        Each step feeds the token just chosen plus a draft (`lookup_draft`: what followed
+        the last n-gram's latest earlier occurrence) in one forward pass; the draft's tokens
+        are kept while each equals the model's own greedy choice at its position (its logprob
+        from that position's logits), the KV cache is cropped to the kept tokens, and the
+        logits after the last kept token choose the next token. Kept tokens are checked one by
+        one for EOS, stop strings and max_new_tokens, as `_decode` checks them."""
+        import torch
+
+        cache, cache_argument = kv_cache(out), kv_cache_argument(self.model)
+        device = out.logits.device
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        stops = tuple(s for s in params.stop if s)
+        stop_window = _STOP_WINDOW_TOKENS_PER_CHAR * max((len(s) for s in stops), default=0)
+
+        def take(logits: Any, expected: int | None) -> bool | None:
+            """Keep the greedy token of `logits` unless it is not `expected`; whether that
+            token ended the row (None: not kept)."""
+            tok, lp = _sample(logits.unsqueeze(0), params, None)
+            if expected is not None and int(tok) != expected:
+                return None
+            tokens.append(int(tok))
+            logprobs.append(float(lp))
+            ended = (tokens[-1] in self.eos_token_ids and not params.ignore_eos) or bool(
+                stops and self._ends_with_stop(tokens, stops, stop_window))
+            return ended
+
+        logits = out.logits[0, -1]
+        finish = None
+        while finish is None:
+            if take(logits, None):
+                finish = "stop"
+                break
+            room = params.max_new_tokens - len(tokens)
+            if room == 0:
+                break
+            context = prompt + tokens
+            draft = lookup_draft(context, min(self.prompt_lookup_tokens, room))
+            feed = torch.tensor([[tokens[-1], *draft]], device=device)
+            cached = len(context) - 1
+            with decode_matmuls(self.model, feed.shape[1]):
+                out = self.model(
+                    input_ids=feed,
+                    attention_mask=torch.ones((1, cached + feed.shape[1]), dtype=torch.long,
+                                              device=device),
+                    position_ids=torch.arange(cached, cached + feed.shape[1],
+                                              device=device)[None],
+                    use_cache=True,
+                    **{cache_argument: cache},
+                )
+            rows = out.logits[0]
+            kept = 0
+            for expected in draft:
+                ended = take(rows[kept], expected)
+                if ended is None:
+                    break
+                kept += 1
+                if ended:
+                    finish = "stop"
+                    break
+            if finish is None and len(draft) > kept:
+                cache.crop(kept - len(draft))
+            logits = rows[kept]
+            if finish is None and len(tokens) >= params.max_new_tokens:
+                break
+        return self._generation(tokens, logprobs, stops, finish or "length")
+
+    def _generation(self, tokens: list[int], logprobs: list[float], stops: tuple[str, ...],
+                    finish: str) -> Generation:
+        """The Generation of one row: its text decoded and cut after its first stop string."""
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        cut = first_stop_end(text, stops)
+        if cut is not None:
+            text = text[:cut]
+        return Generation(tokens, logprobs, text, finish)
 
     def _ends_with_stop(self, ids: list[int], stop: tuple[str, ...], window: int) -> bool:
         """Whether the newest token completed a stop string (only the tail is decoded)."""
@@ -229,7 +314,9 @@ def decode_matmuls(model: Any, rows: int) -> Any:
     torch's own bfloat16 matrix-vector kernel read SmolLM2-135M's weights in 55 ms a token
     where oneDNN took 83 (float32: 72; AMD Zen 4, one thread, docs/lab/benchmarks.md
     2026-11-28). The prefill, a matrix-matrix product, keeps oneDNN (6x faster there), and so
-    do batches (unmeasured). Nothing changes elsewhere."""
+    do batches (unmeasured) and prompt-lookup drafts checked in one pass (`rows` tokens: oneDNN
+    is as fast from 3 and faster from 4, slower at 2; docs/lab/benchmarks.md). Nothing changes
+    elsewhere."""
     import torch
 
     weight = next(_unwrap(model).parameters(), None)
@@ -242,6 +329,27 @@ def decode_matmuls(model: Any, rows: int) -> Any:
         yield
     finally:
         torch.backends.mkldnn.enabled = True
+
+
+def lookup_draft(ids: Sequence[int], max_tokens: int, max_ngram: int = 3) -> list[int]:
+    """Prompt-lookup draft: the `max_tokens` tokens that followed the latest earlier
+    occurrence of the last n tokens of `ids`, for the largest n from `max_ngram` down to 1
+    that occurs earlier; [] when none does. A copy that reaches the end of `ids` goes on
+    copying its own tokens (as LZ77 does), so a repeating tail drafts its next turns.
+    (transformers' `prompt_lookup_num_tokens` takes the earliest occurrence; the latest is
+    the text being copied now.)"""
+    if max_tokens <= 0:
+        return []
+    ids = list(ids)
+    end = len(ids)
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        tail = ids[end - n:]
+        for start in range(end - n - 1, -1, -1):
+            if ids[start:start + n] == tail:
+                for pos in range(start + n, start + n + max_tokens):
+                    ids.append(ids[pos])
+                return ids[end:]
+    return []
 
 
 def eager() -> contextlib.AbstractContextManager:

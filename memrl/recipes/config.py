@@ -252,6 +252,15 @@ class RolloutConfig(SamplingConfig):
     reply of a step); auto: async on vllm and openai, lockstep on hf (whose requests are
     answered one at a time). Seeds are per request, so on vllm and openai both schedules
     give the same trajectories."""
+    prompt_lookup_tokens: int = Field(0, ge=0)
+    """hf engine, greedy requests of one prompt (temperature 0, a batch of one): draft up to
+    this many tokens by prompt lookup (what followed the reply's last 1-3 tokens where they
+    occur earlier in prompt or reply) and check the draft in one forward pass, keeping what
+    the model's own greedy choice agrees with: the same tokens as without (up to rounding: a
+    several-token pass sums in another order, and in bfloat16 a near-tie can go the other
+    way), in fewer forward passes when the reply copies text, as MemAgent's memory updates
+    do. 0: off (training's and evaluation's default: their rollouts are unchanged); other
+    engines ignore it."""
     vllm: VLLMConfig = VLLMConfig()
     """Options of the colocated vLLM engine (used with engine: vllm)."""
     openai: OpenAIConfig = OpenAIConfig()

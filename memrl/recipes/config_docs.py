@@ -166,15 +166,23 @@ def eval_sections() -> list[str]:
 def reading_sections() -> list[str]:
     """`memrl ask` and `memrl serve`: the sections only they have (the shared ones are
     training's and `memrl eval`'s)."""
-    from memrl.recipes.reading import AskSection, ReadingConfig, ServeConfig
+    from memrl.recipes.reading import (
+        AskSection,
+        ReadingConfig,
+        ReadingRolloutConfig,
+        ServeConfig,
+    )
 
     seed = ReadingConfig.model_fields["seed"]
+    lookup = ReadingRolloutConfig.model_fields["prompt_lookup_tokens"]
     intro = ("`memrl ask --model DIR --document FILE [FILE ...] --question Q [CONFIG] "
              "[key.path=value ...]` and `memrl serve --model DIR [CONFIG] [key.path=value "
              "...]` read the `memagent` section (over the settings stored with the model; "
              "`memrl ask` decodes at temperature 0 unless told) and `rollout` as `memrl train` "
              "does (`rollout.temperature` / `top_p`, when given, over the agent's; no "
-             "`rollout.openai.weights_dir`), `model` as `memrl eval` does (`model.path` is "
+             "`rollout.openai.weights_dir`; `rollout.prompt_lookup_tokens` default "
+             f"{default_text(lookup.default)}: prompt-lookup decoding on), `model` as "
+             "`memrl eval` does (`model.path` is "
              f"--model; without `model.dtype` on a CPU with bfloat16 instructions bfloat16), "
              f"`seed` ({one_line(seed.description)} Default {default_text(seed.default)}.), "
              "and these:")

@@ -261,7 +261,8 @@ def load_engine(cfg: EvalConfig, path: str | None = None, engine: str | None = N
             raise MemrlInputError(exc.message, location="model.device") from None
         model, tokenizer = load_pretrained(path, device=device, dtype=cfg.model.dtype)
         built = build_engine("hf", tokenizer, model=model,
-                             generation_batch_size=rollout.generation_batch_size)
+                             generation_batch_size=rollout.generation_batch_size,
+                             prompt_lookup_tokens=rollout.prompt_lookup_tokens)
     built.name_or_path = path
     return built
 

@@ -376,7 +376,8 @@ def build_engine(config: TrainConfig, policy: Any, tokenizer: Any) -> Any:
                             dtype=fsdp_param_dtype(mcfg) or master_dtype(mcfg))
     return factory.build_engine(
         rollout.engine, tokenizer, model=policy, model_path=mcfg.path,
-        generation_batch_size=rollout.generation_batch_size, vllm=rollout.vllm,
+        generation_batch_size=rollout.generation_batch_size,
+        prompt_lookup_tokens=rollout.prompt_lookup_tokens, vllm=rollout.vllm,
         openai=rollout.openai, training=True, location="rollout.openai.base_urls",
     )
 

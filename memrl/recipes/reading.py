@@ -20,6 +20,16 @@ from memrl.recipes.config import AgentSection
 from memrl.recipes.evaluate import EvalModelConfig, EvalRolloutConfig
 
 
+class ReadingRolloutConfig(EvalRolloutConfig):
+    """`memrl eval`'s `rollout` section, with prompt-lookup decoding on (the reader's memory
+    updates copy text from the prompt; set `rollout.prompt_lookup_tokens=0` to turn it off)."""
+
+    prompt_lookup_tokens: int = Field(10, ge=0)
+    """hf engine, greedy requests (temperature 0; a batch of one): draft up to this many
+    tokens by prompt lookup and check them in one forward pass (same answers, fewer forward
+    passes: `RolloutConfig.prompt_lookup_tokens`). 0: off."""
+
+
 class ReadingConfig(AgentSection):
     """What `memrl ask` and `memrl serve` share: the model, the engine, the seed and the
     agent's section (over the settings stored with the model)."""
@@ -30,7 +40,7 @@ class ReadingConfig(AgentSection):
     """Seed of the sampling (and of torch on the hf engine); the agent section's `seed`,
     where given, wins. None: not seeded (greedy decoding needs none)."""
     model: EvalModelConfig
-    rollout: EvalRolloutConfig = EvalRolloutConfig()
+    rollout: ReadingRolloutConfig = ReadingRolloutConfig()
     """Training's `rollout` section: the engine (hf in-process, vllm colocated, openai servers,
     read from and never sent weights) and sampling (`rollout.temperature` / `rollout.top_p`,
     when given, over the agent section's)."""
