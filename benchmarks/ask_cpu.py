@@ -128,7 +128,7 @@ def parse_args() -> argparse.Namespace:
                         help="more `memrl ask` settings, e.g. rollout.prompt_lookup_tokens=0")
     parser.add_argument("--engine", default="hf", help="memrl ask's rollout.engine (hf, vllm)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the `memrl ask` process (ask.threads, OMP_NUM_THREADS); "
+                        help="torch threads of the `memrl ask` process (model.threads, OMP_NUM_THREADS); "
                         "1 makes its CPU time the work done even when other programs share "
                         "the cores (no OpenMP spinning)")
     return parser.parse_args()
@@ -200,7 +200,7 @@ def main() -> None:
                f"memagent.max_memory_tokens={args.max_memory_tokens}",
                f"memagent.max_final_tokens={args.max_final_tokens}", "seed=0",
                f"ask.trace={trace}", f"rollout.engine={args.engine}",
-               *([f"ask.threads={args.threads}"] if args.threads is not None else []),
+               *([f"model.threads={args.threads}"] if args.threads is not None else []),
                *args.set]
         print("$ memrl " + " ".join(cmd[3:]), flush=True)
         wall, cpu, peak, err = run_ask(cmd, env)

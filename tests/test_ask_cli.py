@@ -138,7 +138,8 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, tmp_path, capsys, docu
     ("memagent.chunk_sise=64", "memagent.chunk_sise: unknown key"),
     ("rollout.engine=torch", "rollout.engine: "),
     ("rollout.engine=openai", "rollout.engine openai needs rollout.openai.base_urls"),
-    ("ask.threads=0", "ask.threads: "),
+    ("model.threads=0", "model.threads: "),
+    ("ask.threads=2", "ask.threads: unknown key"),
     ("serve.port=1", "serve: unknown key"),
     ("model.device=tpu", "model.device: unknown device"),
     ("model.path=elsewhere", "model.path elsewhere: the model is --model's"),
@@ -215,6 +216,22 @@ def test_greedy_by_default_and_the_summary_says_what_was_read(tiny_model_dir, do
     assert row["capped"] and row["document_tokens_read"] == 128 < row["context_tokens"]
     assert (f"read 128 of {row['context_tokens']:,} tokens of 1 document(s) in 2 of "
             f"{total_chunks} chunks") in err
+
+
+def test_one_torch_thread_unless_model_threads_says(tiny_model_dir, docs, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for extra, expected in (((), ", 1 thread)"),
+                                (("model.threads=2",), ", 2 threads)")):
+            assert _ask(tiny_model_dir, "--document", str(docs["text"]), "--question", "Q?",
+                        "memagent.chunk_size=64", "memagent.max_chunks=1",
+                        "memagent.max_memory_tokens=2", "memagent.max_final_tokens=2",
+                        "model.device=cpu", *extra) == 0
+            assert expected in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_config_file_then_overrides_given_after_the_documents(tiny_model_dir, docs,

@@ -105,7 +105,7 @@ def test_memrl_ask_threads(tiny_model_dir, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "memrl", "ask", "--model", str(tiny_model_dir), "--document",
          str(doc), "--question", "Where?", "memagent.max_memory_tokens=2",
-         "memagent.max_final_tokens=2", "model.device=cpu", "ask.threads=2"],
+         "memagent.max_final_tokens=2", "model.device=cpu", "model.threads=2"],
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -40,7 +40,7 @@ def serve(
                               warn=common.print_warning)
     server, agent = cfg.serve, reading_agent(cfg)
     api_key = os.environ.get(server.api_key_env) or None
-    generator = reading_engine(cfg, threads=server.threads)
+    generator = reading_engine(cfg)
     if not getattr(generator, "continuous_batching", False):
         generator = BatchingEngine(generator)
     name = server.served_model_name or model.resolve().name

@@ -167,6 +167,7 @@ def reading_sections() -> list[str]:
     """`memrl ask` and `memrl serve`: the sections only they have (the shared ones are
     training's and `memrl eval`'s)."""
     from memrl.recipes.reading import (
+        ASK_MODEL_DEFAULTS,
         AskSection,
         ReadingConfig,
         ReadingRolloutConfig,
@@ -183,7 +184,8 @@ def reading_sections() -> list[str]:
              "`rollout.openai.weights_dir`; `rollout.prompt_lookup_tokens` default "
              f"{default_text(lookup.default)}: prompt-lookup decoding on), `model` as "
              "`memrl eval` does (`model.path` is "
-             f"--model; without `model.dtype` on a CPU with bfloat16 instructions bfloat16), "
+             f"--model; `memrl ask`'s `model.threads` default "
+             f"{default_text(ASK_MODEL_DEFAULTS['threads'])}; without `model.dtype` on a CPU with bfloat16 instructions bfloat16), "
              f"`seed` ({one_line(seed.description)} Default {default_text(seed.default)}.), "
              "and these:")
     return ["# `memrl ask` and `memrl serve`", "", intro, "",

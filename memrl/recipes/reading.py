@@ -4,7 +4,7 @@ paths), and the engine and agent settings they give.
 Both read with MemAgent and share training's names for what they share with it: `model.*`
 (`model.path` is `--model`), `seed`, the agent's section `memagent.*` and the engine under
 `rollout.*` (the sections of `memrl eval`'s `EvalConfig`, run by its `load_engine`). What only
-one of them has is in its own section: `ask.*` (what is printed, the trace, threads) and
+one of them has is in its own section: `ask.*` (what is printed, the trace) and
 `serve.*` (where it listens, its limits, the API key's variable; the key itself is read from
 the environment, never from a config).
 """
@@ -55,7 +55,7 @@ class ReadingConfig(AgentSection):
 
 
 class AskSection(StrictModel):
-    """What only `memrl ask` has: what it prints and writes, and its CPU threads."""
+    """What only `memrl ask` has: what it prints and writes."""
 
     show_memory: bool = False
     """Print the memory after each chunk (on standard output)."""
@@ -63,11 +63,13 @@ class AskSection(StrictModel):
     """Write the episode to this JSONL file (open it with `memrl view FILE`)."""
     quiet: bool = False
     """No progress bar and no summary: only the answer."""
-    threads: int | None = Field(1, ge=1)
-    """torch's CPU threads for the hf engine; None: torch's (one per core). Reading decodes
-    one token at a time, which a second thread does not speed up; on a CPU busy with other
-    work each step waits for it (docs/lab/benchmarks.md)."""
 
+
+ASK_MODEL_DEFAULTS = {"threads": 1}
+"""`memrl ask` runs on one torch thread unless `model.threads` says otherwise: reading one
+document decodes its memory a few tokens at a time, which a second thread barely speeds up,
+and on a CPU busy with other work every step waits for the thread whose core is taken
+(docs/lab/benchmarks.md). `memrl serve` keeps torch's default (one a core)."""
 
 class AskConfig(ReadingConfig):
     """`memrl ask --model DIR --document FILE ... --question Q [CONFIG] [key.path=value ...]`."""
@@ -111,8 +113,6 @@ class ServeConfig(StrictModel):
     /v1 request must send `Authorization: Bearer <key>`; /health stays open."""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     """uvicorn's log level."""
-    threads: int | None = Field(None, ge=1)
-    """torch's CPU threads for the hf engine; None: torch's (one per core)."""
 
 
 class ServeCommandConfig(ReadingConfig):
@@ -129,16 +129,14 @@ def reading_agent(cfg: ReadingConfig) -> Any:
     return sampling_as_rollout(cfg).agent_config.model_copy(update={"seed": eval_seed(cfg)})
 
 
-def reading_engine(cfg: ReadingConfig, *, threads: int | None = None) -> Any:
-    """The engine of `rollout.engine` for `model.path` (`memrl.recipes.evaluate.load_engine`).
-    On the hf engine, `threads` torch threads, and without `model.dtype` the dtype this
+def reading_engine(cfg: ReadingConfig) -> Any:
+    """The engine of `rollout.engine` for `model.path` (`memrl.recipes.evaluate.load_engine`:
+    `model.threads` torch threads on the hf engine). Without `model.dtype`, the dtype this
     machine reads fastest in: on a CPU with bfloat16 instructions bfloat16, else float32
     (`memrl.inference.loader.cpu_compute_dtype`; evaluations keep float32 on every CPU)."""
     from memrl.recipes.evaluate import load_engine
 
     if cfg.rollout.engine == "hf":
-        import torch
-
         from memrl.errors import MemrlInputError
         from memrl.inference.loader import resolve_device, resolve_dtype
 
@@ -146,8 +144,6 @@ def reading_engine(cfg: ReadingConfig, *, threads: int | None = None) -> Any:
             device = resolve_device(cfg.model.device)
         except MemrlInputError as exc:
             raise MemrlInputError(exc.message, location="model.device") from None
-        if threads is not None:
-            torch.set_num_threads(threads)
         if cfg.model.dtype is None:
             fast = resolve_dtype("fast", device)
             model = cfg.model.model_copy(update={"dtype": str(fast).removeprefix("torch.")})
