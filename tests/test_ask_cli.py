@@ -219,8 +219,9 @@ def test_greedy_by_default_and_the_summary_says_what_was_read(tiny_model_dir, do
 
 
 def test_one_torch_thread_unless_model_threads_says(tiny_model_dir, docs):
-    """In a process of its own: a test process's torch threads are set by conftest, and an
-    in-process vLLM engine run earlier in it may have capped OpenMP's."""
+    """In a process of its own: a test process's torch threads are set by conftest, and
+    vLLM's CPU worker, run in-process by an earlier test, replaces `torch.set_num_threads`
+    with a no-op in the process it ran in (vllm/v1/worker/cpu_worker.py)."""
     env_threads = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
     for extra, expected in (((), ", 1 thread)"), (("model.threads=2",), ", 2 threads)")):
         run = _ask_process(tiny_model_dir, ["--document", str(docs["text"]), "--question",
