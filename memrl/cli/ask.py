@@ -47,18 +47,12 @@ def ask(
     from memrl.apps.ask.settings import load_reading_config
     from memrl.errors import MemrlInputError
     from memrl.inference.loader import load_tokenizer
-    from memrl.recipes.reading import (
-        ASK_MODEL_DEFAULTS,
-        AskConfig,
-        reading_agent,
-        reading_engine,
-    )
+    from memrl.recipes.reading import AskConfig, reading_agent, reading_engine
 
     common.check_model_dir(model)
     question = check_question(question, "--question")
     cfg = load_reading_config(AskConfig, model, args, command="ask",
-                              agent_defaults=ASK_DEFAULTS, model_defaults=ASK_MODEL_DEFAULTS,
-                              warn=common.print_warning)
+                              agent_defaults=ASK_DEFAULTS, warn=common.print_warning)
     if document.count(STDIN) > 1:
         raise MemrlInputError("standard input can be read once", location="--document -")
     docs = [open_document(spool_stdin(), name="standard input") if d == STDIN

@@ -167,7 +167,7 @@ def reading_sections() -> list[str]:
     """`memrl ask` and `memrl serve`: the sections only they have (the shared ones are
     training's and `memrl eval`'s)."""
     from memrl.recipes.reading import (
-        ASK_MODEL_DEFAULTS,
+        AskModelConfig,
         AskSection,
         ReadingConfig,
         ReadingRolloutConfig,
@@ -185,7 +185,7 @@ def reading_sections() -> list[str]:
              f"{default_text(lookup.default)}: prompt-lookup decoding on), `model` as "
              "`memrl eval` does (`model.path` is "
              f"--model; `memrl ask`'s `model.threads` default "
-             f"{default_text(ASK_MODEL_DEFAULTS['threads'])}; without `model.dtype` on a CPU with bfloat16 instructions bfloat16), "
+             f"{default_text(AskModelConfig.model_fields['threads'].default)}; without `model.dtype` on a CPU with bfloat16 instructions bfloat16), "
              f"`seed` ({one_line(seed.description)} Default {default_text(seed.default)}.), "
              "and these:")
     return ["# `memrl ask` and `memrl serve`", "", intro, "",

@@ -65,14 +65,21 @@ class AskSection(StrictModel):
     """No progress bar and no summary: only the answer."""
 
 
-ASK_MODEL_DEFAULTS = {"threads": 1}
-"""`memrl ask` runs on one torch thread unless `model.threads` says otherwise: reading one
-document decodes its memory a few tokens at a time, which a second thread barely speeds up,
-and on a CPU busy with other work every step waits for the thread whose core is taken
-(docs/lab/benchmarks.md). `memrl serve` keeps torch's default (one a core)."""
+class AskModelConfig(EvalModelConfig):
+    """`memrl eval`'s `model` section, on one torch thread unless `model.threads` says
+    otherwise."""
+
+    threads: int | None = Field(1, ge=1)
+    """torch's CPU threads for the hf engine; None: torch's (one per core). Reading one
+    document decodes its memory a few tokens at a time, which a second thread barely speeds
+    up, and on a CPU busy with other work every step waits for the thread whose core is taken
+    (docs/lab/benchmarks.md). (`memrl serve` keeps torch's default, one a core.)"""
+
 
 class AskConfig(ReadingConfig):
     """`memrl ask --model DIR --document FILE ... --question Q [CONFIG] [key.path=value ...]`."""
+
+    model: AskModelConfig
 
     ask: AskSection = AskSection()
 

@@ -95,12 +95,10 @@ def agent_config(
 
 def load_reading_config(model_class: type[T], model: Path, args: list[str] | None, *,
                         command: str, agent_defaults: dict[str, Any] | None = None,
-                        model_defaults: dict[str, Any] | None = None,
                         warn: Callable[[str], None] | None = None) -> T:
     """The config of `memrl ask` / `memrl serve` (`memrl.recipes.reading`): `model.path` is
-    `model` (the command's --model) over `model_defaults` (the command's own, e.g. threads),
-    the agent's section is MemAgentConfig's defaults, then `agent_defaults` (the command's
-    own), then the settings stored with the model, then
+    `model` (the command's --model), the agent's section is MemAgentConfig's defaults, then
+    `agent_defaults` (the command's own), then the settings stored with the model, then
     `[CONFIG] [key.path=value ...]` (`args`). A model trained as another agent: `warn` is
     told."""
     from memrl.config import load_command_config
@@ -109,7 +107,7 @@ def load_reading_config(model_class: type[T], model: Path, args: list[str] | Non
     if stored.agent not in (None, "memagent") and warn is not None:
         warn(f"{model} was trained as a {stored.agent} agent; {command} reads with MemAgent "
              "and its default settings")
-    base = {"model": {**(model_defaults or {}), "path": str(model)},
+    base = {"model": {"path": str(model)},
             "memagent": {**(agent_defaults or {}), **stored.values}}
     cfg = load_command_config(model_class, args, base=base)
     if cfg.model.path != str(model):
