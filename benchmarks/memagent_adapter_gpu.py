@@ -4,8 +4,10 @@
 adapter inside memrl (`memrl.models.trained`): the trained weights' difference from the base,
 every matrix kept to rank r by a truncated SVD (`rN`), as the signs of the difference with
 one scale a row (`sign`: one bit a weight), or both (`rN+sign`: the signs of what rank N
-leaves; `memrl.models.adapters`). This measures which keeps the model's scores, on one GPU
-host:
+leaves; `memrl.models.adapters`), or rank N trained for the behaviour (`dN@LR`: the rank-N
+SVD's factors distilled on the warm start's logits over its own SFT data, learning rate LR;
+`distill_adapter.py`, one process a GPU). This measures which keeps the model's scores, on
+one GPU host:
 
     1. real_model_gpu.py's `--plan adapter`, row warm_start: the base model (`memrl
        init-model smollm2-135m-instruct`), the data, the published-format corrective warm
@@ -20,6 +22,8 @@ host:
        evaluation and at most `--size-limit` bytes; the adapters in OUT/adapters/.
 
     python benchmarks/memagent_adapter_gpu.py --work /tmp/ad --out /tmp/ad/out --adapters r16,sign,r2+sign
+    python benchmarks/memagent_adapter_gpu.py --work /tmp/ad --out /tmp/ad/out --gpus 4 \
+        --adapters r27,d27@5e-5,d27@2e-4,d16@2e-4      # distilled adapters, 4 GPUs
     python benchmarks/memagent_adapter_gpu.py --work /tmp/al --out /tmp/al/out --adapters r32 \
         --sft-override model.lora.enabled=true --sft-override model.lora.r=32 \
         --sft-override model.lora.alpha=64 --sft-override optim.lr=2e-4   # a LoRA warm start
@@ -63,7 +67,11 @@ def weights_of(model_dir: Path, device: str) -> dict:
 
 
 def parse_adapter(spec: str) -> tuple[int, bool]:
-    """(rank, sign) of an adapter named like `r16`, `sign` or `r4+sign`."""
+    """(rank, sign) of an adapter named like `r16`, `sign` or `r4+sign` (a distilled one,
+    `dN` / `dN@LR`: its rank, no signs)."""
+    distilled = parse_distilled(spec)
+    if distilled is not None:
+        return distilled[0], False
     rank, sign = 0, False
     for part in spec.split("+"):
         if part == "sign":
@@ -71,12 +79,62 @@ def parse_adapter(spec: str) -> tuple[int, bool]:
         elif part[:1] == "r" and part[1:].isdigit() and int(part[1:]) > 0:
             rank = int(part[1:])
         else:
-            raise SystemExit(f"--adapters: {spec!r} is not rN, sign or rN+sign")
+            raise SystemExit(f"--adapters: {spec!r} is not rN, sign, rN+sign, dN or dN@LR")
     return rank, sign
 
 
+def parse_distilled(spec: str) -> tuple[int, float] | None:
+    """(rank, learning rate) of a distilled adapter named like `d27` or `d27@2e-4`
+    (`distill_adapter.py`; lr default 1e-4); None for any other spec."""
+    if spec[:1] != "d":
+        return None
+    rank, _, lr = spec[1:].partition("@")
+    try:
+        value = float(lr) if lr else 1e-4
+    except ValueError:
+        value = -1.0
+    if not rank.isdigit() or int(rank) < 1 or not value > 0:
+        raise SystemExit(f"--adapters: {spec!r} is not dN or dN@LR (rank N >= 1, LR > 0)")
+    return int(rank), value
+
+
+def name_of(spec: str) -> str:
+    """The file and row name of an adapter spec (`r2+sign` -> r2_sign, `d27@2e-4` ->
+    d27_lr2e-4)."""
+    return spec.replace("+", "_").replace("@", "_lr")
+
+
 def row_of(spec: str) -> str:
-    return "adapter_" + spec.replace("+", "_")
+    return "adapter_" + name_of(spec)
+
+
+def distill(plan, work: Path, out: Path, specs: list[str], commit: str, hotpotqa: Path | None,
+            steps: int | None) -> None:
+    """OUT/adapters/<name>.safetensors of every distilled spec (`dN@LR`), side by side, each
+    on the next GPU in turn (`distill_adapter.py`, on the warm start's SFT config and data)."""
+    todo = [s for s in specs if parse_distilled(s) is not None
+            and not (out / "adapters" / f"{name_of(s)}.safetensors").is_file()]
+    if not todo:
+        return
+    data = prepare_data(plan, Runner(work), work / "data", hotpotqa)
+    runner = Runner(work, program=(sys.executable, str(Path(__file__).parent /
+                                                       "distill_adapter.py")))
+    jobs = []
+    for i, spec in enumerate(todo):
+        rank, lr = parse_distilled(spec)
+        jobs.append(runner.start(
+            f"distill_{name_of(spec)}", "--base", str(work / "model"),
+            "--tuned", str(work / "model_warm"), "--rank", str(rank), "--lr", str(lr),
+            *(["--steps", str(steps)] if steps else []),
+            "--out", str(out / "adapters" / f"{name_of(spec)}.safetensors"),
+            "--metadata", f"memrl.title={TITLE}", "--metadata", f"memrl.base={BASE}",
+            "--metadata", "memrl.base_dtype=bfloat16", "--metadata", f"memrl.commit={commit}",
+            "--metadata", "memrl.recipe=benchmarks/memagent_adapter_gpu.py --adapters "
+            f"{spec} (distill_adapter.py on the warm start of real_model_gpu.py --plan adapter)",
+            "configs/smollm2_memagent_sft.yaml", f"model.path={work / 'model'}",
+            f"data.train_file={data['train_file']}", *plan.sft_overrides,
+            gpu=i % plan.gpus if plan.gpus > 1 else None))
+    runner.wait(*jobs)
 
 
 def make_adapters(work: Path, out: Path, specs: list[str], commit: str) -> dict[str, Path]:
@@ -92,15 +150,17 @@ def make_adapters(work: Path, out: Path, specs: list[str], commit: str) -> dict[
     settings = (work / "model_warm" / "memrl_config.yaml").read_text(encoding="utf-8")
     models = {}
     for spec in specs:
-        name = spec.replace("+", "_")
+        name = name_of(spec)
         model_dir = work / f"model_{name}"
+        file = out / "adapters" / f"{name}.safetensors"
         if not (model_dir / "config.json").is_file():
             rank, sign = parse_adapter(spec)
-            adapter = extract_adapter(base, tuned, rank, sign=sign, device=device)
-            file = save_adapter(adapter, out / "adapters" / f"{name}.safetensors", {
-                "memrl.title": TITLE, "memrl.base": BASE, "memrl.base_dtype": "bfloat16",
-                "memrl.recipe": "benchmarks/real_model_gpu.py --plan adapter --rows warm_start",
-                "memrl.commit": commit})
+            if parse_distilled(spec) is None:
+                adapter = extract_adapter(base, tuned, rank, sign=sign, device=device)
+                save_adapter(adapter, file, {
+                    "memrl.title": TITLE, "memrl.base": BASE, "memrl.base_dtype": "bfloat16",
+                    "memrl.recipe": "benchmarks/real_model_gpu.py --plan adapter "
+                                    "--rows warm_start", "memrl.commit": commit})
             write_adapted_model(BASE, file, model_dir, settings=settings,
                                 card=f"Measured by benchmarks/memagent_adapter_gpu.py, {spec}.")
             print(f"{spec}: {file.stat().st_size / 2**20:.2f} MiB, {model_dir}", flush=True)
@@ -136,8 +196,7 @@ def report(plan, res: Path, specs: list[str], tolerance: float, limit: int) -> d
                 score = results.get(n, {}).get("score")
                 table.setdefault(row, {})[f"{suite.name} {multiple}x"] = score
     full = table["warm_start"]
-    sizes = {s: (res / "adapters" / f"{s.replace('+', '_')}.safetensors").stat().st_size
-             for s in specs}
+    sizes = {s: (res / "adapters" / f"{name_of(s)}.safetensors").stat().st_size for s in specs}
     within = [s for s in specs if sizes[s] <= limit and all(
         full[k] is not None and table[row_of(s)][k] is not None
         and abs(table[row_of(s)][k] - full[k]) <= tolerance for k in full)]
@@ -163,7 +222,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--adapters", default="r16,sign,r2+sign",
                         help="adapters to extract and evaluate: rN (rank N), sign (one bit a "
-                        "weight), rN+sign (rank N, then the signs of what it leaves)")
+                        "weight), rN+sign (rank N, then the signs of what it leaves), dN@LR "
+                        "(rank N distilled on the warm start's logits at learning rate LR)")
+    parser.add_argument("--distill-steps", type=int, default=None,
+                        help="optimizer steps of each distilled adapter (default: the warm "
+                        "start's)")
     parser.add_argument("--ranks", default=None, help="8,16,32: --adapters r8,r16,r32")
     parser.add_argument("--tolerance", type=float, default=2.0)
     parser.add_argument("--size-limit", type=int, default=20_000_000,
@@ -187,6 +250,7 @@ def main() -> None:
                                gpus=args.gpus or plan.gpus)
     print_environment(environment())
     pipeline(plan, args.work, args.out, args.hotpotqa, rows=["warm_start"])
+    distill(plan, args.work, args.out, specs, args.commit, args.hotpotqa, args.distill_steps)
     models = make_adapters(args.work, args.out, specs, args.commit)
     evaluate(plan, args.work, args.out, models, args.hotpotqa)
     report(plan, args.out, specs, args.tolerance, args.size_limit)
