@@ -222,20 +222,20 @@ def main() -> None:
         print(f"held-out KL after {steps} steps: {report['val_kl_end']:.4f} "
               f"(from {report['val_kl_start']:.4f})", flush=True)
     with torch.no_grad():
-        final = weights(base_model)
-        final.update({n: w.float() for n, w in student.current().items()})
-        distilled = extract_adapter(weights(base_model), final, args.rank, device=device)
-        # the file's factors are those of the same product: how far they are from it
-        again = weights(base_model)
-        apply_adapter(again, distilled)
-        report["refactor_error"] = max(
-            float((again[n] - final[n]).norm() / max(float((final[n] - base).norm()), 1e-12))
-            for n, base in weights(base_model).items() if n in student.names)
+        base = {n: w.cpu() for n, w in weights(base_model).items()}
+        final = {**base, **{n: w.float().cpu() for n, w in student.current().items()}}
+        distilled = extract_adapter(base, final, args.rank, device=device)
     meta = dict(item.split("=", 1) for item in args.metadata)
     meta.update({"memrl.distilled": f"rank {args.rank}, lr {args.lr}, {steps} steps",
                  "memrl.val_kl": f"{report.get('val_kl_start', 0):.4f} -> "
                                  f"{report.get('val_kl_end', 0):.4f}"})
     save_adapter(distilled, args.out, meta)
+    # the file's factors are those of the same product (re-balanced): how far from it
+    again = dict(base)
+    apply_adapter(again, distilled)
+    report["refactor_error"] = max(
+        float((again[n] - final[n]).norm() / max(float((final[n] - base[n]).norm()), 1e-12))
+        for n in student.names)
     report["bytes"] = args.out.stat().st_size
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"adapter: {args.out} ({report['bytes'] / 1e6:.1f} MB)", flush=True)

@@ -45,7 +45,7 @@ TRAINED_AGENTS: dict[str, TrainedAgent] = {
     "smollm2-135m-memagent": TrainedAgent(
         base="smollm2-135m-instruct",
         adapter="smollm2-135m-memagent.safetensors",
-        sha256="7c6ce529f8a8be007ca3f6ae47b5457d980921f7d8efb7a5fdd39428d8e7a635",
+        sha256="ee9cf7aa3a98ee7ed193b6a8563010cf5560786ee8a24787449d214b21a68fdc",
         settings="smollm2-135m-memagent.yaml",
         card="smollm2-135m-memagent.md",
         end_of_turn=("<|im_end|>", "<|im_start|>"),
