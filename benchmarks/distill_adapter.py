@@ -12,15 +12,17 @@ model's behaviour needs (memagent_adapter_gpu.py: the warm start's rank-16 diffe
 
 The student's weights are rounded to the base's dtype (bfloat16) in the forward, as
 `apply_adapter` rounds the model `init-model` writes. Its file is a `memrl.models.adapters`
-adapter (`low-rank-diff/1`), the same size as the SVD's of the same rank. The KL over held-out
-trajectories (the last `--val` of the stream, never trained on) is printed before and after.
+adapter (`low-rank-diff/1`), the same size as the SVD's of the same rank: the trained product
+B @ A in float32, re-factored. The KL over held-out trajectories (the last `--val`, not
+distilled on; the teacher was trained on them) is printed before and after.
 
     python benchmarks/distill_adapter.py --base WORK/model --tuned WORK/model_warm \
         --rank 27 --lr 1e-4 --out WORK/d27.safetensors \
         configs/smollm2_memagent_sft.yaml model.path=WORK/model data.train_file=WORK/data/train.jsonl
 
 The config and overrides are the warm start's `memrl sft` ones (its data, chunking, prompts,
-oracle, batch size, optimizer schedule); `--steps` (default: its trainer.total_steps).
+oracle, batch size, optimizer schedule); `--steps` (default: the warm start's, trainer.total_steps
+or its epochs).
 `--tiny`: the tiny test model trained briefly against a perturbed copy, on CPU.
 """
 
@@ -44,7 +46,7 @@ from memrl.config import load_config  # noqa: E402
 from memrl.inference.loader import load_tokenizer  # noqa: E402
 from memrl.models.adapters import apply_adapter, extract_adapter, save_adapter  # noqa: E402
 from memrl.recipes import models  # noqa: E402
-from memrl.recipes.sft import teacher_trajectories  # noqa: E402
+from memrl.recipes.sft import sft_total_steps, teacher_trajectories  # noqa: E402
 from memrl.recipes.sft_config import SFTConfig  # noqa: E402
 from memrl.rl.maths.batch import RolloutBatch  # noqa: E402
 from memrl.rl.trainer.logprobs import gather_rows  # noqa: E402
@@ -86,16 +88,19 @@ class Student(torch.nn.Module):
         head = model.get_output_embeddings()
         self.head_name = {id(p): n for n, p in model.named_parameters()}[id(head.weight)]
 
-    def weight(self, i: int, name: str) -> torch.Tensor:
-        base = self.base[name]
+    def delta(self, i: int) -> torch.Tensor:
+        """Weight `i`'s change in float32 (B @ A computed in float32, as `apply_adapter`
+        computes it, also under autocast)."""
         if f"delta{i}" in self.factors:
-            delta = self.factors[f"delta{i}"]
-        else:
-            delta = self.factors[f"lora_B{i}"] @ self.factors[f"lora_A{i}"]
-        return (base.float() + delta).to(base.dtype)
+            return self.factors[f"delta{i}"]
+        with torch.autocast(self.base[self.names[i]].device.type, enabled=False):
+            return self.factors[f"lora_B{i}"] @ self.factors[f"lora_A{i}"]
 
     def current(self) -> dict[str, torch.Tensor]:
-        return {name: self.weight(i, name) for i, name in enumerate(self.names)}
+        """The student's weights as the model `init-model` writes holds them: base + change,
+        rounded to the base's dtype."""
+        return {name: (self.base[name].float() + self.delta(i)).to(self.base[name].dtype)
+                for i, name in enumerate(self.names)}
 
     def logits(self, inputs: dict[str, torch.Tensor], select: torch.Tensor) -> torch.Tensor:
         """Logits at the `select`ed positions only (the response tokens)."""
@@ -170,18 +175,30 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--metadata", action="append", default=[],
                         help="KEY=VALUE for the adapter file's metadata (repeatable)")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="the models' weights (auto: bfloat16 on a GPU, float32 on a CPU)")
     parser.add_argument("--tiny", action="store_true", help="a CPU check on the tiny model")
     args = parser.parse_args()
+    if args.tiny and (args.base or args.tuned or args.config):
+        parser.error("--tiny builds its own models and config: give none")
+    if not args.tiny and not (args.base and args.tuned and args.config):
+        parser.error("--base, --tuned and the config are needed (or --tiny)")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.rank < 1 or not args.lr > 0:
+        parser.error("--rank must be at least 1 and --lr above 0")
+    bad = [item for item in args.metadata if "=" not in item]
+    if bad:
+        parser.error(f"--metadata takes KEY=VALUE, got {bad[0]!r}")
+    metadata = dict(item.split("=", 1) for item in args.metadata)
     print_environment(environment())
     if args.tiny:
         args.base, args.tuned, args.config, args.overrides = tiny_setup(args.out.parent)
-    if not (args.base and args.tuned and (args.config or args.tiny)):
-        parser.error("--base, --tuned and the config are needed (or --tiny)")
     cfg = load_config(SFTConfig, args.config, args.overrides)
-    steps = args.steps or cfg.trainer.total_steps or 1
     torch.manual_seed(cfg.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
+        args.dtype, torch.bfloat16 if device == "cuda" else torch.float32)
 
     teacher = load_model(args.tuned, dtype, device)
     base_model = load_model(args.base, dtype, device)
@@ -193,6 +210,7 @@ def main() -> None:
     val, train = trajs[-args.val:] if args.val else [], trajs[:len(trajs) - args.val]
     if not train:
         raise SystemExit(f"{len(trajs)} trajectories leave none to train on after --val")
+    steps = args.steps if args.steps is not None else sft_total_steps(cfg, len(train))
     optimizer = build_optimizer(student.factors, lr=args.lr, betas=cfg.optim.betas,
                                 weight_decay=0.0)
     scheduler = models.lr_schedule(optimizer, cfg.optim.model_copy(update={"lr": args.lr}),
@@ -221,16 +239,16 @@ def main() -> None:
                                        backward=False)[0]
         print(f"held-out KL after {steps} steps: {report['val_kl_end']:.4f} "
               f"(from {report['val_kl_start']:.4f})", flush=True)
-    with torch.no_grad():
+    with torch.no_grad():  # the trained product itself, unrounded, re-factored (balanced)
         base = {n: w.cpu() for n, w in weights(base_model).items()}
-        final = {**base, **{n: w.float().cpu() for n, w in student.current().items()}}
+        final = {**base, **{n: base[n] + student.delta(i).float().cpu()
+                            for i, n in enumerate(student.names)}}
         distilled = extract_adapter(base, final, args.rank, device=device)
-    meta = dict(item.split("=", 1) for item in args.metadata)
-    meta.update({"memrl.distilled": f"rank {args.rank}, lr {args.lr}, {steps} steps",
-                 "memrl.val_kl": f"{report.get('val_kl_start', 0):.4f} -> "
-                                 f"{report.get('val_kl_end', 0):.4f}"})
-    save_adapter(distilled, args.out, meta)
-    # the file's factors are those of the same product (re-balanced): how far from it
+    save_adapter(distilled, args.out, {
+        **metadata, "memrl.distilled": f"rank {args.rank}, lr {args.lr}, {steps} steps",
+        "memrl.val_kl": f"{report.get('val_kl_start', 0):.4f} -> "
+                        f"{report.get('val_kl_end', 0):.4f}"})
+    # how far the file's float16 factors are from the trained product
     again = dict(base)
     apply_adapter(again, distilled)
     report["refactor_error"] = max(

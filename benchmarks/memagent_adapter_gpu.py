@@ -187,7 +187,8 @@ def evaluate(plan, work: Path, res: Path, models: dict[str, Path], hotpotqa: Pat
 def report(plan, res: Path, specs: list[str], tolerance: float, limit: int) -> dict:
     """Scores of the full model and each adapter at every evaluation; the smallest adapter
     (at most `limit` bytes) at most `tolerance` points under the full model everywhere (an
-    adapter that scores above it keeps it too)."""
+    adapter that scores above it keeps it too). The full model is the run's warm start: the
+    fully fine-tuned model, or with a LoRA warm start the LoRA merged into its base."""
     protocol = trained_protocol(plan)
     table: dict[str, dict[str, float | None]] = {}
     for row in ("warm_start", *(row_of(s) for s in specs)):
@@ -229,7 +230,10 @@ def main() -> None:
                         help="optimizer steps of each distilled adapter (default: the warm "
                         "start's)")
     parser.add_argument("--ranks", default=None, help="8,16,32: --adapters r8,r16,r32")
-    parser.add_argument("--tolerance", type=float, default=2.0)
+    parser.add_argument("--tolerance", type=float, default=2.0,
+                        help="points an adapter may score under the full model (the run's "
+                        "warm start: with --sft-override model.lora.enabled=true, the LoRA "
+                        "merged) at every evaluation")
     parser.add_argument("--size-limit", type=int, default=20_000_000,
                         help="bytes an adapter may have (the issue's 20 MB)")
     parser.add_argument("--commit", default="unknown", help="memrl's commit (for the adapter)")
