@@ -160,7 +160,8 @@ def step_kl(student: Student, teacher, trajs, micro: int, pad_id: int, device: s
     return total, tokens
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The command line, checked: one line (exit 2) for what it cannot take."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", nargs="?", help="the warm start's memrl sft config")
     parser.add_argument("overrides", nargs="*", help="its dotted overrides")
@@ -169,7 +170,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--steps", type=int, default=None,
-                        help="optimizer steps (default: the config's trainer.total_steps)")
+                        help="optimizer steps (default: the warm start's)")
     parser.add_argument("--val", type=int, default=16,
                         help="trajectories held out of training for the KL printed")
     parser.add_argument("--out", type=Path, required=True)
@@ -190,33 +191,17 @@ def main() -> None:
     bad = [item for item in args.metadata if "=" not in item]
     if bad:
         parser.error(f"--metadata takes KEY=VALUE, got {bad[0]!r}")
-    metadata = dict(item.split("=", 1) for item in args.metadata)
-    print_environment(environment())
-    if args.tiny:
-        args.base, args.tuned, args.config, args.overrides = tiny_setup(args.out.parent)
-    cfg = load_config(SFTConfig, args.config, args.overrides)
-    torch.manual_seed(cfg.seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
-        args.dtype, torch.bfloat16 if device == "cuda" else torch.float32)
+    return args
 
-    teacher = load_model(args.tuned, dtype, device)
-    base_model = load_model(args.base, dtype, device)
-    adapter = extract_adapter(weights(base_model), weights(teacher), args.rank, device=device)
-    student = Student(base_model, adapter)
-    tokenizer = load_tokenizer(str(args.base))
-    pad_id = models.pad_token_id(tokenizer)
-    trajs = teacher_trajectories(cfg, tokenizer, cfg.data.train_file, what="training")
-    val, train = trajs[-args.val:] if args.val else [], trajs[:len(trajs) - args.val]
-    if not train:
-        raise SystemExit(f"{len(trajs)} trajectories leave none to train on after --val")
-    steps = args.steps if args.steps is not None else sft_total_steps(cfg, len(train))
-    optimizer = build_optimizer(student.factors, lr=args.lr, betas=cfg.optim.betas,
-                                weight_decay=0.0)
-    scheduler = models.lr_schedule(optimizer, cfg.optim.model_copy(update={"lr": args.lr}),
-                                   steps)
+
+def distil(student: Student, teacher, train, val, cfg: SFTConfig, lr: float, steps: int,
+           pad_id: int, device: str, dtype: torch.dtype) -> dict:
+    """`steps` optimizer steps on the KL to the teacher; the report (held-out KL before and
+    after, every step's KL and gradient norm)."""
+    optimizer = build_optimizer(student.factors, lr=lr, betas=cfg.optim.betas, weight_decay=0.0)
+    scheduler = models.lr_schedule(optimizer, cfg.optim.model_copy(update={"lr": lr}), steps)
     micro, batch_size = cfg.sft.micro_batch_size, cfg.sft.batch_size
-    report = {"rank": args.rank, "lr": args.lr, "steps": steps, "train_trajectories": len(train),
+    report = {"lr": lr, "steps": steps, "train_trajectories": len(train),
               "val_trajectories": len(val), "log": []}
     if val:
         report["val_kl_start"] = step_kl(student, teacher, val, micro, pad_id, device, dtype,
@@ -239,21 +224,54 @@ def main() -> None:
                                        backward=False)[0]
         print(f"held-out KL after {steps} steps: {report['val_kl_end']:.4f} "
               f"(from {report['val_kl_start']:.4f})", flush=True)
-    with torch.no_grad():  # the trained product itself, unrounded, re-factored (balanced)
+    return report
+
+
+def save_distilled(student: Student, base_model, rank: int, out: Path, metadata: dict,
+                   device: str) -> float:
+    """The trained product (float32, unrounded) re-factored to rank `rank` and written as a
+    memrl adapter at `out`; how far the file's float16 factors are from that product (the
+    largest relative error of a weight's change)."""
+    with torch.no_grad():
         base = {n: w.cpu() for n, w in weights(base_model).items()}
         final = {**base, **{n: base[n] + student.delta(i).float().cpu()
                             for i, n in enumerate(student.names)}}
-        distilled = extract_adapter(base, final, args.rank, device=device)
-    save_adapter(distilled, args.out, {
-        **metadata, "memrl.distilled": f"rank {args.rank}, lr {args.lr}, {steps} steps",
-        "memrl.val_kl": f"{report.get('val_kl_start', 0):.4f} -> "
-                        f"{report.get('val_kl_end', 0):.4f}"})
-    # how far the file's float16 factors are from the trained product
+        distilled = extract_adapter(base, final, rank, device=device)
+    save_adapter(distilled, out, metadata)
     again = dict(base)
     apply_adapter(again, distilled)
-    report["refactor_error"] = max(
-        float((again[n] - final[n]).norm() / max(float((final[n] - base[n]).norm()), 1e-12))
-        for n in student.names)
+    return max(float((again[n] - final[n]).norm()
+                     / max(float((final[n] - base[n]).norm()), 1e-12)) for n in student.names)
+
+
+def main() -> None:
+    args = arguments()
+    metadata = dict(item.split("=", 1) for item in args.metadata)
+    print_environment(environment())
+    if args.tiny:
+        args.base, args.tuned, args.config, args.overrides = tiny_setup(args.out.parent)
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    torch.manual_seed(cfg.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
+        args.dtype, torch.bfloat16 if device == "cuda" else torch.float32)
+
+    teacher = load_model(args.tuned, dtype, device)
+    base_model = load_model(args.base, dtype, device)
+    adapter = extract_adapter(weights(base_model), weights(teacher), args.rank, device=device)
+    student = Student(base_model, adapter)
+    tokenizer = load_tokenizer(str(args.base))
+    trajs = teacher_trajectories(cfg, tokenizer, cfg.data.train_file, what="training")
+    val, train = trajs[-args.val:] if args.val else [], trajs[:len(trajs) - args.val]
+    if not train:
+        raise SystemExit(f"{len(trajs)} trajectories leave none to train on after --val")
+    steps = args.steps if args.steps is not None else sft_total_steps(cfg, len(train))
+    report = {"rank": args.rank, **distil(student, teacher, train, val, cfg, args.lr, steps,
+                                          models.pad_token_id(tokenizer), device, dtype)}
+    report["refactor_error"] = save_distilled(student, base_model, args.rank, args.out, {
+        **metadata, "memrl.distilled": f"rank {args.rank}, lr {args.lr}, {steps} steps",
+        "memrl.val_kl": f"{report.get('val_kl_start', 0):.4f} -> "
+                        f"{report.get('val_kl_end', 0):.4f}"}, device)
     report["bytes"] = args.out.stat().st_size
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"adapter: {args.out} ({report['bytes'] / 1e6:.1f} MB)", flush=True)
